@@ -1,0 +1,1 @@
+"""easyrl.algorithms."""

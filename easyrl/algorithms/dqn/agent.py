@@ -1,0 +1,144 @@
+"""The TensorFlow side of DQN / Ape-X DQN: Q network, acting, initial priorities, loss.
+
+Loss (double DQN, n-step, prioritized):
+    a* = argmax_a Q(s', a)                      (online net when double_q, else target)
+    y  = R + discount * Q_target(s', a*)         (discount = gamma^m, 0 at termination)
+    td = y - Q(s, a);  loss = mean(w * huber(td));  new priority = |td|
+"""
+
+import gymnasium as gym
+import numpy as np
+import tensorflow as tf
+
+from easyrl.algorithms.dqn import Params
+from easyrl.algorithms.nstep import NStepAccumulator
+from easyrl.errors import ConfigError
+from easyrl.models import MLP, Dense, named_variables
+
+
+class QNetwork(tf.Module):
+    """Q(s, .) from an MLP torso, with dueling value/advantage heads when asked:
+    Q = V + A - mean(A)."""
+
+    def __init__(self, obs_dim, num_actions, model, dueling, seed, name):
+        super().__init__(name=None)
+        rng = np.random.default_rng(seed)
+        self.torso = MLP(obs_dim, model.hidden, model.activation, f"{name}/torso", rng)
+        width = model.hidden[-1] if model.hidden else obs_dim
+        self.dueling = dueling
+        self.advantage = Dense(width, num_actions, f"{name}/advantage", rng, scale=0.1)
+        if dueling:
+            self.value = Dense(width, 1, f"{name}/value", rng, scale=0.1)
+
+    def __call__(self, obs):
+        h = self.torso(obs)  # [B, H]
+        adv = self.advantage(h)  # [B, A]
+        if not self.dueling:
+            return adv
+        return self.value(h) + adv - tf.reduce_mean(adv, axis=1, keepdims=True)
+
+
+class DQN:
+    """DQN's pieces for the runtime: networks, acting, post-processing and the loss.
+
+    Args:
+        params: hyper-parameters.
+        obs_space: a gymnasium Box observation space.
+        action_space: a gymnasium Discrete action space.
+        model: the config's `model` section.
+        seed: initialisation seed (every role builds identical initial values).
+    """
+
+    flow = "async_replay"
+
+    def __init__(self, params: Params, obs_space, action_space, model, seed: int = 0):
+        if not isinstance(action_space, gym.spaces.Discrete):
+            raise ConfigError(f"dqn needs a Discrete action space, got {action_space}")
+        if not isinstance(obs_space, gym.spaces.Box) or len(obs_space.shape) != 1:
+            raise ConfigError(f"dqn with an mlp needs a flat Box observation, got {obs_space}")
+        self.params = params
+        self.obs_shape = tuple(obs_space.shape)
+        self.num_actions = int(action_space.n)
+        self.q = QNetwork(self.obs_shape[0], self.num_actions, model, params.dueling, seed, "q")
+        self.target = QNetwork(
+            self.obs_shape[0], self.num_actions, model, params.dueling, seed, "target"
+        )
+        self.variables = named_variables(self.q)
+        self.sync_target()
+
+    def postprocessor(self, num_envs: int) -> NStepAccumulator:
+        """The actor-side n-step accumulator for `num_envs` envs."""
+        return NStepAccumulator(
+            num_envs, self.params.n_step, self.params.gamma, self.obs_shape, np.float32
+        )
+
+    def act(self, obs: np.ndarray, epsilon: float, rng: np.random.Generator) -> np.ndarray:
+        """Epsilon-greedy actions for a batch of observations `[N, obs]` -> `[N]`."""
+        greedy = self._greedy(obs.astype(np.float32)).numpy()
+        explore = rng.random(len(obs)) < epsilon
+        return np.where(explore, rng.integers(self.num_actions, size=len(obs)), greedy)
+
+    def initial_priorities(self, batch: dict) -> np.ndarray:
+        """Ape-X initial priorities |TD| computed with the actor's copy of the network."""
+        return self._td_abs(
+            batch["obs"], batch["action"], batch["reward"], batch["next_obs"], batch["discount"]
+        ).numpy()
+
+    def learn(self, batch: dict, weights: np.ndarray) -> tuple[list, dict, np.ndarray]:
+        """One gradient computation on a sampled batch.
+
+        Returns:
+            (gradients in the order of `self.variables`, stats, new priorities [B]).
+        """
+        grads, loss, q_mean, td_abs = self._step(
+            batch["obs"],
+            batch["action"],
+            batch["reward"],
+            batch["next_obs"],
+            batch["discount"],
+            weights,
+        )
+        stats = {"loss": float(loss), "q_mean": float(q_mean)}
+        return [g.numpy() for g in grads], stats, td_abs.numpy()
+
+    def sync_target(self) -> None:
+        """Copies the online network into the target network."""
+        for dst, src in zip(
+            self.target.trainable_variables, self.q.trainable_variables, strict=True
+        ):
+            dst.assign(src)
+
+    @tf.function(reduce_retracing=True)
+    def _greedy(self, obs):
+        return tf.argmax(self.q(obs), axis=1)  # [N]
+
+    def _targets(self, reward, next_obs, discount):
+        next_target = self.target(next_obs)  # [B, A]
+        if self.params.double_q:
+            best = tf.argmax(self.q(next_obs), axis=1)
+        else:
+            best = tf.argmax(next_target, axis=1)
+        bootstrap = tf.gather(next_target, best, axis=1, batch_dims=1)  # [B]
+        return reward + discount * bootstrap
+
+    @tf.function(reduce_retracing=True)
+    def _td_abs(self, obs, action, reward, next_obs, discount):
+        q_next = tf.reduce_max(self.q(next_obs), axis=1)  # [B]
+        q_sa = tf.gather(self.q(obs), action, axis=1, batch_dims=1)
+        return tf.abs(reward + discount * q_next - q_sa)
+
+    @tf.function(reduce_retracing=True)
+    def _step(self, obs, action, reward, next_obs, discount, weights):
+        y = tf.stop_gradient(self._targets(reward, next_obs, discount))  # [B]
+        variables = list(self.variables.values())
+        with tf.GradientTape() as tape:
+            q_sa = tf.gather(self.q(obs), action, axis=1, batch_dims=1)  # [B]
+            td = y - q_sa
+            # Huber: 0.5 td^2 for |td| <= delta, delta (|td| - 0.5 delta) beyond.
+            quadratic = tf.minimum(tf.abs(td), self.params.huber_delta)
+            huber = 0.5 * tf.square(quadratic) + self.params.huber_delta * (tf.abs(td) - quadratic)
+            loss = tf.reduce_mean(weights * huber)
+        grads = tape.gradient(loss, variables)
+        if self.params.grad_clip > 0:
+            grads, _ = tf.clip_by_global_norm(grads, self.params.grad_clip)
+        return grads, loss, tf.reduce_mean(q_sa), tf.abs(td)

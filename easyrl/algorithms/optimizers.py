@@ -1,0 +1,94 @@
+"""Optimizers the PS shards apply pushed gradients with (plain TF, checkpointable as numpy).
+
+Written directly in TF rather than through Keras so that the slots are ordinary
+named variables a shard can save to and restore from its `.npz` checkpoint.
+"""
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+import numpy as np
+import tensorflow as tf
+
+
+@dataclass(frozen=True)
+class OptimizerSpec:
+    """What a PS shard needs to know to build its optimizer."""
+
+    kind: Literal["adam", "rmsprop", "sgd"] = "adam"
+    lr: float = 1e-3
+    decay_rate: float = 1.0
+    """lr is multiplied by decay_rate every decay_steps applied updates (staircase)."""
+    decay_steps: int = 1000
+    beta1: float = 0.9
+    beta2: float = 0.999
+    epsilon: float = 1e-8
+
+    def __post_init__(self):
+        if self.kind not in ("adam", "rmsprop", "sgd"):
+            raise ValueError(f"unknown optimizer {self.kind!r}; known: adam, rmsprop, sgd")
+        if self.lr <= 0 or self.decay_steps < 1 or not 0 < self.decay_rate <= 1:
+            raise ValueError(f"invalid optimizer settings {self}")
+
+
+class Optimizer(tf.Module):
+    """Adam, RMSProp or SGD over a fixed list of variables.
+
+    Adam: m = b1 m + (1-b1) g; v = b2 v + (1-b2) g^2;
+          x -= lr * sqrt(1-b2^t)/(1-b1^t) * m / (sqrt(v) + eps).
+    RMSProp: v = b2 v + (1-b2) g^2; x -= lr * g / (sqrt(v) + eps).
+    SGD: x -= lr * g.
+    """
+
+    def __init__(self, spec: OptimizerSpec, variables: Sequence[tf.Variable]):
+        super().__init__(name=None)
+        self.spec = spec
+        self.variables_ = list(variables)
+        self.step = tf.Variable(0, dtype=tf.int64, trainable=False)
+        num_slots = {"adam": 2, "rmsprop": 1, "sgd": 0}[spec.kind]
+        self.slots = [
+            [tf.Variable(tf.zeros_like(v), trainable=False) for v in self.variables_]
+            for _ in range(num_slots)
+        ]
+
+    def learning_rate(self) -> tf.Tensor:
+        """The current (decayed) learning rate."""
+        exponent = tf.cast(self.step // self.spec.decay_steps, tf.float32)
+        return self.spec.lr * tf.pow(self.spec.decay_rate, exponent)
+
+    @tf.function
+    def apply(self, grads: Sequence[tf.Tensor]) -> None:
+        """Applies one update with `grads`, given in the order of the variables."""
+        lr = self.learning_rate()
+        self.step.assign_add(1)
+        s = self.spec
+        if s.kind == "adam":
+            t = tf.cast(self.step, tf.float32)
+            scale = lr * tf.sqrt(1 - s.beta2**t) / (1 - s.beta1**t)
+            for x, g, m, v in zip(self.variables_, grads, *self.slots, strict=True):
+                m.assign(s.beta1 * m + (1 - s.beta1) * g)
+                v.assign(s.beta2 * v + (1 - s.beta2) * tf.square(g))
+                x.assign_sub(scale * m / (tf.sqrt(v) + s.epsilon))
+        elif s.kind == "rmsprop":
+            for x, g, v in zip(self.variables_, grads, *self.slots, strict=True):
+                v.assign(s.beta2 * v + (1 - s.beta2) * tf.square(g))
+                x.assign_sub(lr * g / (tf.sqrt(v) + s.epsilon))
+        else:
+            for x, g in zip(self.variables_, grads, strict=True):
+                x.assign_sub(lr * g)
+
+    def state(self) -> dict[str, np.ndarray]:
+        """Slots and step as numpy arrays, for checkpoints."""
+        out = {"step": self.step.numpy()}
+        for k, slot in enumerate(self.slots):
+            for i, var in enumerate(slot):
+                out[f"slot{k}/{i}"] = var.numpy()
+        return out
+
+    def load_state(self, state: dict[str, np.ndarray]) -> None:
+        """Restores what `state` returned."""
+        self.step.assign(int(state["step"]))
+        for k, slot in enumerate(self.slots):
+            for i, var in enumerate(slot):
+                var.assign(state[f"slot{k}/{i}"])

@@ -1,0 +1,111 @@
+"""The `easyrl` command: `train` (whole cluster locally) and `run` (one role process)."""
+
+import argparse
+import logging
+import os
+import sys
+from pathlib import Path
+
+from easyrl import config as config_lib
+from easyrl.errors import EasyRLError
+
+ROLES = ("ps", "memory", "learner", "actor")
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="easyrl", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    def add_common(p):
+        p.add_argument(
+            "--set",
+            dest="overrides",
+            action="append",
+            default=[],
+            metavar="KEY=VALUE",
+            help="override a config value, e.g. --set replay.capacity=100000 (repeatable)",
+        )
+
+    train = sub.add_parser("train", help="train with every role as a local process")
+    train.add_argument("config", help="YAML config file")
+    add_common(train)
+
+    run = sub.add_parser("run", help="run one process of one role")
+    run.add_argument("--role", required=True, choices=ROLES)
+    run.add_argument("--task", type=int, default=0, help="index within the role")
+    run.add_argument("--config", required=True, help="YAML config file")
+    run.add_argument("--cluster", help="cluster file (YAML/JSON); else flags or EASYRL_CLUSTER")
+    run.add_argument("--ps-hosts", help="comma-separated host:port of the PS shards")
+    run.add_argument("--memory-hosts", help="comma-separated host:port of the memory shards")
+    run.add_argument("--num-learners", type=int)
+    run.add_argument("--num-actors", type=int)
+    add_common(run)
+    return parser
+
+
+def _cluster_from_args(args, cfg):
+    from easyrl.cluster.spec import ClusterSpec
+
+    flags = (args.ps_hosts, args.memory_hosts, args.num_learners, args.num_actors)
+    if args.cluster:
+        return ClusterSpec.from_file(args.cluster)
+    if any(f is not None for f in flags):
+        return ClusterSpec.from_mapping(
+            {
+                "ps": args.ps_hosts or "",
+                "memory": args.memory_hosts or "",
+                "learner": args.num_learners if args.num_learners is not None else 1,
+                "actor": args.num_actors if args.num_actors is not None else 1,
+            }
+        )
+    spec = ClusterSpec.from_env()
+    if spec is None:
+        raise EasyRLError(
+            "no cluster given: use --cluster FILE, --ps-hosts/--memory-hosts/--num-learners/"
+            "--num-actors, or the EASYRL_CLUSTER environment variable"
+        )
+    return spec
+
+
+def run_role(args) -> int:
+    """`easyrl run`: one process of one role."""
+    from importlib import import_module
+
+    from easyrl.roles.common import RoleContext
+    from easyrl.transport.rpc import resolve_token
+
+    cfg = config_lib.load(args.config, args.overrides)
+    cluster = _cluster_from_args(args, cfg)
+    limit = {"ps": len(cluster.ps), "memory": len(cluster.memory)}.get(args.role)
+    limit = limit or getattr(cluster, args.role)
+    if not 0 <= args.task < limit:
+        raise EasyRLError(f"--task {args.task} out of range for {limit} {args.role} process(es)")
+    token = resolve_token(cfg.security.token_file, cfg.security.insecure)
+    run_dir = Path(cfg.run.dir or Path("runs") / cfg.run.name)
+    ctx = RoleContext(cfg=cfg, task=args.task, cluster=cluster, token=token, run_dir=run_dir)
+    return import_module(f"easyrl.roles.{args.role}").run(ctx)
+
+
+def main(argv=None) -> int:
+    """Entry point of the `easyrl` console script."""
+    args = _parser().parse_args(argv)
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    role = f"{args.role}-{args.task}" if args.command == "run" else "launcher"
+    logging.basicConfig(
+        level=logging.INFO,
+        format=f"%(asctime)s {role} %(levelname)s %(name)s: %(message)s",
+        datefmt="%H:%M:%S",
+    )
+    try:
+        if args.command == "train":
+            from easyrl.cluster.launcher import train
+
+            return train(config_lib.load(args.config, args.overrides))
+        return run_role(args)
+    except EasyRLError as err:
+        print(f"easyrl: error: {err}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,315 @@
+"""The embedded default: the whole cluster as local processes on one machine.
+
+`train(cfg)` starts PS and memory shards on free loopback ports, waits until they
+answer, starts learners and actors, shows progress, restarts a crashed actor or
+learner, stops at the config's stop condition (decided by PS shard 0) and shuts
+every process down, leaving no orphan (children die with the launcher too).
+"""
+
+import ctypes
+import json
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from easyrl import config as config_lib
+from easyrl.cluster.spec import CLUSTER_ENV, ClusterSpec
+from easyrl.errors import EasyRLError, TransportError
+from easyrl.metrics import reached_goal
+from easyrl.transport import easyrl_pb2 as pb
+from easyrl.transport import easyrl_pb2_grpc as pb_grpc
+from easyrl.transport import rpc
+
+log = logging.getLogger(__name__)
+
+SERVER_ROLES = ("ps", "memory")
+WORKER_ROLES = ("learner", "actor")
+READY_TIMEOUT_S = 120.0
+GRACE_S = 10.0
+_PR_SET_PDEATHSIG = 1
+
+
+def free_ports(host: str, count: int) -> list[int]:
+    """Returns `count` distinct free TCP ports on `host` (bound together, then released)."""
+    sockets = []
+    try:
+        for _ in range(count):
+            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            s.bind((host, 0))
+            sockets.append(s)
+        return [s.getsockname()[1] for s in sockets]
+    finally:
+        for s in sockets:
+            s.close()
+
+
+def _die_with_parent() -> None:
+    """Runs in the child before exec: SIGTERM it when the launcher dies (Linux)."""
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+    except OSError:
+        return
+
+
+@dataclass
+class Child:
+    """One role process started by the launcher."""
+
+    role: str
+    task: int
+    process: subprocess.Popen
+    log_path: Path
+    restarts: int = 0
+
+    @property
+    def name(self) -> str:
+        return f"{self.role}-{self.task}"
+
+
+class LocalCluster:
+    """Starts, watches and stops the role processes of one run.
+
+    Args:
+        cfg: the run's config (its `run.dir` is set).
+        config_path: the saved resolved config the children load.
+        token: the shared auth token, handed to children through the environment.
+    """
+
+    def __init__(self, cfg, config_path: Path, token: str):
+        self.cfg = cfg
+        self.config_path = config_path
+        self.run_dir = Path(cfg.run.dir)
+        self.token = token
+        c = cfg.cluster
+        ports = free_ports(c.host, c.ps + c.memory)
+        self.spec = ClusterSpec(
+            ps=tuple(f"{c.host}:{p}" for p in ports[: c.ps]),
+            memory=tuple(f"{c.host}:{p}" for p in ports[c.ps :]),
+            learner=c.learner,
+            actor=c.actor,
+        )
+        self.children: list[Child] = []
+        (self.run_dir / "logs").mkdir(parents=True, exist_ok=True)
+
+    def _env(self, role: str) -> dict[str, str]:
+        env = dict(os.environ)
+        env[CLUSTER_ENV] = self.spec.to_json()
+        env[rpc.TOKEN_ENV] = self.token
+        env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+        env["PYTHONUNBUFFERED"] = "1"
+        if role != "learner":
+            env["CUDA_VISIBLE_DEVICES"] = "-1"  # only learners compute on a GPU
+        return env
+
+    def _spawn(self, role: str, task: int) -> subprocess.Popen:
+        log_path = self.run_dir / "logs" / f"{role}-{task}.log"
+        command = [sys.executable, "-m", "easyrl.cli", "run", "--role", role]
+        command += ["--task", str(task), "--config", str(self.config_path)]
+        with log_path.open("ab") as out:
+            return subprocess.Popen(
+                command,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env=self._env(role),
+                start_new_session=True,  # Ctrl-C reaches the launcher only
+                preexec_fn=_die_with_parent,
+            )
+
+    def start_role(self, role: str, count: int) -> None:
+        """Starts `count` processes of `role`."""
+        for task in range(count):
+            process = self._spawn(role, task)
+            self.children.append(
+                Child(role, task, process, self.run_dir / "logs" / f"{role}-{task}.log")
+            )
+
+    def client(self, role: str, task: int, retry_s: float = 5.0) -> rpc.Client:
+        """A client for server `task` of `role`."""
+        stub = pb_grpc.ParameterServerStub if role == "ps" else pb_grpc.ReplayMemoryStub
+        address = getattr(self.spec, role)[task]
+        return rpc.Client(stub, address, self.token, timeout_s=5.0, retry_s=retry_s)
+
+    def wait_ready(self) -> None:
+        """Blocks until every server answers Status.
+
+        Raises:
+            EasyRLError: a server exited or did not answer within READY_TIMEOUT_S.
+        """
+        deadline = time.monotonic() + READY_TIMEOUT_S
+        for child in [c for c in self.children if c.role in SERVER_ROLES]:
+            client = self.client(child.role, child.task, retry_s=0.5)
+            while True:
+                if child.process.poll() is not None:
+                    raise EasyRLError(f"{child.name} exited during start-up:\n{tail(child)}")
+                try:
+                    client.call("Status", pb.StatusRequest())
+                    break
+                except TransportError:
+                    if time.monotonic() > deadline:
+                        raise EasyRLError(f"{child.name} did not become ready") from None
+            client.close()
+
+    def check_children(self) -> str | None:
+        """Restarts crashed workers; returns a failure reason when a server died."""
+        for child in self.children:
+            code = child.process.poll()
+            if code is None:
+                continue
+            if child.role in SERVER_ROLES:
+                return f"{child.name} exited with code {code}:\n{tail(child)}"
+            child.restarts += 1
+            log.warning(
+                "%s exited with code %s; restarting it (restart %d)",
+                child.name,
+                code,
+                child.restarts,
+            )
+            child.process = self._spawn(child.role, child.task)
+        return None
+
+    def status(self, role: str, task: int) -> dict:
+        """Status of one server as a plain dict ({} when it does not answer)."""
+        client = self.client(role, task, retry_s=0.0)
+        try:
+            reply = client.call("Status", pb.StatusRequest())
+        except TransportError:
+            return {}
+        finally:
+            client.close()
+        return {
+            "version": reply.version,
+            "stopping": reply.stopping,
+            "stop_reason": reply.stop_reason,
+            "counters": dict(reply.counters),
+        }
+
+    def shutdown(self) -> None:
+        """Stops workers (they normally exit on their own once the run stops), then
+        asks the servers to checkpoint and exit; kills whatever outlives its grace."""
+        workers = [c for c in self.children if c.role in WORKER_ROLES]
+        servers = [c for c in self.children if c.role in SERVER_ROLES]
+        _wait(workers, GRACE_S / 2)
+        for child in workers:
+            _signal(child, signal.SIGTERM)
+        _wait(workers, GRACE_S)
+        for child in servers:
+            client = self.client(child.role, child.task, retry_s=0.0)
+            try:
+                client.call("Shutdown", pb.ShutdownRequest())
+            except TransportError:
+                _signal(child, signal.SIGTERM)
+            client.close()
+        _wait(servers, GRACE_S)
+        for child in self.children:
+            if child.process.poll() is None:
+                log.warning("%s did not stop in time; killing it", child.name)
+                _signal(child, signal.SIGKILL)
+                child.process.wait()
+
+
+def _signal(child: Child, signum: int) -> None:
+    if child.process.poll() is None:
+        child.process.send_signal(signum)
+
+
+def _wait(children: list[Child], timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    for child in children:
+        try:
+            child.process.wait(timeout=max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            continue
+
+
+def tail(child: Child, lines: int = 15) -> str:
+    """The last lines of a child's log."""
+    try:
+        text = child.log_path.read_text(errors="replace").splitlines()
+    except OSError:
+        return ""
+    return "\n".join("    " + line for line in text[-lines:])
+
+
+def progress_line(elapsed: float, counters: dict, restarts: int) -> str:
+    """One human-readable progress line."""
+    ret = counters.get("return_mean")
+    ret_text = f"{ret:7.1f} ({int(counters.get('recent_episodes', 0))} ep)" if ret else "    -"
+    return (
+        f"[{elapsed:6.1f}s] env steps {int(counters.get('env_steps', 0)):>9,} "
+        f"({counters.get('env_steps_per_s', 0):7,.0f}/s) | updates "
+        f"{int(counters.get('updates', 0)):>7,} ({counters.get('updates_per_s', 0):5,.0f}/s) | "
+        f"episodes {int(counters.get('episodes', 0)):>6,} | return {ret_text} | "
+        f"restarts {restarts}"
+    )
+
+
+def default_run_dir(cfg) -> str:
+    """runs/<name>-<YYYYmmdd-HHMMSS> under the current directory."""
+    return str(Path("runs") / f"{cfg.run.name}-{time.strftime('%Y%m%d-%H%M%S')}")
+
+
+def train(cfg, out=sys.stdout) -> int:
+    """Runs the whole cluster locally until the stop condition; returns the exit code
+    (0 when the goal was reached)."""
+    run_dir = Path(cfg.run.dir or default_run_dir(cfg)).resolve()
+    cfg = replace(cfg, run=replace(cfg.run, dir=str(run_dir)))
+    run_dir.mkdir(parents=True, exist_ok=True)
+    config_path = run_dir / "config.yaml"
+    config_lib.save(cfg, config_path)
+    cluster = LocalCluster(cfg, config_path, rpc.new_token())
+    # SIGTERM to the launcher shuts the run down like Ctrl-C does.
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
+    start = time.monotonic()
+    reason, exit_code = None, 1
+    print(f"run directory: {run_dir}", file=out, flush=True)
+    try:
+        cluster.start_role("ps", cfg.cluster.ps)
+        cluster.start_role("memory", cfg.cluster.memory)
+        cluster.wait_ready()
+        cluster.start_role("learner", cfg.cluster.learner)
+        cluster.start_role("actor", cfg.cluster.actor)
+        next_log = time.monotonic()
+        while reason is None:
+            time.sleep(0.25)
+            failure = cluster.check_children()
+            if failure:
+                reason = failure
+                break
+            if time.monotonic() < next_log:
+                continue
+            next_log = time.monotonic() + cfg.run.log_interval_s
+            status = cluster.status("ps", 0)
+            restarts = sum(c.restarts for c in cluster.children)
+            if status:
+                elapsed = time.monotonic() - start
+                print(progress_line(elapsed, status["counters"], restarts), file=out, flush=True)
+                if status["stopping"]:
+                    reason = status["stop_reason"] or "stopped by PS shard 0"
+        exit_code = 0 if reached_goal(cfg.stop, reason) else 1
+    except KeyboardInterrupt:
+        reason, exit_code = "interrupted", 130
+    except EasyRLError as err:
+        reason = str(err)
+    finally:
+        summary = {
+            "reason": reason,
+            "exit_code": exit_code,
+            "elapsed_s": round(time.monotonic() - start, 2),
+            "restarts": {c.name: c.restarts for c in cluster.children},
+            "servers": {
+                f"{c.role}/{c.task}": cluster.status(c.role, c.task)
+                for c in cluster.children
+                if c.role in SERVER_ROLES
+            },
+        }
+        cluster.shutdown()
+        (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+    print(f"stopped after {summary['elapsed_s']:.1f}s: {reason}", file=out, flush=True)
+    return exit_code

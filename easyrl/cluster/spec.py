@@ -1,0 +1,121 @@
+"""Cluster spec: where the listening roles are and how many workers there are.
+
+Comes from a YAML/JSON file, command-line flags, or the EASYRL_CLUSTER
+environment variable (JSON, the way TF_CONFIG works):
+`{"ps": ["h0:7000"], "memory": ["h1:7100"], "learner": 1, "actor": 8}`.
+"""
+
+import difflib
+import heapq
+import json
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import yaml
+
+from easyrl.errors import ConfigError
+
+CLUSTER_ENV = "EASYRL_CLUSTER"
+ROLES = ("ps", "memory", "learner", "actor")
+
+
+@dataclass(frozen=True)
+class ClusterSpec:
+    """Addresses of the PS and memory shards, and the worker counts."""
+
+    ps: tuple[str, ...]
+    memory: tuple[str, ...]
+    learner: int
+    actor: int
+
+    def __post_init__(self):
+        for role in ("ps", "memory"):
+            addresses = getattr(self, role)
+            if not addresses:
+                raise ConfigError(f"cluster.{role}: at least one address is required")
+            for address in addresses:
+                host, sep, port = address.rpartition(":")
+                if not sep or not host or not port.isdigit():
+                    raise ConfigError(f"cluster.{role}: {address!r} is not host:port")
+        for role in ("learner", "actor"):
+            if getattr(self, role) < 1:
+                raise ConfigError(f"cluster.{role}: must be >= 1")
+
+    def to_json(self) -> str:
+        """Serializes the spec as the JSON the EASYRL_CLUSTER variable holds."""
+        return json.dumps(asdict(self))
+
+    @classmethod
+    def from_mapping(cls, raw: Mapping) -> "ClusterSpec":
+        """Builds a spec from {"ps": [...], "memory": [...], "learner": n, "actor": n}.
+
+        Raises:
+            ConfigError: unknown key (with the closest valid one), or a bad value.
+        """
+        if not isinstance(raw, Mapping):
+            raise ConfigError("cluster spec must be a mapping")
+        for key in raw:
+            if key not in ROLES:
+                close = difflib.get_close_matches(str(key), ROLES, n=1)
+                hint = f"; did you mean {close[0]!r}?" if close else f"; valid keys: {ROLES}"
+                raise ConfigError(f"cluster spec: unknown key {key!r}{hint}")
+        missing = [k for k in ROLES if k not in raw]
+        if missing:
+            raise ConfigError(f"cluster spec: missing {', '.join(missing)}")
+        lists = {}
+        for role in ("ps", "memory"):
+            value = raw[role]
+            if isinstance(value, str):
+                value = [v for v in value.split(",") if v]
+            if not isinstance(value, Sequence) or not all(isinstance(v, str) for v in value):
+                raise ConfigError(f"cluster.{role}: expected a list of host:port")
+            lists[role] = tuple(value)
+        counts = {}
+        for role in ("learner", "actor"):
+            if not isinstance(raw[role], int) or isinstance(raw[role], bool):
+                raise ConfigError(f"cluster.{role}: expected an int, got {raw[role]!r}")
+            counts[role] = raw[role]
+        return cls(**lists, **counts)
+
+    @classmethod
+    def from_file(cls, path: str | Path) -> "ClusterSpec":
+        """Loads a YAML or JSON cluster file (see `from_mapping`)."""
+        return cls.from_mapping(yaml.safe_load(Path(path).read_text()))
+
+    @classmethod
+    def from_env(cls) -> "ClusterSpec | None":
+        """Loads the spec from EASYRL_CLUSTER, or returns None when it is unset."""
+        text = os.environ.get(CLUSTER_ENV)
+        if not text:
+            return None
+        try:
+            return cls.from_mapping(json.loads(text))
+        except json.JSONDecodeError as err:
+            raise ConfigError(f"{CLUSTER_ENV} is not valid JSON: {err}") from err
+
+
+def assign_shards(sizes: Sequence[tuple[str, int]], num_shards: int) -> dict[str, int]:
+    """Assigns variables to PS shards greedily by byte size.
+
+    Largest variable first, each to the currently least-loaded shard (ties: lowest
+    shard index; equal sizes: by name), so every role computes the same answer from
+    the same variable list with no negotiation.
+
+    Args:
+        sizes: (variable name, size in bytes) pairs.
+        num_shards: number of PS shards.
+
+    Returns:
+        {variable name: shard index}.
+    """
+    if num_shards < 1:
+        raise ConfigError("number of PS shards must be >= 1")
+    heap = [(0, shard) for shard in range(num_shards)]
+    assignment = {}
+    for name, size in sorted(sizes, key=lambda item: (-item[1], item[0])):
+        load, shard = heapq.heappop(heap)
+        assignment[name] = shard
+        heapq.heappush(heap, (load + size, shard))
+    return assignment

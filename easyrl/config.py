@@ -1,0 +1,693 @@
+"""Run configuration: YAML -> nested frozen dataclasses, loaded strictly.
+
+A config file is a mapping of sections. Every section is a frozen dataclass below whose fields
+carry a typed default and a one-line docstring; only `algorithm` is required:
+
+    algorithm: {name: dqn, gamma: 0.99, n_step: 3}   # flat params next to `name`
+    replay: {capacity: 200000, alpha: 0.6}
+    cluster: {actor: 4}
+
+The loader is written once over `dataclasses.fields` and the type hints, and is used for every
+section and for the algorithm's own `Params` class (see `easyrl.algorithms.registry`). It
+rejects unknown keys (suggesting the closest valid one), values of the wrong type and values out
+of range, always naming the full dotted key. Command-line style overrides (`replay.capacity=5000`)
+are applied to the raw mapping before loading, so they go through the same checks.
+"""
+
+import copy
+import dataclasses
+import difflib
+import functools
+import types
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, ClassVar, Literal, Union, get_args, get_origin, get_type_hints
+
+import yaml
+
+from easyrl.algorithms import registry
+from easyrl.errors import ConfigError
+
+__all__ = [
+    "ActorConfig",
+    "AlgorithmConfig",
+    "ClusterConfig",
+    "Config",
+    "EnvConfig",
+    "LearnerConfig",
+    "ModelConfig",
+    "ReplayConfig",
+    "RunConfig",
+    "SecurityConfig",
+    "StopConfig",
+    "apply_overrides",
+    "dump",
+    "from_dict",
+    "load",
+    "save",
+    "to_dict",
+]
+
+
+class _Section:
+    """Base of the config sections: validates the values after construction (see `_RULES`)."""
+
+    SECTION: ClassVar[str] = ""
+
+    def __post_init__(self) -> None:
+        _validate(self)
+
+
+@dataclass(frozen=True)
+class EnvConfig(_Section):
+    """The environments each actor steps."""
+
+    SECTION: ClassVar[str] = "env"
+
+    id: str = "CartPole-v1"
+    """Gymnasium environment id."""
+    num_envs: int = 8
+    """Environments per actor, stepped together as one vector env."""
+    vector: Literal["sync", "async"] = "sync"
+    """Vector env kind: sync (in-process) or async (one subprocess per env)."""
+    max_episode_steps: int | None = None
+    """Truncate episodes after this many steps (None: the environment's own limit)."""
+    kwargs: dict[str, Any] = field(default_factory=dict)
+    """Free-form keyword arguments passed to gymnasium.make."""
+
+
+@dataclass(frozen=True)
+class ModelConfig(_Section):
+    """The network architecture."""
+
+    SECTION: ClassVar[str] = "model"
+
+    kind: Literal["mlp"] = "mlp"
+    """Network family."""
+    hidden: tuple[int, ...] = (64, 64)
+    """Units of each hidden layer."""
+    activation: Literal["relu", "tanh", "elu"] = "relu"
+    """Activation of the hidden layers."""
+
+
+@dataclass(frozen=True)
+class ReplayConfig(_Section):
+    """The replay memory shards."""
+
+    SECTION: ClassVar[str] = "replay"
+
+    kind: Literal["uniform", "prioritized"] = "prioritized"
+    """Sampling scheme."""
+    capacity: int = 100_000
+    """Transitions kept per memory shard."""
+    alpha: float = 0.6
+    """Priority exponent (0: uniform)."""
+    beta: float = 0.4
+    """Initial importance-sampling exponent."""
+    beta_final: float = 1.0
+    """Importance-sampling exponent reached after `beta_anneal_steps`."""
+    beta_anneal_steps: int = 0
+    """Learner updates to anneal beta to beta_final over (0: constant beta)."""
+    min_size_to_sample: int = 1000
+    """Transitions a shard must hold before it serves samples."""
+    samples_per_insert: float | None = None
+    """Target ratio of sampled to inserted transitions (None: no ratio limit)."""
+    error_buffer: float | None = None
+    """Allowed deviation from samples_per_insert, in samples (None: the replay's default)."""
+    prefetch: int = 2
+    """Ready sample batches kept per shard."""
+
+
+@dataclass(frozen=True)
+class ClusterConfig(_Section):
+    """How many processes of each role run, and where."""
+
+    SECTION: ClassVar[str] = "cluster"
+
+    ps: int = 1
+    """Parameter-server shards."""
+    memory: int = 1
+    """Replay memory shards."""
+    learner: int = 1
+    """Learners."""
+    actor: int = 2
+    """Actors."""
+    host: str = "127.0.0.1"
+    """Address the local launcher binds."""
+
+
+@dataclass(frozen=True)
+class ActorConfig(_Section):
+    """Actor behaviour."""
+
+    SECTION: ClassVar[str] = "actor"
+
+    send_every: int = 8
+    """Vector steps between shipments to memory."""
+    weight_sync_every: int = 16
+    """Vector steps between weight pulls from the PS."""
+    queue_size: int = 8
+    """Bounded sender queue, in shipments."""
+
+
+@dataclass(frozen=True)
+class LearnerConfig(_Section):
+    """Learner behaviour."""
+
+    SECTION: ClassVar[str] = "learner"
+
+    batch_queue: int = 4
+    """Sampled batches buffered ahead of the update loop."""
+    push_queue: int = 2
+    """Gradient pushes buffered towards the PS."""
+    device: Literal["auto", "cpu", "gpu"] = "auto"
+    """Device the learner computes on (auto: a GPU when one is visible)."""
+    updates_per_report: int = 20
+    """Updates between metric reports."""
+
+
+@dataclass(frozen=True)
+class StopConfig(_Section):
+    """When a run stops; the first condition met wins (all None: run until interrupted)."""
+
+    SECTION: ClassVar[str] = "stop"
+
+    episode_return_mean: float | None = None
+    """Stop once the mean return over the last `window` episodes reaches this."""
+    window: int = 100
+    """Episodes the mean return is taken over."""
+    max_env_steps: int | None = None
+    """Stop after this many env steps over all actors."""
+    max_seconds: float | None = None
+    """Stop after this many seconds of wall-clock time."""
+
+
+@dataclass(frozen=True)
+class RunConfig(_Section):
+    """Run identity, output and periodic tasks."""
+
+    SECTION: ClassVar[str] = "run"
+
+    name: str = "run"
+    """Run name, used in the output directory and the logs."""
+    dir: str | None = None
+    """Output directory (None: the launcher decides)."""
+    seed: int = 0
+    """Base random seed; each process derives its own from it."""
+    checkpoint_interval_s: float = 60.0
+    """Seconds between checkpoints."""
+    log_interval_s: float = 2.0
+    """Seconds between metric log lines."""
+    rpc_timeout_s: float = 10.0
+    """Deadline of one gRPC call, in seconds."""
+
+
+@dataclass(frozen=True)
+class SecurityConfig(_Section):
+    """Authentication and transport security of the gRPC channels."""
+
+    SECTION: ClassVar[str] = "security"
+
+    insecure: bool = False
+    """Allow plaintext channels without a token."""
+    token_file: str | None = None
+    """File holding the shared bearer token."""
+    tls_cert: str | None = None
+    """PEM certificate chain of this process."""
+    tls_key: str | None = None
+    """PEM private key of tls_cert."""
+    tls_ca: str | None = None
+    """PEM CA bundle that peers' certificates are checked against."""
+
+
+@dataclass(frozen=True)
+class AlgorithmConfig:
+    """The algorithm: its registered name and its hyper-parameters."""
+
+    name: str
+    """Registered algorithm name (see easyrl.algorithms.registry.known())."""
+    params: Any
+    """The algorithm's frozen `Params` instance; flat next to `name` in YAML."""
+
+
+@dataclass(frozen=True)
+class Config:
+    """A full run configuration."""
+
+    algorithm: AlgorithmConfig
+    """Algorithm name and hyper-parameters (the only required section)."""
+    env: EnvConfig = field(default_factory=EnvConfig)
+    """Environments."""
+    model: ModelConfig = field(default_factory=ModelConfig)
+    """Network architecture."""
+    replay: ReplayConfig = field(default_factory=ReplayConfig)
+    """Replay memory."""
+    cluster: ClusterConfig = field(default_factory=ClusterConfig)
+    """Process counts."""
+    actor: ActorConfig = field(default_factory=ActorConfig)
+    """Actor behaviour."""
+    learner: LearnerConfig = field(default_factory=LearnerConfig)
+    """Learner behaviour."""
+    stop: StopConfig = field(default_factory=StopConfig)
+    """Stop conditions."""
+    run: RunConfig = field(default_factory=RunConfig)
+    """Run identity and periodic tasks."""
+    security: SecurityConfig = field(default_factory=SecurityConfig)
+    """gRPC security."""
+
+
+# ---------------------------------------------------------------------------------------------
+# Value checks: the one declarative place. A field rule is (field, check); a cross-field rule is
+# (predicate over the section, message). Both run in every section's __post_init__.
+
+
+@dataclass(frozen=True)
+class _Check:
+    test: Callable[[Any], bool]
+    text: str
+
+
+def _ge(lo: float) -> _Check:
+    return _Check(lambda v: v >= lo, f">= {lo}")
+
+
+def _gt(lo: float) -> _Check:
+    return _Check(lambda v: v > lo, f"> {lo}")
+
+
+def _between(lo: float, hi: float) -> _Check:
+    return _Check(lambda v: lo <= v <= hi, f"between {lo} and {hi}")
+
+
+def _opt(check: _Check) -> _Check:
+    return _Check(lambda v: v is None or check.test(v), f"null or {check.text}")
+
+
+def _each(check: _Check) -> _Check:
+    return _Check(lambda v: all(check.test(x) for x in v), f"all {check.text}")
+
+
+_RULES: dict[type, tuple[tuple[str, _Check], ...]] = {
+    EnvConfig: (("num_envs", _ge(1)), ("max_episode_steps", _opt(_ge(1)))),
+    ModelConfig: (("hidden", _each(_ge(1))),),
+    ReplayConfig: (
+        ("capacity", _ge(1)),
+        ("alpha", _ge(0)),
+        ("beta", _between(0, 1)),
+        ("beta_final", _between(0, 1)),
+        ("beta_anneal_steps", _ge(0)),
+        ("min_size_to_sample", _ge(1)),
+        ("samples_per_insert", _opt(_gt(0))),
+        ("error_buffer", _opt(_gt(0))),
+        ("prefetch", _ge(1)),
+    ),
+    ClusterConfig: (("ps", _ge(1)), ("memory", _ge(1)), ("learner", _ge(1)), ("actor", _ge(1))),
+    ActorConfig: (("send_every", _ge(1)), ("weight_sync_every", _ge(1)), ("queue_size", _ge(1))),
+    LearnerConfig: (
+        ("batch_queue", _ge(1)),
+        ("push_queue", _ge(1)),
+        ("updates_per_report", _ge(1)),
+    ),
+    StopConfig: (
+        ("window", _ge(1)),
+        ("max_env_steps", _opt(_ge(1))),
+        ("max_seconds", _opt(_gt(0))),
+    ),
+    RunConfig: (
+        ("checkpoint_interval_s", _gt(0)),
+        ("log_interval_s", _gt(0)),
+        ("rpc_timeout_s", _gt(0)),
+    ),
+}
+
+_CROSS_RULES: dict[type, tuple[tuple[Callable[[Any], bool], str], ...]] = {
+    ReplayConfig: (
+        (lambda r: r.min_size_to_sample <= r.capacity, "min_size_to_sample must be <= capacity"),
+    ),
+    SecurityConfig: (
+        (lambda s: (s.tls_cert is None) == (s.tls_key is None), "tls_cert and tls_key go together"),
+    ),
+}
+
+
+def _validate(section: _Section) -> None:
+    """Raises ConfigError naming the dotted key of the first value `section` breaks a rule with."""
+    prefix = section.SECTION
+    for name, check in _RULES.get(type(section), ()):
+        value = getattr(section, name)
+        if not check.test(value):
+            raise ConfigError(f"{_join(prefix, name)} must be {check.text}, got {value!r}")
+    for predicate, message in _CROSS_RULES.get(type(section), ()):
+        if not predicate(section):
+            raise ConfigError(f"{prefix}: {message}")
+
+
+# ---------------------------------------------------------------------------------------------
+# The generic loader.
+
+
+def _join(prefix: str, key: object) -> str:
+    return f"{prefix}.{key}" if prefix else str(key)
+
+
+def _describe(value: object) -> str:
+    """`str 'big'`, `bool True`, `null`: a value as error messages quote it."""
+    if value is None:
+        return "null"
+    text = repr(value)
+    if len(text) > 60:
+        text = text[:57] + "..."
+    return f"{type(value).__name__} {text}"
+
+
+def _is_union(tp: object) -> bool:
+    return get_origin(tp) in (Union, types.UnionType)
+
+
+def _type_name(tp: object) -> str:
+    """A type as error messages name it: `int`, `int | None`, `one of 'a', 'b'`, `list of int`."""
+    if tp is type(None):
+        return "None"
+    origin = get_origin(tp)
+    if origin is Literal:
+        return "one of " + ", ".join(repr(a) for a in get_args(tp))
+    if _is_union(tp):
+        return " | ".join(_type_name(a) for a in get_args(tp))
+    if origin is tuple:
+        args = get_args(tp)
+        if len(args) == 2 and args[1] is Ellipsis:
+            return f"list of {_type_name(args[0])}"
+        return f"list of {len(args)} ({', '.join(_type_name(a) for a in args)})"
+    if origin in (dict, Mapping) or tp in (dict, Mapping):
+        return "mapping"
+    if origin in (list, Sequence):
+        return f"list of {_type_name(get_args(tp)[0])}"
+    if tp is Any:
+        return "any value"
+    if isinstance(tp, type):
+        return tp.__name__
+    return str(tp)
+
+
+@functools.cache
+def _hints(cls: type) -> dict[str, Any]:
+    return get_type_hints(cls)
+
+
+def _mismatch(key: str, expected: str, value: object) -> ConfigError:
+    return ConfigError(f"{key}: expected {expected}, got {_describe(value)}")
+
+
+def _coerce(tp: Any, value: Any, key: str, nullable: bool = False) -> Any:
+    """Checks `value` against type `tp` and returns it converted (list -> tuple, int -> float).
+
+    `nullable` only changes the expected type an error names (`int | None` rather than `int`).
+
+    Raises:
+        ConfigError: naming `key`, the expected type and the value.
+    """
+    expected = _type_name(tp) + (" | None" if nullable else "")
+    origin = get_origin(tp)
+    if tp is Any:
+        return value
+    if tp is AlgorithmConfig:
+        return _load_algorithm(value, key)
+    if dataclasses.is_dataclass(tp):
+        return _build(tp, value, key)
+    if _is_union(tp):
+        args = get_args(tp)
+        if value is None and type(None) in args:
+            return None
+        arms = [a for a in args if a is not type(None)]
+        if len(arms) == 1:  # Optional[X]: let X report its own (possibly nested) error.
+            return _coerce(arms[0], value, key, nullable=len(arms) < len(args))
+        for arm in arms:
+            try:
+                return _coerce(arm, value, key)
+            except ConfigError:
+                pass
+        raise _mismatch(key, expected, value)
+    if origin is Literal:
+        allowed = get_args(tp)
+        if any(value == a and type(value) is type(a) for a in allowed):
+            return value
+        raise _mismatch(key, expected, value)
+    if tp is bool:
+        if isinstance(value, bool):
+            return value
+        raise _mismatch(key, expected, value)
+    if tp is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        raise _mismatch(key, expected, value)
+    if tp is float:
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            return float(value)
+        if isinstance(value, str):  # YAML 1.1 reads `1e-3` as a string.
+            try:
+                return float(value)
+            except ValueError:
+                pass
+        raise _mismatch(key, expected, value)
+    if tp is str:
+        if isinstance(value, str):
+            return value
+        raise _mismatch(key, expected, value)
+    if origin is tuple or origin is list:
+        if not isinstance(value, list | tuple):
+            raise _mismatch(key, expected, value)
+        args = get_args(tp)
+        if origin is list:
+            return [_coerce(args[0], v, f"{key}[{i}]") for i, v in enumerate(value)]
+        if len(args) == 2 and args[1] is Ellipsis:
+            return tuple(_coerce(args[0], v, f"{key}[{i}]") for i, v in enumerate(value))
+        if len(args) != len(value):
+            raise _mismatch(key, expected, value)
+        return tuple(_coerce(a, v, f"{key}[{i}]") for i, (a, v) in enumerate(zip(args, value)))
+    if origin is dict:
+        if not isinstance(value, Mapping):
+            raise _mismatch(key, expected, value)
+        key_tp, value_tp = get_args(tp)
+        out = {}
+        for k, v in value.items():
+            _coerce(key_tp, k, f"{key} (key {k!r})")
+            out[k] = _coerce(value_tp, v, _join(key, k))
+        return out
+    raise TypeError(f"easyrl.config cannot load fields of type {tp!r} ({key})")
+
+
+def _unknown_key(prefix: str, key: object, valid: Sequence[str]) -> ConfigError:
+    dotted = _join(prefix, key)
+    close = difflib.get_close_matches(str(key), list(valid), n=1)
+    if close:
+        return ConfigError(f"unknown key {dotted!r}; did you mean {_join(prefix, close[0])!r}?")
+    where = f"of {prefix!r}" if prefix else "at top level"
+    return ConfigError(f"unknown key {dotted!r}; valid keys {where}: {', '.join(sorted(valid))}")
+
+
+def _build(cls: type, raw: Any, prefix: str, extra_keys: Sequence[str] = ()) -> Any:
+    """Builds dataclass `cls` from mapping `raw`, whose keys sit under dotted `prefix`.
+
+    `extra_keys` are keys the caller handled itself; they count as valid in suggestions.
+
+    Raises:
+        ConfigError: `raw` is not a mapping, has an unknown key, lacks a required key, or holds a
+            value of the wrong type or out of range.
+    """
+    if not isinstance(raw, Mapping):
+        what = prefix or "config"
+        raise ConfigError(f"{what}: expected a mapping, got {_describe(raw)}")
+    fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
+    for key in raw:
+        if key not in fields:
+            raise _unknown_key(prefix, key, [*fields, *extra_keys])
+    for name, f in fields.items():
+        no_default = f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+        if no_default and name not in raw:
+            raise ConfigError(f"missing required key {_join(prefix, name)!r}")
+    hints = _hints(cls)
+    return cls(**{name: _coerce(hints[name], raw[name], _join(prefix, name)) for name in raw})
+
+
+def _load_algorithm(raw: Any, key: str) -> AlgorithmConfig:
+    """Loads the `algorithm` section: `name` picks the Params class the other keys load into."""
+    if not isinstance(raw, Mapping):
+        raise ConfigError(f"{key}: expected a mapping with a 'name' key, got {_describe(raw)}")
+    if "name" not in raw:
+        raise ConfigError(
+            f"{key}.name is required; known algorithms: {', '.join(registry.known())}"
+        )
+    name = _coerce(str, raw["name"], f"{key}.name")
+    params_cls = registry.params_class(name)
+    params = _build(params_cls, {k: v for k, v in raw.items() if k != "name"}, key, ("name",))
+    return AlgorithmConfig(name=name, params=params)
+
+
+# ---------------------------------------------------------------------------------------------
+# Public API.
+
+
+def apply_overrides(raw: Mapping[str, Any], overrides: Sequence[str]) -> dict[str, Any]:
+    """Applies `dotted.key=value` overrides to a copy of a raw config mapping.
+
+    Each value is parsed with `yaml.safe_load`, so `3`, `true`, `null` and `[64, 64]` work
+    (`1e-3` stays a string, which float fields accept). Intermediate mappings are created as
+    needed. Keys are not checked here; `from_dict` checks them.
+
+    Args:
+        raw: the raw config mapping; it is not modified.
+        overrides: strings of the form `section.key=value`.
+
+    Returns:
+        A deep copy of `raw` with the overrides applied, in order.
+
+    Raises:
+        ConfigError: an override is malformed (no `=`, an empty key part, unparsable YAML) or
+            descends into a value that is not a mapping.
+    """
+    out = copy.deepcopy(dict(raw))
+    if isinstance(overrides, str):
+        raise ConfigError(f"overrides must be a sequence of strings, got str {overrides!r}")
+    for override in overrides:
+        if not isinstance(override, str) or "=" not in override:
+            raise ConfigError(f"malformed override {override!r}: expected dotted.key=value")
+        dotted, text = override.split("=", 1)
+        parts = dotted.strip().split(".")
+        if not all(p.strip() for p in parts):
+            raise ConfigError(f"malformed override {override!r}: empty key in {dotted!r}")
+        parts = [p.strip() for p in parts]
+        try:
+            value = yaml.safe_load(text)
+        except yaml.YAMLError as e:
+            raise ConfigError(f"malformed override {override!r}: bad YAML value: {e}") from e
+        node = out
+        for i, part in enumerate(parts[:-1]):
+            child = node.get(part)
+            if child is None:
+                child = node[part] = {}
+            elif not isinstance(child, dict):
+                if isinstance(child, Mapping):
+                    child = node[part] = dict(child)
+                else:
+                    where = ".".join(parts[: i + 1])
+                    raise ConfigError(
+                        f"override {override!r}: {where!r} is {_describe(child)}, not a mapping"
+                    )
+            node = child
+        node[parts[-1]] = value
+    return out
+
+
+def from_dict(raw: Mapping[str, Any], overrides: Sequence[str] = ()) -> Config:
+    """Builds a Config from a raw mapping (as YAML loads it), strictly.
+
+    Args:
+        raw: the config mapping; must contain `algorithm: {name: ...}`; it is not modified.
+        overrides: `dotted.key=value` strings applied first (see `apply_overrides`).
+
+    Returns:
+        The frozen Config; missing sections and keys take their defaults.
+
+    Raises:
+        ConfigError: an unknown key (naming the dotted key and the closest valid one), a value
+            of the wrong type or out of range, a section that is not a mapping, a missing or
+            unknown `algorithm.name`, or a malformed override.
+    """
+    if not isinstance(raw, Mapping):
+        raise ConfigError(f"config: expected a mapping at top level, got {_describe(raw)}")
+    raw = apply_overrides(raw, overrides)
+    if "algorithm" not in raw:
+        raise ConfigError(
+            "missing required section 'algorithm' (a mapping with a 'name' key; known "
+            f"algorithms: {', '.join(registry.known())})"
+        )
+    return _build(Config, raw, "")
+
+
+def load(path: str | Path, overrides: Sequence[str] = ()) -> Config:
+    """Loads a Config from a YAML file.
+
+    Args:
+        path: the YAML file.
+        overrides: `dotted.key=value` strings applied on top of the file (see `apply_overrides`).
+
+    Returns:
+        The frozen Config.
+
+    Raises:
+        ConfigError: the file cannot be read or parsed, or its content is invalid (see
+            `from_dict`).
+    """
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as e:
+        raise ConfigError(f"cannot read config file {str(path)!r}: {e}") from e
+    try:
+        raw = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        raise ConfigError(f"config file {str(path)!r} is not valid YAML: {e}") from e
+    if raw is None:
+        raw = {}
+    if not isinstance(raw, Mapping):
+        raise ConfigError(
+            f"config file {str(path)!r}: expected a mapping at top level, got {_describe(raw)}"
+        )
+    return from_dict(raw, overrides)
+
+
+def _plain(value: Any) -> Any:
+    """Converts a loaded value to plain YAML-safe types (tuples to lists, dataclasses to dicts)."""
+    if isinstance(value, AlgorithmConfig):
+        return {"name": value.name, **_plain(value.params)}
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: _plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if isinstance(value, Mapping):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_plain(v) for v in value]
+    return value
+
+
+def to_dict(cfg: Config) -> dict[str, Any]:
+    """Converts a Config to a plain mapping that `from_dict` loads back to an equal Config.
+
+    Args:
+        cfg: the config.
+
+    Returns:
+        Nested dicts of YAML-safe values; tuples become lists and the algorithm's params sit
+        flat next to `algorithm.name`.
+    """
+    return _plain(cfg)
+
+
+def dump(cfg: Config) -> str:
+    """Returns `cfg` as YAML text (sections and keys in declaration order).
+
+    Args:
+        cfg: the config.
+
+    Returns:
+        YAML text that `load` reads back to an equal Config.
+    """
+    return yaml.safe_dump(to_dict(cfg), sort_keys=False, default_flow_style=False)
+
+
+def save(cfg: Config, path: str | Path) -> None:
+    """Writes `cfg` as YAML to `path`, creating its parent directories.
+
+    Args:
+        cfg: the config.
+        path: the file to write.
+
+    Raises:
+        ConfigError: the file cannot be written.
+    """
+    path = Path(path)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(dump(cfg))
+    except OSError as e:
+        raise ConfigError(f"cannot write config file {str(path)!r}: {e}") from e

@@ -1,0 +1,246 @@
+"""Environment creation: vectorized gymnasium environments with same-step autoreset.
+
+Every vector environment built here uses ``gymnasium.vector.AutoresetMode.SAME_STEP``: when
+sub-environment ``i`` terminates or is truncated on a step, that same step already returns the
+*reset* observation in ``obs[i]`` and the true last observation in ``infos["final_obs"][i]``
+(with ``infos["_final_obs"][i] == True``). :func:`final_observations` rebuilds the true
+``s_{t+1}`` rows from that convention.
+
+Asynchronous vector environments run every sub-environment in a subprocess started with the
+``"spawn"`` multiprocessing context (:data:`ASYNC_CONTEXT`). The parent process of an easyrl
+actor has usually imported TensorFlow and runs gRPC threads; ``fork`` would copy that
+multi-threaded state (locks held by other threads, the TF runtime, gRPC's event engine) into the
+children, which can deadlock or crash them. ``spawn`` starts each child from a fresh
+interpreter, works on every platform, and costs only a slower start. As with any ``spawn``
+program, an entry script must guard its top-level work with ``if __name__ == "__main__":``.
+"""
+
+from __future__ import annotations
+
+import difflib
+import functools
+import importlib
+from typing import Any
+
+import gymnasium
+import numpy as np
+
+from easyrl.errors import ConfigError, EasyRLError
+
+__all__ = ["ASYNC_CONTEXT", "VECTOR_MODES", "env_spaces", "final_observations", "make_vector_env"]
+
+ASYNC_CONTEXT = "spawn"
+"""Multiprocessing start method of ``AsyncVectorEnv`` workers (safe with TF/gRPC threads)."""
+
+VECTOR_MODES = ("sync", "async")
+"""Accepted values of ``make_vector_env(vector=...)``."""
+
+_NUM_SUGGESTIONS = 3
+
+
+def _resolve_spec(env_id: str) -> gymnasium.envs.registration.EnvSpec:
+    """Looks up the registered spec of an environment id.
+
+    Accepts gymnasium's ``"module:EnvId-v0"`` form too: the module is imported first so that it
+    registers its environments, exactly as ``gymnasium.make`` does.
+
+    Args:
+        env_id: A registered environment id, optionally prefixed by ``"module:"``.
+
+    Returns:
+        The environment's ``EnvSpec``.
+
+    Raises:
+        ConfigError: `env_id` is not a non-empty string, its module cannot be imported, or no
+            environment is registered under it; the message lists the closest registered ids.
+    """
+    if not isinstance(env_id, str) or not env_id:
+        raise ConfigError(f"env_id must be a non-empty string, got {env_id!r}")
+    name = env_id
+    if ":" in env_id:
+        module, name = env_id.split(":", 1)
+        try:
+            importlib.import_module(module)
+        except ImportError as exc:
+            raise ConfigError(
+                f"cannot import module {module!r} of environment id {env_id!r}: {exc}"
+            ) from exc
+    try:
+        return gymnasium.spec(name)
+    except gymnasium.error.Error as exc:
+        registered = sorted(str(key) for key in gymnasium.registry.keys())
+        close = difflib.get_close_matches(name, registered, n=_NUM_SUGGESTIONS, cutoff=0.5)
+        hint = (
+            "did you mean " + ", ".join(repr(c) for c in close) + "?"
+            if close
+            else "no similar id is registered"
+        )
+        raise ConfigError(f"unknown environment id {env_id!r}: {hint} ({exc})") from exc
+
+
+def _check_make_args(max_episode_steps: int | None, kwargs: dict | None) -> dict[str, Any]:
+    """Validates the arguments passed on to ``gymnasium.make``.
+
+    Args:
+        max_episode_steps: None (the registered limit) or a positive step limit.
+        kwargs: None or a dict of keyword arguments for the environment constructor.
+
+    Returns:
+        A fresh dict of the environment keyword arguments (empty when `kwargs` is None).
+
+    Raises:
+        ConfigError: `max_episode_steps` is not None or a positive int, or `kwargs` is not a
+            dict with string keys.
+    """
+    if max_episode_steps is not None and (
+        isinstance(max_episode_steps, bool)
+        or not isinstance(max_episode_steps, int | np.integer)
+        or max_episode_steps < 1
+    ):
+        raise ConfigError(
+            f"max_episode_steps must be None or a positive int, got {max_episode_steps!r}"
+        )
+    if kwargs is None:
+        return {}
+    if not isinstance(kwargs, dict) or not all(isinstance(k, str) for k in kwargs):
+        raise ConfigError(f"kwargs must be a dict with string keys, got {kwargs!r}")
+    return dict(kwargs)
+
+
+def make_vector_env(
+    env_id: str,
+    num_envs: int,
+    *,
+    vector: str = "sync",
+    seed: int = 0,
+    max_episode_steps: int | None = None,
+    kwargs: dict | None = None,
+) -> gymnasium.vector.VectorEnv:
+    """Builds a vector of `num_envs` copies of one environment with same-step autoreset.
+
+    Each copy is ``gymnasium.make(spec, max_episode_steps=max_episode_steps, **kwargs)``, where
+    ``spec`` is the registered spec of `env_id` resolved in this process (so environments
+    registered at run time also work in ``spawn``-ed workers). The vector env uses
+    ``AutoresetMode.SAME_STEP``: see :func:`final_observations`.
+
+    The environment is returned *not* reset. The caller seeds the dynamics with its first
+    reset, ``obs, infos = env.reset(seed=seed)``, which gives sub-environment ``i`` the seed
+    ``seed + i``. This function seeds the action and observation spaces with `seed` so that
+    ``env.action_space.sample()`` is reproducible too.
+
+    Args:
+        env_id: A registered gymnasium id (``"CartPole-v1"``), optionally ``"module:Id-v0"``.
+        num_envs: Number of sub-environments, at least 1.
+        vector: ``"sync"`` (all copies stepped in this process, ``SyncVectorEnv``) or
+            ``"async"`` (one subprocess per copy, ``AsyncVectorEnv`` with the
+            :data:`ASYNC_CONTEXT` start method and shared memory).
+        seed: Seed of the action/observation spaces; pass the same value to the first reset.
+        max_episode_steps: Step limit of each episode (a ``TimeLimit`` wrapper, truncating);
+            None keeps the registered limit.
+        kwargs: Extra keyword arguments of the environment constructor.
+
+    Returns:
+        The vector environment, not yet reset. Close it with ``env.close()``.
+
+    Raises:
+        ConfigError: `env_id` is unknown (the message names the closest registered ids),
+            `num_envs` is not a positive int, `vector` is not ``"sync"``/``"async"``, `seed` is
+            not an int, or `max_episode_steps`/`kwargs` are invalid.
+    """
+    if isinstance(num_envs, bool) or not isinstance(num_envs, int | np.integer) or num_envs < 1:
+        raise ConfigError(f"num_envs must be a positive int, got {num_envs!r}")
+    if vector not in VECTOR_MODES:
+        raise ConfigError(f"vector must be one of {VECTOR_MODES}, got {vector!r}")
+    if isinstance(seed, bool) or not isinstance(seed, int | np.integer):
+        raise ConfigError(f"seed must be an int, got {seed!r}")
+    env_kwargs = _check_make_args(max_episode_steps, kwargs)
+    spec = _resolve_spec(env_id)
+    env_fn = functools.partial(
+        gymnasium.make, spec, max_episode_steps=max_episode_steps, **env_kwargs
+    )
+    env_fns = [env_fn] * int(num_envs)
+    autoreset = gymnasium.vector.AutoresetMode.SAME_STEP
+    if vector == "sync":
+        env: gymnasium.vector.VectorEnv = gymnasium.vector.SyncVectorEnv(
+            env_fns, autoreset_mode=autoreset
+        )
+    else:
+        env = gymnasium.vector.AsyncVectorEnv(
+            env_fns, context=ASYNC_CONTEXT, autoreset_mode=autoreset
+        )
+    env.action_space.seed(int(seed))
+    env.single_action_space.seed(int(seed))
+    env.observation_space.seed(int(seed))
+    env.single_observation_space.seed(int(seed))
+    return env
+
+
+def env_spaces(
+    env_id: str, max_episode_steps: int | None = None, kwargs: dict | None = None
+) -> tuple[gymnasium.Space, gymnasium.Space]:
+    """Reads the observation and action spaces of a single environment.
+
+    Makes one environment, reads its spaces and closes it.
+
+    Args:
+        env_id: A registered gymnasium id, optionally ``"module:Id-v0"``.
+        max_episode_steps: As in :func:`make_vector_env`.
+        kwargs: Extra keyword arguments of the environment constructor.
+
+    Returns:
+        ``(observation_space, action_space)`` of one (non-vectorized) environment.
+
+    Raises:
+        ConfigError: `env_id` is unknown or `max_episode_steps`/`kwargs` are invalid.
+    """
+    env_kwargs = _check_make_args(max_episode_steps, kwargs)
+    spec = _resolve_spec(env_id)
+    env = gymnasium.make(spec, max_episode_steps=max_episode_steps, **env_kwargs)
+    try:
+        return env.observation_space, env.action_space
+    finally:
+        env.close()
+
+
+def final_observations(obs: np.ndarray, infos: dict, done: np.ndarray) -> np.ndarray:
+    """Rebuilds the true next observations ``s_{t+1}`` of a same-step-autoreset vector step.
+
+    Under ``AutoresetMode.SAME_STEP`` a done sub-environment returns its reset observation in
+    `obs` and its last observation in ``infos["final_obs"]`` (an object array holding None
+    where not done, masked by ``infos["_final_obs"]``).
+
+    Args:
+        obs: Observations returned by ``env.step``, ``[N, *obs_shape]``.
+        infos: The infos dict returned by the same step.
+        done: ``terminated | truncated`` of the same step, ``[N]`` bool.
+
+    Returns:
+        A copy of `obs` (same dtype) whose done rows are replaced by their final observation.
+
+    Raises:
+        EasyRLError: `done` does not match `obs`, or a done row has no final observation in
+            `infos`.
+    """
+    obs = np.asarray(obs)
+    done = np.asarray(done, dtype=bool).reshape(-1)  # [N]
+    if obs.ndim < 1 or done.shape[0] != obs.shape[0]:
+        raise EasyRLError(
+            f"done has {done.shape[0]} entries but obs has shape {obs.shape}; "
+            "expected one done flag per sub-environment"
+        )
+    out = obs.copy()  # [N, *obs_shape]
+    done_idx = np.flatnonzero(done)  # [D]
+    if done_idx.size == 0:
+        return out
+    final = infos.get("final_obs")
+    if final is None:
+        raise EasyRLError(
+            "some sub-environments are done but infos has no 'final_obs' entry; "
+            "was the vector env built with AutoresetMode.SAME_STEP?"
+        )
+    mask = infos.get("_final_obs")
+    for i in done_idx:
+        if (mask is not None and not mask[i]) or final[i] is None:
+            raise EasyRLError(f"sub-environment {i} is done but has no final observation")
+        out[i] = final[i]
+    return out

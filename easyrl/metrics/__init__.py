@@ -1,0 +1,155 @@
+"""Run statistics kept by PS shard 0: counters, recent returns, rates, stop condition.
+
+PS shard 0 is the metrics hub of a run: actors and learners `Report` to it; it
+writes `metrics.jsonl` and TensorBoard scalars, decides when the `stop:`
+condition is met, and answers `Status` with the same numbers.
+"""
+
+import collections
+import json
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+
+
+class RunStats:
+    """Thread-safe counters of a run (env steps, updates, episodes, recent returns).
+
+    Args:
+        window: how many recent episode returns the mean is taken over.
+    """
+
+    def __init__(self, window: int = 100):
+        if window < 1:
+            raise ValueError("window must be >= 1")
+        self._lock = threading.Lock()
+        self.window = window
+        self._returns = collections.deque(maxlen=window)
+        self._lengths = collections.deque(maxlen=window)
+        self._counters: dict[str, float] = collections.defaultdict(float)
+        self._stats: dict[str, float] = {}
+        self._last = (time.monotonic(), 0.0, 0.0)
+        self._rates = {"env_steps_per_s": 0.0, "updates_per_s": 0.0}
+
+    def report(self, role, task, env_steps, updates, returns, lengths, stats) -> None:
+        """Adds one report from `role` `task` (deltas since its previous report)."""
+        with self._lock:
+            c = self._counters
+            c["env_steps"] += env_steps
+            c["updates"] += updates
+            c["episodes"] += len(returns)
+            c[f"{role}/{task}/env_steps"] += env_steps
+            c[f"{role}/{task}/updates"] += updates
+            c[f"{role}/{task}/episodes"] += len(returns)
+            self._returns.extend(returns)
+            self._lengths.extend(lengths)
+            for key, value in stats.items():
+                self._stats[f"{role}/{key}"] = float(value)
+
+    def count(self, key: str, amount: float = 1.0) -> None:
+        """Adds `amount` to counter `key`."""
+        with self._lock:
+            self._counters[key] += amount
+
+    def snapshot(self, update_rates: bool = False) -> dict[str, float]:
+        """Returns every counter, the recent-return mean and the throughput rates.
+
+        Args:
+            update_rates: recompute env steps/s and updates/s since the previous call
+                that recomputed them (the metrics thread's job).
+        """
+        with self._lock:
+            out = dict(self._counters)
+            out.update(self._stats)
+            now = time.monotonic()
+            if update_rates:
+                t0, steps0, updates0 = self._last
+                dt = max(now - t0, 1e-9)
+                self._rates = {
+                    "env_steps_per_s": (out.get("env_steps", 0.0) - steps0) / dt,
+                    "updates_per_s": (out.get("updates", 0.0) - updates0) / dt,
+                }
+                self._last = (now, out.get("env_steps", 0.0), out.get("updates", 0.0))
+            out.update(self._rates)
+            out["recent_episodes"] = float(len(self._returns))
+            if self._returns:
+                out["return_mean"] = float(np.mean(self._returns))
+                out["return_max"] = float(np.max(self._returns))
+                out["length_mean"] = float(np.mean(self._lengths)) if self._lengths else 0.0
+            return out
+
+    def recent_returns(self) -> list[float]:
+        """The last `window` episode returns."""
+        with self._lock:
+            return list(self._returns)
+
+    def state(self) -> dict:
+        """Counters and recent returns as plain data, for checkpoints."""
+        with self._lock:
+            return {"counters": dict(self._counters), "returns": list(self._returns)}
+
+    def load_state(self, state: dict) -> None:
+        """Restores what `state` returned."""
+        with self._lock:
+            self._counters.update(state.get("counters", {}))
+            self._returns.extend(state.get("returns", []))
+            self._last = (time.monotonic(), self._counters["env_steps"], self._counters["updates"])
+
+
+def stop_reason(stop, snapshot: dict[str, float], elapsed_s: float) -> str | None:
+    """Returns why the run should stop now, or None.
+
+    Args:
+        stop: the config's `stop` section.
+        snapshot: a `RunStats.snapshot()`.
+        elapsed_s: seconds since the run started.
+    """
+    target = stop.episode_return_mean
+    if (
+        target is not None
+        and snapshot.get("recent_episodes", 0) >= stop.window
+        and snapshot.get("return_mean", -np.inf) >= target
+    ):
+        return f"target reached: mean return {snapshot['return_mean']:.1f} >= {target:g}"
+    if stop.max_env_steps is not None and snapshot.get("env_steps", 0) >= stop.max_env_steps:
+        return f"max_env_steps reached: {int(snapshot['env_steps'])} env steps"
+    if stop.max_seconds is not None and elapsed_s >= stop.max_seconds:
+        return f"max_seconds reached: {elapsed_s:.0f} s"
+    return None
+
+
+def reached_goal(stop, reason: str | None) -> bool:
+    """Whether a stop `reason` counts as success: the return target when one is set,
+    otherwise any budget stop."""
+    if reason is None:
+        return False
+    if stop.episode_return_mean is not None:
+        return reason.startswith("target reached")
+    return True
+
+
+class MetricsWriter:
+    """Appends snapshots to `metrics.jsonl` and TensorBoard scalars under `run_dir/tb`."""
+
+    def __init__(self, run_dir: str | Path):
+        import tensorflow as tf
+
+        self._tf = tf
+        self._path = Path(run_dir) / "metrics.jsonl"
+        self._path.parent.mkdir(parents=True, exist_ok=True)
+        self._tb = tf.summary.create_file_writer(str(Path(run_dir) / "tb"))
+
+    def write(self, snapshot: dict[str, float], elapsed_s: float, stop: str | None) -> None:
+        """Writes one snapshot (step = env steps)."""
+        record = {"time_s": round(elapsed_s, 3), **snapshot}
+        if stop:
+            record["stop"] = stop
+        with self._path.open("a") as f:
+            f.write(json.dumps(record) + "\n")
+        step = int(snapshot.get("env_steps", 0))
+        with self._tb.as_default(step=step):
+            for key, value in snapshot.items():
+                self._tf.summary.scalar(key, value)
+        self._tb.flush()

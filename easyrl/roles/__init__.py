@@ -1,0 +1,1 @@
+"""easyrl.roles."""

@@ -1,0 +1,200 @@
+"""What every role process shares: its context, clients to its peers, signals, weights."""
+
+import logging
+import signal
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from easyrl.algorithms import registry
+from easyrl.cluster.spec import ClusterSpec, assign_shards
+from easyrl.config import Config
+from easyrl.envs import env_spaces
+from easyrl.errors import TransportError
+from easyrl.transport import codec, rpc
+from easyrl.transport import easyrl_pb2 as pb
+from easyrl.transport import easyrl_pb2_grpc as pb_grpc
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class RoleContext:
+    """Everything a role process is started with.
+
+    Args:
+        cfg: the run's config.
+        task: this process's index within its role.
+        cluster: where the servers are and how many workers there are.
+        token: the shared auth token (None only with `security.insecure`).
+        run_dir: where checkpoints and logs go.
+    """
+
+    cfg: Config
+    task: int
+    cluster: ClusterSpec
+    token: str | None
+    run_dir: Path
+
+    def client(self, role: str, index: int) -> rpc.Client:
+        """A client for server `index` of `role` ("ps" or "memory")."""
+        stub = pb_grpc.ParameterServerStub if role == "ps" else pb_grpc.ReplayMemoryStub
+        address = getattr(self.cluster, role)[index]
+        return rpc.Client(
+            stub,
+            address,
+            self.token,
+            timeout_s=self.cfg.run.rpc_timeout_s,
+            tls_ca=self.cfg.security.tls_ca,
+        )
+
+    def clients(self, role: str) -> list[rpc.Client]:
+        """Clients for every server of `role`."""
+        return [self.client(role, i) for i in range(len(getattr(self.cluster, role)))]
+
+    def tls(self) -> rpc.TLSFiles | None:
+        """The server's TLS files from the config's `security` section, or None."""
+        sec = self.cfg.security
+        if not sec.tls_cert:
+            return None
+        return rpc.TLSFiles(cert=sec.tls_cert, key=sec.tls_key, ca=sec.tls_ca)
+
+    def spaces(self):
+        """(observation space, action space) of one environment."""
+        env = self.cfg.env
+        return env_spaces(env.id, env.max_episode_steps, env.kwargs)
+
+    def algorithm_module(self):
+        """The module of the configured algorithm (from the registry)."""
+        return registry.module(self.cfg.algorithm.name)
+
+    def build_algorithm(self):
+        """Builds the algorithm's TF side (networks, act, loss) for this run."""
+        obs_space, action_space = self.spaces()
+        return self.algorithm_module().build(
+            self.cfg.algorithm.params, obs_space, action_space, self.cfg.model, self.cfg.run.seed
+        )
+
+
+def stop_event_on_signals() -> threading.Event:
+    """Returns an event set by SIGTERM or SIGINT (the launcher's and Kubernetes' way to
+    ask a role to finish cleanly)."""
+    event = threading.Event()
+
+    def handler(signum, frame):
+        log.info("received signal %d, stopping", signum)
+        event.set()
+
+    signal.signal(signal.SIGTERM, handler)
+    signal.signal(signal.SIGINT, handler)
+    return event
+
+
+def guarded(target, stop: threading.Event, *args) -> None:
+    """Runs a communication thread's body; a transport failure that outlived its
+    retries stops the whole role (its main loop exits and the process ends non-zero
+    only if the run was not stopping anyway)."""
+    try:
+        target(*args)
+    except TransportError as err:
+        if not stop.is_set():
+            log.error("%s: %s", target.__name__, err)
+            stop.set()
+
+
+def _assigner(variables: list):
+    """A compiled function assigning a list of values to `variables` in one call
+    (one eager assign per variable costs ~0.3 ms each)."""
+    import tensorflow as tf
+
+    @tf.function
+    def assign(values):
+        for variable, value in zip(variables, values, strict=True):
+            variable.assign(value)
+
+    return assign
+
+
+class ShardedWeights:
+    """A worker's view of the PS shards: which variable lives where, and its newest values.
+
+    A communication thread calls `fetch()` to pull every shard whose version moved
+    into a "latest" slot; the main loop calls `swap_in()` between steps to assign
+    them to the local variables. `local_versions` are the shard versions the local
+    values came from (what gradients are computed against).
+
+    Args:
+        clients: one client per PS shard.
+        variables: {name: tf.Variable} of the local network (all roles agree on names).
+    """
+
+    def __init__(self, clients: list[rpc.Client], variables: dict):
+        self.clients = clients
+        self.variables = variables
+        sizes = [(name, int(np.prod(v.shape)) * v.dtype.size) for name, v in variables.items()]
+        self.assignment = assign_shards(sizes, len(clients))
+        self.shard_names = [
+            sorted(n for n, s in self.assignment.items() if s == shard)
+            for shard in range(len(clients))
+        ]
+        self._assigners = [
+            _assigner([variables[n] for n in names]) for names in self.shard_names
+        ]
+        self.fetched_versions = [-1] * len(clients)
+        self.local_versions = [-1] * len(clients)
+        self._latest: dict[int, tuple[int, dict[str, np.ndarray]]] = {}
+        self._lock = threading.Lock()
+
+    def initialize(self) -> bool:
+        """Chief only: assigns the local initial values to every shard that is still empty.
+
+        Returns:
+            Whether any shard was initialized by this call.
+        """
+        assigned = False
+        for client, names in zip(self.clients, self.shard_names, strict=True):
+            tensors = codec.encode_named({n: self.variables[n].numpy() for n in names})
+            reply = client.call("Assign", pb.AssignRequest(tensors=tensors, only_if_empty=True))
+            assigned |= reply.assigned
+        return assigned
+
+    def fetch(self) -> bool:
+        """Pulls every shard whose version moved into the latest slot.
+
+        Returns:
+            False when some shard is not initialized yet, else True.
+        """
+        changed = {}
+        for shard, client in enumerate(self.clients):
+            reply = client.call("Pull", pb.PullRequest(known_version=self.fetched_versions[shard]))
+            if reply.version == 0:
+                return False
+            if not reply.current:
+                values = codec.decode_named(reply.tensors)
+                if sorted(values) != self.shard_names[shard]:
+                    raise TransportError(f"PS shard {shard} holds unexpected variables")
+                changed[shard] = (reply.version, values)
+        with self._lock:
+            self._latest.update(changed)
+        for shard, (version, _) in changed.items():
+            self.fetched_versions[shard] = version
+        return True
+
+    def swap_in(self) -> None:
+        """Assigns the newest fetched values to the local variables."""
+        with self._lock:
+            latest, self._latest = self._latest, {}
+        for shard, (version, values) in latest.items():
+            self._assigners[shard]([values[n] for n in self.shard_names[shard]])
+            self.local_versions[shard] = version
+
+    def wait_initialized(self, stop: threading.Event, poll_s: float = 0.2) -> bool:
+        """Blocks until every shard holds values and loads them; False if `stop` was set."""
+        while not stop.is_set():
+            if self.fetch():
+                self.swap_in()
+                return True
+            stop.wait(poll_s)
+        return False

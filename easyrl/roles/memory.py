@@ -1,0 +1,269 @@
+"""Replay-memory shard: one table, owned by one thread, behind a gRPC service.
+
+gRPC handler threads validate requests and hand them to the table thread through a
+queue; the table thread is the only code that touches the table and the rate
+limiter (no locks on the table). Operations the rate limiter does not allow yet
+wait in a pending list until they are legal or their deadline passes. The table
+thread also keeps a small queue of ready, already-encoded sample batches so a
+learner's Sample call usually returns without waiting for the table.
+
+This module does not import TensorFlow.
+"""
+
+import collections
+import logging
+import queue
+import threading
+import time
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+
+import grpc
+import numpy as np
+
+from easyrl.errors import RateLimitTimeout, ReplayError
+from easyrl.replay.rate_limiter import RateLimiter
+from easyrl.replay.tables import PrioritizedTable, UniformTable, validate_batch
+from easyrl.transport import codec
+from easyrl.transport import easyrl_pb2 as pb
+from easyrl.transport import easyrl_pb2_grpc as pb_grpc
+from easyrl.transport.rpc import invalid_argument_on_error
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class _Op:
+    """One request for the table thread."""
+
+    kind: str  # "insert" | "sample" | "update"
+    args: tuple
+    deadline: float
+    future: Future = field(default_factory=Future)
+
+
+class BetaSchedule:
+    """Importance-sampling exponent annealed linearly over sampled batches."""
+
+    def __init__(self, start: float, final: float, steps: int):
+        self.start, self.final, self.steps = start, final, steps
+
+    def __call__(self, batches: int) -> float:
+        if self.steps <= 0:
+            return self.start
+        frac = min(1.0, batches / self.steps)
+        return self.start + frac * (self.final - self.start)
+
+
+class MemoryServer(pb_grpc.ReplayMemoryServicer):
+    """A replay shard.
+
+    Args:
+        table: a `UniformTable` or `PrioritizedTable`.
+        limiter: the shard's rate limiter.
+        batch_size: the learners' batch size (prefetched batches have this size).
+        prefetch: how many ready batches to keep.
+        beta: importance-sampling exponent schedule.
+        shard: this shard's index (for status).
+    """
+
+    def __init__(
+        self,
+        table,
+        limiter: RateLimiter,
+        batch_size: int,
+        prefetch: int,
+        beta: BetaSchedule,
+        shard: int = 0,
+    ):
+        if batch_size < 1 or prefetch < 1:
+            raise ValueError("batch_size and prefetch must be >= 1")
+        self.table = table
+        self.limiter = limiter
+        self.batch_size = batch_size
+        self.shard = shard
+        self._beta = beta
+        self._ops: queue.Queue[_Op] = queue.Queue()
+        self._ready: queue.Queue[pb.SampleResponse] = queue.Queue(maxsize=prefetch)
+        self._pending: collections.deque[_Op] = collections.deque()
+        self.counters = collections.Counter()
+        self.stopping = threading.Event()
+        self._thread = threading.Thread(target=self._table_loop, name="table", daemon=True)
+        self._thread.start()
+
+    # --- table thread ----------------------------------------------------------------
+
+    def _table_loop(self) -> None:
+        while not self.stopping.is_set():
+            wait = 0.002 if self._pending else 0.05
+            try:
+                self._pending.append(self._ops.get(timeout=wait))
+                while True:
+                    self._pending.append(self._ops.get_nowait())
+            except queue.Empty:
+                pass
+            self._run_pending()
+            self._fill_prefetch()
+        for op in self._pending:
+            op.future.set_exception(ReplayError("memory shard is shutting down"))
+
+    def _run_pending(self) -> None:
+        still = collections.deque()
+        now = time.monotonic()
+        for op in self._pending:
+            try:
+                result = self._try(op)
+            except ReplayError as err:
+                op.future.set_exception(err)
+                continue
+            if result is not None:
+                op.future.set_result(result)
+            elif now >= op.deadline:
+                self.counters[f"rate_limited_{op.kind}"] += 1
+                op.future.set_exception(RateLimitTimeout(f"{op.kind} timed out (rate limiter)"))
+            else:
+                still.append(op)
+        self._pending = still
+
+    def _try(self, op: _Op):
+        """Runs `op` if the rate limiter allows it now; returns its result or None."""
+        if op.kind == "insert":
+            batch, priorities, n = op.args
+            if not self.limiter.can_insert(n):
+                return None
+            self.table.insert(batch, priorities)
+            self.limiter.on_insert(n)
+            self.counters["inserts"] += n
+            return pb.InsertResponse(size=self.table.size, inserted=self.table.inserted)
+        if op.kind == "sample":
+            (batch_size,) = op.args
+            if not self.limiter.can_sample(batch_size):
+                return None
+            return self._sample(batch_size)
+        keys, priorities = op.args
+        updated = self.table.update_priorities(keys, priorities)
+        self.counters["priority_updates"] += updated
+        self.counters["stale_priority_keys"] += len(keys) - updated
+        return pb.UpdatePrioritiesResponse(updated=updated)
+
+    def _sample(self, batch_size: int) -> pb.SampleResponse:
+        sample = self.table.sample(batch_size, self._beta(self.counters["sample_batches"]))
+        self.limiter.on_sample(batch_size)
+        self.counters["samples"] += batch_size
+        self.counters["sample_batches"] += 1
+        return pb.SampleResponse(
+            ready=True,
+            tensors=codec.encode_batch(sample.data),
+            keys=codec.encode_array("keys", sample.keys),
+            weights=codec.encode_array("weights", sample.weights),
+        )
+
+    def _fill_prefetch(self) -> None:
+        while not self._ready.full() and self.limiter.can_sample(self.batch_size):
+            self._ready.put_nowait(self._sample(self.batch_size))
+
+    def _submit(self, kind: str, args: tuple, timeout_s: float):
+        op = _Op(kind, args, time.monotonic() + timeout_s)
+        self._ops.put(op)
+        return op.future.result()
+
+    # --- RPCs ------------------------------------------------------------------------
+
+    @invalid_argument_on_error
+    def Insert(self, request, context):
+        batch = codec.decode_batch(request.tensors)
+        n = validate_batch(self.table.spec, batch)
+        priorities = None
+        if request.HasField("priorities"):
+            priorities = codec.decode_array(request.priorities).astype(np.float64)
+            if priorities.shape != (n,) or not np.all(np.isfinite(priorities)):
+                raise ReplayError(f"priorities must be {n} finite values")
+            if np.any(priorities < 0):
+                raise ReplayError("priorities must be >= 0")
+        remaining = context.time_remaining()
+        timeout = 5.0 if remaining is None else max(0.0, remaining - 0.05)
+        try:
+            return self._submit("insert", (batch, priorities, n), timeout)
+        except RateLimitTimeout as err:
+            context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(err))
+
+    @invalid_argument_on_error
+    def Sample(self, request, context):
+        if not 1 <= request.batch_size <= self.table.capacity:
+            raise ReplayError(f"batch_size must be in [1, {self.table.capacity}]")
+        if not 0 <= request.timeout_s <= 600:
+            raise ReplayError("timeout_s must be in [0, 600]")
+        if request.batch_size == self.batch_size:
+            try:
+                return self._ready.get(timeout=request.timeout_s)
+            except queue.Empty:
+                return pb.SampleResponse(ready=False)
+        try:
+            return self._submit("sample", (request.batch_size,), request.timeout_s)
+        except RateLimitTimeout:
+            return pb.SampleResponse(ready=False)
+
+    @invalid_argument_on_error
+    def UpdatePriorities(self, request, context):
+        keys = codec.decode_array(request.keys)
+        priorities = codec.decode_array(request.priorities)
+        if keys.ndim != 1 or keys.dtype.kind not in "iu" or priorities.shape != keys.shape:
+            raise ReplayError("keys must be 1-D integers and priorities of the same shape")
+        return self._submit("update", (keys.astype(np.int64), priorities), 0.0)
+
+    def Status(self, request, context):
+        counters = {f"memory/{self.shard}/{k}": float(v) for k, v in self.counters.items()}
+        counters[f"memory/{self.shard}/size"] = float(self.table.size)
+        counters[f"memory/{self.shard}/ready_batches"] = float(self._ready.qsize())
+        return pb.StatusResponse(
+            role="memory",
+            task=self.shard,
+            stopping=self.stopping.is_set(),
+            counters=counters,
+        )
+
+    def Shutdown(self, request, context):
+        self.stopping.set()
+        return pb.ShutdownResponse()
+
+    def close(self) -> None:
+        """Stops the table thread."""
+        self.stopping.set()
+        self._thread.join(timeout=5)
+
+
+def build(cfg, spec, shard: int) -> MemoryServer:
+    """Builds a memory shard from the config's `replay` section and a table spec."""
+    r = cfg.replay
+    seed = cfg.run.seed * 1000 + shard
+    if r.kind == "prioritized":
+        table = PrioritizedTable(spec, r.capacity, alpha=r.alpha, seed=seed)
+    else:
+        table = UniformTable(spec, r.capacity, seed=seed)
+    limiter = RateLimiter(r.min_size_to_sample, r.samples_per_insert, r.error_buffer)
+    batch_size = cfg.algorithm.params.batch_size
+    limiter.check_batch_sizes(cfg.actor.send_every * cfg.env.num_envs, batch_size)
+    beta = BetaSchedule(r.beta, r.beta_final, r.beta_anneal_steps)
+    return MemoryServer(table, limiter, batch_size, r.prefetch, beta, shard)
+
+
+def run(ctx) -> int:
+    """Runs memory shard `ctx.task` until Shutdown or SIGTERM."""
+    from easyrl.roles.common import stop_event_on_signals
+    from easyrl.transport.rpc import make_server
+
+    stop = stop_event_on_signals()
+    obs_space, action_space = ctx.spaces()
+    spec = ctx.algorithm_module().replay_spec(ctx.cfg.algorithm.params, obs_space, action_space)
+    memory = build(ctx.cfg, spec, ctx.task)
+    server, _ = make_server(ctx.cluster.memory[ctx.task], ctx.token, tls=ctx.tls())
+    pb_grpc.add_ReplayMemoryServicer_to_server(memory, server)
+    server.start()
+    log.info("memory shard %d listening on %s", ctx.task, ctx.cluster.memory[ctx.task])
+    try:
+        while not (stop.is_set() or memory.stopping.is_set()):
+            stop.wait(0.2)
+    finally:
+        memory.close()
+        server.stop(grace=1.0).wait()
+    return 0

@@ -1,0 +1,294 @@
+"""Parameter-server shard: holds a partition of the variables and their optimizer state.
+
+Applies pushed gradients asynchronously (one at a time per shard), serves the
+newest values, counts staleness and drops what it must not apply. Shard 0 is also
+the run's metrics hub (see `easyrl.metrics`).
+"""
+
+import json
+import logging
+import os
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import tensorflow as tf
+
+from easyrl.algorithms.optimizers import Optimizer, OptimizerSpec
+from easyrl.errors import EasyRLError
+from easyrl.metrics import MetricsWriter, RunStats, stop_reason
+from easyrl.transport import codec
+from easyrl.transport import easyrl_pb2 as pb
+from easyrl.transport import easyrl_pb2_grpc as pb_grpc
+from easyrl.transport.rpc import invalid_argument_on_error
+
+log = logging.getLogger(__name__)
+
+
+class ParameterServer(pb_grpc.ParameterServerServicer):
+    """One PS shard.
+
+    Args:
+        shard: this shard's index.
+        optimizer: how pushed gradients are applied.
+        max_staleness: gradients computed more than this many versions ago are dropped.
+        checkpoint_path: `.npz` file to restore from on start and save to (None: never).
+        stats: the run's counters (shard 0 only; None on other shards).
+    """
+
+    def __init__(
+        self,
+        shard: int,
+        optimizer: OptimizerSpec,
+        max_staleness: int,
+        checkpoint_path: Path | None = None,
+        stats: RunStats | None = None,
+    ):
+        if max_staleness < 0:
+            raise ValueError("max_staleness must be >= 0")
+        self.shard = shard
+        self.stats = stats
+        self._spec = optimizer
+        self._max_staleness = max_staleness
+        self._checkpoint_path = checkpoint_path
+        self._lock = threading.Lock()
+        self._variables: dict[str, tf.Variable] = {}
+        self._optimizer: Optimizer | None = None
+        self.version = 0
+        self.counters = {
+            "pushes": 0,
+            "applied": 0,
+            "dropped_stale": 0,
+            "dropped_nonfinite": 0,
+            "pulls": 0,
+            "staleness_sum": 0,
+        }
+        self._pull_cache: tuple[int, list[pb.Tensor]] = (-1, [])
+        self.stopping = threading.Event()
+        self.stop_reason = ""
+        self.shutdown_requested = threading.Event()
+        if checkpoint_path is not None and checkpoint_path.exists():
+            self._restore(checkpoint_path)
+
+    # --- state -----------------------------------------------------------------------
+
+    def _create(self, values: dict[str, np.ndarray]) -> None:
+        self._variables = {n: tf.Variable(values[n], name=n) for n in sorted(values)}
+        self._optimizer = Optimizer(self._spec, list(self._variables.values()))
+
+    def _check_tensors(self, tensors: dict[str, np.ndarray], what: str) -> None:
+        """Raises ValueError unless `tensors` match this shard's variables exactly."""
+        if sorted(tensors) != sorted(self._variables):
+            raise ValueError(
+                f"{what}: variables {sorted(tensors)} do not match this shard's "
+                f"{sorted(self._variables)}"
+            )
+        for name, value in tensors.items():
+            var = self._variables[name]
+            if value.shape != tuple(var.shape) or value.dtype != var.dtype.as_numpy_dtype:
+                raise ValueError(
+                    f"{what}: {name} has shape {value.shape} {value.dtype}, expected "
+                    f"{tuple(var.shape)} {var.dtype.name}"
+                )
+
+    def checkpoint(self) -> None:
+        """Saves variables, optimizer slots, version and counters (write, then rename)."""
+        if self._checkpoint_path is None:
+            return
+        with self._lock:
+            if not self._variables:
+                return
+            arrays = {f"var/{n}": v.numpy() for n, v in self._variables.items()}
+            arrays.update({f"opt/{k}": v for k, v in self._optimizer.state().items()})
+            meta = {"version": self.version, "counters": self.counters}
+            if self.stats is not None:
+                meta["stats"] = self.stats.state()
+        arrays["meta"] = np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8)
+        path = self._checkpoint_path
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp.npz")
+        np.savez(tmp, **arrays)
+        os.replace(tmp, path)
+
+    def _restore(self, path: Path) -> None:
+        with np.load(path) as data:
+            meta = json.loads(data["meta"].tobytes())
+            values = {k[4:]: data[k] for k in data.files if k.startswith("var/")}
+            opt_state = {k[4:]: data[k] for k in data.files if k.startswith("opt/")}
+        self._create(values)
+        self._optimizer.load_state(opt_state)
+        self.version = int(meta["version"])
+        self.counters.update(meta["counters"])
+        if self.stats is not None and "stats" in meta:
+            self.stats.load_state(meta["stats"])
+        log.info("PS shard %d restored version %d from %s", self.shard, self.version, path)
+
+    # --- RPCs ------------------------------------------------------------------------
+
+    @invalid_argument_on_error
+    def Assign(self, request, context):
+        values = codec.decode_named(request.tensors)
+        if not values:
+            raise ValueError("Assign: expected a non-empty list of tensors")
+        for name, value in values.items():
+            if value.dtype.kind != "f" or not np.all(np.isfinite(value)):
+                raise ValueError(f"Assign: {name} must be finite floating point")
+        with self._lock:
+            if self._variables and request.only_if_empty:
+                return pb.AssignResponse(assigned=False, version=self.version)
+            if self._variables:
+                self._check_tensors(values, "Assign")
+                for name, value in values.items():
+                    self._variables[name].assign(value)
+            else:
+                self._create(values)
+            self.version += 1
+            return pb.AssignResponse(assigned=True, version=self.version)
+
+    @invalid_argument_on_error
+    def Pull(self, request, context):
+        with self._lock:
+            self.counters["pulls"] += 1
+            if self.version == 0 or request.known_version == self.version:
+                return pb.PullResponse(version=self.version, current=self.version > 0)
+            if self._pull_cache[0] != self.version:
+                values = {n: v.numpy() for n, v in self._variables.items()}
+                self._pull_cache = (self.version, codec.encode_named(values))
+            return pb.PullResponse(version=self.version, tensors=self._pull_cache[1])
+
+    @invalid_argument_on_error
+    def Push(self, request, context):
+        grads = codec.decode_named(request.gradients)
+        with self._lock:
+            if not self._variables:
+                raise ValueError("Push: shard is not initialized (no Assign yet)")
+            self._check_tensors(grads, "Push")
+            if not 1 <= request.version <= self.version:
+                raise ValueError(f"Push: version {request.version} outside [1, {self.version}]")
+            staleness = self.version - request.version
+            self.counters["pushes"] += 1
+            if staleness > self._max_staleness:
+                self.counters["dropped_stale"] += 1
+                return pb.PushResponse(version=self.version, staleness=staleness, reason="stale")
+            if not all(np.all(np.isfinite(g)) for g in grads.values()):
+                self.counters["dropped_nonfinite"] += 1
+                return pb.PushResponse(
+                    version=self.version, staleness=staleness, reason="non-finite"
+                )
+            self._optimizer.apply([tf.constant(grads[n]) for n in self._variables])
+            self.version += 1
+            self.counters["applied"] += 1
+            self.counters["staleness_sum"] += staleness
+            return pb.PushResponse(version=self.version, applied=True, staleness=staleness)
+
+    @invalid_argument_on_error
+    def Report(self, request, context):
+        if self.stats is None:
+            raise ValueError(f"Report goes to PS shard 0, not shard {self.shard}")
+        if request.env_steps < 0 or request.updates < 0:
+            raise ValueError("Report: counts must be >= 0")
+        if len(request.episode_lengths) not in (0, len(request.episode_returns)):
+            raise ValueError("Report: episode_lengths must match episode_returns")
+        self.stats.report(
+            request.role,
+            request.task,
+            request.env_steps,
+            request.updates,
+            list(request.episode_returns),
+            list(request.episode_lengths),
+            dict(request.stats),
+        )
+        return pb.ReportResponse(stopping=self.stopping.is_set())
+
+    def Status(self, request, context):
+        with self._lock:
+            counters = {f"ps/{self.shard}/{k}": float(v) for k, v in self.counters.items()}
+            counters[f"ps/{self.shard}/version"] = float(self.version)
+            initialized = bool(self._variables)
+        returns = []
+        if self.stats is not None:
+            counters.update(self.stats.snapshot())
+            returns = self.stats.recent_returns()
+        return pb.StatusResponse(
+            role="ps",
+            task=self.shard,
+            version=self.version,
+            initialized=initialized,
+            stopping=self.stopping.is_set(),
+            stop_reason=self.stop_reason,
+            counters=counters,
+            recent_returns=returns,
+        )
+
+    def Shutdown(self, request, context):
+        self.stopping.set()
+        self.shutdown_requested.set()
+        return pb.ShutdownResponse()
+
+
+def metrics_loop(ps: ParameterServer, cfg, run_dir: Path, start: float, done: threading.Event):
+    """Shard 0: writes metrics every `run.log_interval_s` and raises the stop flag."""
+    writer = MetricsWriter(run_dir)
+    while not done.wait(cfg.run.log_interval_s):
+        snapshot = ps.stats.snapshot(update_rates=True)
+        elapsed = time.monotonic() - start
+        reason = None if ps.stopping.is_set() else stop_reason(cfg.stop, snapshot, elapsed)
+        if reason:
+            log.info("stop condition: %s", reason)
+            ps.stop_reason = reason
+            ps.stopping.set()
+        try:
+            writer.write(snapshot, elapsed, reason)
+        except OSError as err:
+            log.error("cannot write metrics: %s", err)
+
+
+def run(ctx) -> int:
+    """Runs PS shard `ctx.task` until Shutdown or SIGTERM; checkpoints periodically and
+    on exit. Returns the process exit code."""
+    from easyrl.roles.common import stop_event_on_signals
+    from easyrl.transport.rpc import make_server
+
+    cfg = ctx.cfg
+    stop = stop_event_on_signals()
+    params = cfg.algorithm.params
+    stats = RunStats(cfg.stop.window) if ctx.task == 0 else None
+    ps = ParameterServer(
+        ctx.task,
+        ctx.algorithm_module().optimizer(params),
+        params.max_staleness,
+        ctx.run_dir / "checkpoints" / f"ps-{ctx.task}.npz",
+        stats,
+    )
+    server, _ = make_server(ctx.cluster.ps[ctx.task], ctx.token, tls=ctx.tls())
+    pb_grpc.add_ParameterServerServicer_to_server(ps, server)
+    server.start()
+    log.info("PS shard %d listening on %s", ctx.task, ctx.cluster.ps[ctx.task])
+    done = threading.Event()
+    threads = []
+    if stats is not None:
+        start = time.monotonic()
+        threads.append(
+            threading.Thread(target=metrics_loop, args=(ps, cfg, ctx.run_dir, start, done))
+        )
+    for thread in threads:
+        thread.daemon = True
+        thread.start()
+    last_checkpoint = time.monotonic()
+    try:
+        while not (stop.is_set() or ps.shutdown_requested.is_set()):
+            stop.wait(0.2)
+            if time.monotonic() - last_checkpoint >= cfg.run.checkpoint_interval_s:
+                ps.checkpoint()
+                last_checkpoint = time.monotonic()
+    finally:
+        done.set()
+        for thread in threads:
+            thread.join(timeout=5)
+        try:
+            ps.checkpoint()
+        except (OSError, EasyRLError) as err:
+            log.error("final checkpoint failed: %s", err)
+        server.stop(grace=1.0).wait()
+    return 0

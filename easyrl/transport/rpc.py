@@ -1,0 +1,221 @@
+"""gRPC helpers shared by every role: servers with token auth, clients with retries.
+
+Servers check a shared token carried in call metadata (`authorization: Bearer
+<token>`) with an interceptor; clients attach it to every call, give every call
+a deadline, and retry UNAVAILABLE with capped exponential backoff and jitter.
+"""
+
+import functools
+import logging
+import os
+import random
+import secrets
+import time
+from collections.abc import Callable
+from concurrent import futures
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
+
+from easyrl.errors import ConfigError, EasyRLError, TransportError
+
+log = logging.getLogger(__name__)
+
+TOKEN_ENV = "EASYRL_TOKEN"
+MAX_MESSAGE_BYTES = 256 * 1024 * 1024
+_AUTH_KEY = "authorization"
+
+
+def new_token() -> str:
+    """Returns a fresh random token (what the local launcher hands its children)."""
+    return secrets.token_hex(16)
+
+
+def resolve_token(token_file: str | None, insecure: bool) -> str | None:
+    """Finds the shared token: the EASYRL_TOKEN environment variable, else `token_file`.
+
+    Returns None only when `insecure` is set and no token is given.
+
+    Raises:
+        ConfigError: no token was found and `insecure` is false, or the file is empty.
+    """
+    token = os.environ.get(TOKEN_ENV)
+    if not token and token_file:
+        token = Path(token_file).read_text().strip()
+        if not token:
+            raise ConfigError(f"security.token_file: {token_file} is empty")
+    if not token and not insecure:
+        raise ConfigError(
+            f"no auth token: set {TOKEN_ENV} or security.token_file "
+            "(or security.insecure: true to run without authentication)"
+        )
+    return token or None
+
+
+@dataclass(frozen=True)
+class TLSFiles:
+    """PEM file paths for TLS; `ca` set on the server side asks for client certificates."""
+
+    cert: str
+    key: str
+    ca: str | None = None
+
+
+def _channel_options() -> list[tuple[str, int]]:
+    return [
+        ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+        ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+    ]
+
+
+class _TokenInterceptor(grpc.ServerInterceptor):
+    """Rejects calls whose metadata lacks the shared token with UNAUTHENTICATED."""
+
+    def __init__(self, token: str):
+        self._expected = f"Bearer {token}"
+
+        def deny(request, context):
+            context.abort(grpc.StatusCode.UNAUTHENTICATED, "missing or wrong auth token")
+
+        self._deny = grpc.unary_unary_rpc_method_handler(deny)
+
+    def intercept_service(self, continuation, handler_call_details):
+        metadata = dict(handler_call_details.invocation_metadata or ())
+        given = metadata.get(_AUTH_KEY, "")
+        if secrets.compare_digest(given.encode(), self._expected.encode()):
+            return continuation(handler_call_details)
+        return self._deny
+
+
+def make_server(
+    address: str,
+    token: str | None,
+    *,
+    max_workers: int = 16,
+    tls: TLSFiles | None = None,
+) -> tuple[grpc.Server, int]:
+    """Creates (not starts) a gRPC server bound to `address` ("host:port", port 0 = free).
+
+    Args:
+        address: where to listen; never defaults to 0.0.0.0.
+        token: shared token every call must carry; None disables authentication.
+        max_workers: handler threads.
+        tls: server certificate files; None serves plaintext.
+
+    Returns:
+        The server and the port it bound.
+
+    Raises:
+        TransportError: the address could not be bound.
+    """
+    interceptors = [_TokenInterceptor(token)] if token else []
+    server = grpc.server(
+        futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="rpc"),
+        interceptors=interceptors,
+        options=_channel_options(),
+    )
+    try:
+        if tls is None:
+            port = server.add_insecure_port(address)
+        else:
+            credentials = grpc.ssl_server_credentials(
+                [(Path(tls.key).read_bytes(), Path(tls.cert).read_bytes())],
+                root_certificates=Path(tls.ca).read_bytes() if tls.ca else None,
+                require_client_auth=tls.ca is not None,
+            )
+            port = server.add_secure_port(address, credentials)
+    except RuntimeError as err:
+        raise TransportError(f"cannot bind {address}: {err}") from err
+    if port == 0:
+        raise TransportError(f"cannot bind {address}")
+    return server, port
+
+
+def invalid_argument_on_error(method: Callable) -> Callable:
+    """Decorates a servicer method: EasyRLError/ValueError become INVALID_ARGUMENT.
+
+    The method must validate before it changes state, so that an aborted call
+    leaves the server as it was.
+    """
+
+    @functools.wraps(method)
+    def wrapper(self, request, context):
+        try:
+            return method(self, request, context)
+        except (EasyRLError, ValueError) as err:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(err))
+
+    return wrapper
+
+
+class Client:
+    """A stub with the token attached, a deadline on every call and retries on UNAVAILABLE.
+
+    Args:
+        stub_class: generated stub class (e.g. `ParameterServerStub`).
+        address: "host:port" of the server.
+        token: shared token, or None when the server runs insecure.
+        timeout_s: per-call deadline.
+        retry_s: how long UNAVAILABLE is retried before a call gives up.
+        tls_ca: CA certificate to verify a TLS server with (None: plaintext).
+    """
+
+    BACKOFF_START_S = 0.05
+    BACKOFF_CAP_S = 2.0
+
+    def __init__(
+        self,
+        stub_class: type,
+        address: str,
+        token: str | None,
+        *,
+        timeout_s: float = 10.0,
+        retry_s: float = 30.0,
+        tls_ca: str | None = None,
+    ):
+        if timeout_s <= 0 or retry_s < 0:
+            raise ValueError("timeout_s must be > 0 and retry_s >= 0")
+        self.address = address
+        self.timeout_s = timeout_s
+        self.retry_s = retry_s
+        if tls_ca:
+            creds = grpc.ssl_channel_credentials(root_certificates=Path(tls_ca).read_bytes())
+            self._channel = grpc.secure_channel(address, creds, options=_channel_options())
+        else:
+            self._channel = grpc.insecure_channel(address, options=_channel_options())
+        self._stub = stub_class(self._channel)
+        self._metadata = ((_AUTH_KEY, f"Bearer {token}"),) if token else ()
+
+    def call(
+        self, method: str, request, *, timeout_s: float | None = None, retry_s: float | None = None
+    ):
+        """Calls `method` with retries on UNAVAILABLE.
+
+        Raises:
+            TransportError: a non-retryable status, or UNAVAILABLE past `retry_s`.
+                Its `code` attribute holds the grpc.StatusCode.
+        """
+        timeout = self.timeout_s if timeout_s is None else timeout_s
+        budget = self.retry_s if retry_s is None else retry_s
+        give_up = time.monotonic() + budget
+        delay = self.BACKOFF_START_S
+        rpc = getattr(self._stub, method)
+        while True:
+            try:
+                return rpc(request, timeout=timeout, metadata=self._metadata)
+            except grpc.RpcError as err:
+                code = err.code()
+                retry = code == grpc.StatusCode.UNAVAILABLE and time.monotonic() < give_up
+                if not retry:
+                    error = TransportError(
+                        f"{method} to {self.address} failed: {code.name}: {err.details()}"
+                    )
+                    error.code = code
+                    raise error from None
+            time.sleep(min(delay, max(0.0, give_up - time.monotonic())) * random.uniform(0.5, 1))
+            delay = min(delay * 2, self.BACKOFF_CAP_S)
+
+    def close(self) -> None:
+        """Closes the channel."""
+        self._channel.close()

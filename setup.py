@@ -1,0 +1,28 @@
+"""easyrl: distributed reinforcement learning on TensorFlow 2 and gRPC."""
+
+from setuptools import find_packages, setup
+
+setup(
+    name="easyrl",
+    version="0.1.0",
+    description="Distributed reinforcement learning on TensorFlow 2 and gRPC (no Ray, no MPI)",
+    long_description=open("README.md").read(),
+    long_description_content_type="text/markdown",
+    python_requires=">=3.10",
+    packages=find_packages(include=["easyrl", "easyrl.*"]),
+    package_data={"easyrl.transport": ["easyrl.proto"]},
+    install_requires=[
+        "tensorflow>=2.21,<2.22",
+        "gymnasium>=1.1,<2",
+        "numpy>=1.26",
+        "grpcio>=1.85.1",
+        "protobuf>=7.35.1",
+        "pyyaml>=6",
+        "tensorboard>=2.21,<2.22",
+    ],
+    extras_require={
+        "test": ["pytest>=8", "pytest-timeout>=2.3", "grpcio-tools==1.85.1", "ruff==0.17.6"],
+        "gpu": ["tensorflow[and-cuda]>=2.21,<2.22"],
+    },
+    entry_points={"console_scripts": ["easyrl=easyrl.cli:main"]},
+)

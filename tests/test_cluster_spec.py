@@ -1,0 +1,300 @@
+"""Tests of easyrl.cluster.spec: ClusterSpec parsing and validation, and assign_shards."""
+
+import itertools
+import json
+import random
+
+import pytest
+
+from easyrl.cluster import spec as spec_module
+from easyrl.cluster.spec import ClusterSpec, assign_shards
+from easyrl.errors import ConfigError
+
+GOOD = {"ps": ["h0:7000", "h1:7001"], "memory": ["h2:7100"], "learner": 2, "actor": 8}
+
+
+def with_changes(**changes):
+    raw = dict(GOOD)
+    raw.update(changes)
+    return raw
+
+
+# --- ClusterSpec --------------------------------------------------------------------------
+
+
+def test_from_mapping_good():
+    spec = ClusterSpec.from_mapping(GOOD)
+    assert spec == ClusterSpec(ps=("h0:7000", "h1:7001"), memory=("h2:7100",), learner=2, actor=8)
+    assert isinstance(spec.ps, tuple) and isinstance(spec.memory, tuple)
+    assert spec.learner == 2 and spec.actor == 8
+
+
+def test_spec_is_frozen_and_hashable():
+    spec = ClusterSpec.from_mapping(GOOD)
+    with pytest.raises(AttributeError):
+        spec.actor = 3
+    assert hash(spec) == hash(ClusterSpec.from_mapping(GOOD))
+
+
+@pytest.mark.parametrize(
+    "address", ["localhost:1", "10.0.0.1:65535", "[::1]:7000", "my-host.example.com:80"]
+)
+def test_from_mapping_accepts_address_forms(address):
+    assert ClusterSpec.from_mapping(with_changes(ps=[address])).ps == (address,)
+
+
+def test_comma_separated_string_hosts():
+    spec = ClusterSpec.from_mapping(with_changes(ps="h0:7000,h1:7001", memory="h2:7100,"))
+    assert spec.ps == ("h0:7000", "h1:7001")
+    assert spec.memory == ("h2:7100",)
+
+
+def test_tuple_hosts_are_accepted():
+    assert ClusterSpec.from_mapping(with_changes(ps=("a:1", "b:2"))).ps == ("a:1", "b:2")
+
+
+@pytest.mark.parametrize(
+    ("key", "suggestion"), [("acter", "actor"), ("learners", "learner"), ("memroy", "memory")]
+)
+def test_unknown_key_with_suggestion(key, suggestion):
+    raw = dict(GOOD)
+    raw[key] = raw.pop(suggestion)
+    with pytest.raises(ConfigError, match=rf"unknown key '{key}'.*did you mean '{suggestion}'"):
+        ClusterSpec.from_mapping(raw)
+
+
+def test_unknown_key_without_close_match_lists_valid_keys():
+    with pytest.raises(ConfigError, match="valid keys") as info:
+        ClusterSpec.from_mapping(with_changes(zzzzzz=1))
+    assert "did you mean" not in str(info.value)
+
+
+@pytest.mark.parametrize("key", ["ps", "memory", "learner", "actor"])
+def test_missing_key(key):
+    raw = dict(GOOD)
+    del raw[key]
+    with pytest.raises(ConfigError, match=f"missing {key}"):
+        ClusterSpec.from_mapping(raw)
+
+
+def test_all_missing_keys_are_named():
+    with pytest.raises(ConfigError, match="missing ps, memory, learner, actor"):
+        ClusterSpec.from_mapping({})
+
+
+@pytest.mark.parametrize(
+    "address", ["h0", "h0:", ":7000", "h0:port", "h0:70a0", "h0:-1", "", "h0:7000 "]
+)
+@pytest.mark.parametrize("role", ["ps", "memory"])
+def test_bad_address(role, address):
+    with pytest.raises(ConfigError, match=f"cluster.{role}"):
+        ClusterSpec.from_mapping(with_changes(**{role: ["ok:1", address]}))
+
+
+@pytest.mark.parametrize("role", ["ps", "memory"])
+@pytest.mark.parametrize("value", [[], "", ","])
+def test_empty_address_list(role, value):
+    with pytest.raises(ConfigError, match="at least one address"):
+        ClusterSpec.from_mapping(with_changes(**{role: value}))
+
+
+@pytest.mark.parametrize("value", [7000, ["h0:1", 7000], {"h0:1": 1}, b"h0:1", None])
+def test_address_list_of_wrong_type(value):
+    with pytest.raises(ConfigError, match="cluster.ps"):
+        ClusterSpec.from_mapping(with_changes(ps=value))
+
+
+@pytest.mark.parametrize("role", ["learner", "actor"])
+@pytest.mark.parametrize("count", [0, -1])
+def test_zero_or_negative_counts(role, count):
+    with pytest.raises(ConfigError, match=f"cluster.{role}: must be >= 1"):
+        ClusterSpec.from_mapping(with_changes(**{role: count}))
+
+
+@pytest.mark.parametrize("role", ["learner", "actor"])
+@pytest.mark.parametrize("count", [True, False, 2.0, "2", None])
+def test_non_int_counts_are_rejected(role, count):
+    with pytest.raises(ConfigError, match=f"cluster.{role}: expected an int"):
+        ClusterSpec.from_mapping(with_changes(**{role: count}))
+
+
+@pytest.mark.parametrize("raw", [None, [], "ps: h:1", 3])
+def test_from_mapping_requires_a_mapping(raw):
+    with pytest.raises(ConfigError, match="must be a mapping"):
+        ClusterSpec.from_mapping(raw)
+
+
+def test_to_json_round_trip():
+    spec = ClusterSpec.from_mapping(GOOD)
+    text = spec.to_json()
+    assert json.loads(text) == GOOD
+    assert ClusterSpec.from_mapping(json.loads(text)) == spec
+
+
+def test_from_env_valid(monkeypatch):
+    monkeypatch.setenv(spec_module.CLUSTER_ENV, json.dumps(GOOD))
+    assert ClusterSpec.from_env() == ClusterSpec.from_mapping(GOOD)
+
+
+def test_from_env_round_trip_of_to_json(monkeypatch):
+    spec = ClusterSpec.from_mapping(with_changes(ps="a:1,b:2,c:3", actor=1))
+    monkeypatch.setenv("EASYRL_CLUSTER", spec.to_json())
+    assert ClusterSpec.from_env() == spec
+
+
+@pytest.mark.parametrize("text", ["{", "ps=h:1", "{'ps': ['h:1']}"])
+def test_from_env_invalid_json(monkeypatch, text):
+    monkeypatch.setenv("EASYRL_CLUSTER", text)
+    with pytest.raises(ConfigError, match="EASYRL_CLUSTER is not valid JSON"):
+        ClusterSpec.from_env()
+
+
+def test_from_env_valid_json_bad_spec(monkeypatch):
+    monkeypatch.setenv("EASYRL_CLUSTER", json.dumps(with_changes(acter=1)))
+    with pytest.raises(ConfigError, match="did you mean 'actor'"):
+        ClusterSpec.from_env()
+    monkeypatch.setenv("EASYRL_CLUSTER", "[1, 2]")
+    with pytest.raises(ConfigError, match="must be a mapping"):
+        ClusterSpec.from_env()
+
+
+def test_from_env_unset_or_empty(monkeypatch):
+    monkeypatch.delenv("EASYRL_CLUSTER", raising=False)
+    assert ClusterSpec.from_env() is None
+    monkeypatch.setenv("EASYRL_CLUSTER", "")
+    assert ClusterSpec.from_env() is None
+
+
+def test_from_file_yaml(tmp_path):
+    path = tmp_path / "cluster.yaml"
+    path.write_text(
+        "# cluster\nps:\n  - h0:7000\n  - h1:7001\nmemory: h2:7100\nlearner: 2\nactor: 8\n"
+    )
+    assert ClusterSpec.from_file(path) == ClusterSpec.from_mapping(GOOD)
+    assert ClusterSpec.from_file(str(path)) == ClusterSpec.from_mapping(GOOD)
+
+
+def test_from_file_json(tmp_path):
+    path = tmp_path / "cluster.json"
+    path.write_text(json.dumps(GOOD))
+    assert ClusterSpec.from_file(path) == ClusterSpec.from_mapping(GOOD)
+
+
+@pytest.mark.parametrize(
+    ("text", "match"),
+    [("", "must be a mapping"), ("- h:1\n", "must be a mapping"), ("acter: 1\n", "actor")],
+)
+def test_from_file_bad_content(tmp_path, text, match):
+    path = tmp_path / "cluster.yaml"
+    path.write_text(text)
+    with pytest.raises(ConfigError, match=match):
+        ClusterSpec.from_file(path)
+
+
+# --- assign_shards ------------------------------------------------------------------------
+
+
+def reference_assignment(sizes, num_shards):
+    """Straightforward greedy: largest first (name breaks ties), to the least-loaded shard
+    (lowest index breaks ties)."""
+    loads = [0] * num_shards
+    assignment = {}
+    for name, size in sorted(sizes, key=lambda item: (-item[1], item[0])):
+        shard = min(range(num_shards), key=lambda s: (loads[s], s))
+        assignment[name] = shard
+        loads[shard] += size
+    return assignment
+
+
+def shard_loads(sizes, assignment, num_shards):
+    loads = [0] * num_shards
+    for name, size in sizes:
+        loads[assignment[name]] += size
+    return loads
+
+
+def test_assign_shards_hand_example():
+    sizes = [("w0", 100), ("w1", 60), ("w2", 50), ("w3", 40)]
+    assignment = assign_shards(sizes, 2)
+    assert assignment == {"w0": 0, "w1": 1, "w2": 1, "w3": 0}
+    assert shard_loads(sizes, assignment, 2) == [140, 110]
+
+
+def test_assign_shards_three_shards_hand_example():
+    sizes = [("a", 7), ("b", 5), ("c", 4), ("d", 3), ("e", 3), ("f", 1)]
+    # a->0 (7,0,0); b->1 (7,5,0); c->2 (7,5,4); d->2 (7,5,7); e->1 (7,8,7); f->0 (8,8,7)
+    assignment = assign_shards(sizes, 3)
+    assert assignment == {"a": 0, "b": 1, "c": 2, "d": 2, "e": 1, "f": 0}
+    assert assignment == reference_assignment(sizes, 3)
+
+
+def test_assign_shards_ties_break_by_name_and_shard_index():
+    sizes = [("z", 10), ("y", 10), ("x", 10), ("w", 10)]
+    assert assign_shards(sizes, 2) == {"w": 0, "x": 1, "y": 0, "z": 1}
+    # Zero-size variables leave shard 0 least loaded, so they all stay there.
+    assert assign_shards([("b", 0), ("a", 0)], 3) == {"a": 0, "b": 0}
+
+
+def test_assign_shards_is_independent_of_input_order():
+    sizes = [
+        ("dense/kernel", 4096),
+        ("dense/bias", 64),
+        ("out/kernel", 4096),
+        ("out/bias", 8),
+        ("emb", 1000),
+        ("norm", 64),
+        ("head", 2048),
+    ]
+    expected = assign_shards(sizes, 3)
+    assert expected == reference_assignment(sizes, 3)
+    for order in itertools.islice(itertools.permutations(sizes), 0, None, 97):
+        assert assign_shards(list(order), 3) == expected
+    assert assign_shards(tuple(reversed(sizes)), 3) == expected
+
+
+def test_assign_shards_assigns_every_variable_to_a_valid_shard():
+    rng = random.Random(7)
+    sizes = [(f"v{i}", rng.randint(1, 10_000)) for i in range(50)]
+    for num_shards in (1, 2, 3, 7, 50, 64):
+        assignment = assign_shards(sizes, num_shards)
+        assert set(assignment) == {name for name, _ in sizes}
+        assert all(0 <= shard < num_shards for shard in assignment.values())
+
+
+def test_assign_shards_single_shard():
+    sizes = [("a", 3), ("b", 1), ("c", 2)]
+    assert assign_shards(sizes, 1) == {"a": 0, "b": 0, "c": 0}
+
+
+def test_assign_shards_more_shards_than_variables():
+    sizes = [("small", 1), ("big", 30), ("mid", 20)]
+    assert assign_shards(sizes, 5) == {"big": 0, "mid": 1, "small": 2}
+
+
+def test_assign_shards_empty_input():
+    assert assign_shards([], 3) == {}
+
+
+@pytest.mark.parametrize("num_shards", [0, -1])
+def test_assign_shards_rejects_no_shards(num_shards):
+    with pytest.raises(ConfigError, match=">= 1"):
+        assign_shards([("a", 1)], num_shards)
+
+
+def test_assign_shards_matches_reference_and_bound_on_random_inputs():
+    rng = random.Random(12345)
+    for _ in range(300):
+        count = rng.randint(1, 40)
+        num_shards = rng.randint(1, 9)
+        high = rng.choice([1, 10, 1000, 10**9])
+        sizes = [(f"var{i:02d}", rng.randint(0, high)) for i in range(count)]
+        assignment = assign_shards(sizes, num_shards)
+        assert assignment == reference_assignment(sizes, num_shards)
+        loads = shard_loads(sizes, assignment, num_shards)
+        total = sum(size for _, size in sizes)
+        biggest = max(size for _, size in sizes)
+        assert sum(loads) == total
+        assert max(loads) <= total / num_shards + biggest
+        shuffled = list(sizes)
+        rng.shuffle(shuffled)
+        assert assign_shards(shuffled, num_shards) == assignment
