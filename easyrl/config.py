@@ -161,6 +161,8 @@ class LearnerConfig(_Section):
     """Sampled batches buffered ahead of the update loop."""
     push_queue: int = 2
     """Gradient pushes buffered towards the PS."""
+    push_threads: int = 2
+    """Pushes in flight at once (each thread pushes, then pulls the new values)."""
     device: Literal["auto", "cpu", "gpu"] = "auto"
     """Device the learner computes on (auto: a GPU when one is visible)."""
     updates_per_report: int = 20
@@ -307,6 +309,7 @@ _RULES: dict[type, tuple[tuple[str, _Check], ...]] = {
     LearnerConfig: (
         ("batch_queue", _ge(1)),
         ("push_queue", _ge(1)),
+        ("push_threads", _ge(1)),
         ("updates_per_report", _ge(1)),
     ),
     StopConfig: (

@@ -91,6 +91,73 @@ def test_bad_address(role, address):
         ClusterSpec.from_mapping(with_changes(**{role: ["ok:1", address]}))
 
 
+@pytest.mark.parametrize("port", ["0", "00", "65536", "70000", "99999999999999999999"])
+@pytest.mark.parametrize("role", ["ps", "memory"])
+def test_port_out_of_range(role, port):
+    with pytest.raises(ConfigError, match=rf"cluster\.{role}: 'h9:{port}'.*1\.\.65535"):
+        ClusterSpec.from_mapping(with_changes(**{role: ["ok:1", f"h9:{port}"]}))
+
+
+@pytest.mark.parametrize("port", ["1", "65535", "007000"])
+def test_port_range_edges_are_accepted(port):
+    assert ClusterSpec.from_mapping(with_changes(ps=[f"h9:{port}"])).ps == (f"h9:{port}",)
+
+
+@pytest.mark.parametrize(
+    "port",
+    ["\u0667\u0660\u0660\u0660", "\uff17\uff10\uff10\uff10", "7\u00b2", "\u00b9", "70\u09e6"],
+    ids=["arabic-indic", "fullwidth", "superscript", "superscript-one", "bengali"],
+)
+@pytest.mark.parametrize("role", ["ps", "memory"])
+def test_non_ascii_digit_ports_are_rejected(role, port):
+    assert port.isdigit()  # what the old check relied on
+    with pytest.raises(ConfigError, match=rf"cluster\.{role}: .* is not host:port"):
+        ClusterSpec.from_mapping(with_changes(**{role: ["ok:1", f"h9:{port}"]}))
+
+
+@pytest.mark.parametrize("role", ["ps", "memory"])
+def test_duplicate_address_within_a_role(role):
+    with pytest.raises(ConfigError, match=rf"cluster\.{role}: address 'd:5' is listed twice"):
+        ClusterSpec.from_mapping(with_changes(**{role: ["d:5", "e:6", "d:5"]}))
+
+
+def test_duplicate_address_across_ps_and_memory():
+    with pytest.raises(
+        ConfigError, match=r"cluster\.memory: address 'h1:7001' is listed twice.*cluster\.ps"
+    ):
+        ClusterSpec.from_mapping(with_changes(memory=["h2:7100", "h1:7001"]))
+    with pytest.raises(ConfigError, match=r"cluster\.memory: address 'h0:7000'"):
+        ClusterSpec(ps=("h0:7000",), memory=("h0:7000",), learner=1, actor=1)
+
+
+@pytest.mark.parametrize(
+    ("ps", "memory", "match"),
+    [
+        (["h0:7000", "H0:7000"], ["m:1"], r"cluster\.ps: address 'H0:7000'.*'h0:7000'"),
+        (["h0:7000"], ["h0:07000"], r"cluster\.memory: address 'h0:07000'.*cluster\.ps 'h0:7000'"),
+        (["[::1]:5"], ["[::1]:005"], r"cluster\.memory: address '\[::1\]:005'"),
+    ],
+    ids=["host-case", "leading-zero-port", "ipv6"],
+)
+def test_duplicate_address_in_another_spelling(ps, memory, match):
+    with pytest.raises(ConfigError, match=match):
+        ClusterSpec.from_mapping(with_changes(ps=ps, memory=memory))
+
+
+def test_same_host_different_ports_and_same_port_different_hosts_are_fine():
+    spec = ClusterSpec.from_mapping(
+        with_changes(ps=["h:1", "h:2", "g:1"], memory=["h:3", "g:2", "k:1"])
+    )
+    assert spec.ps == ("h:1", "h:2", "g:1") and spec.memory == ("h:3", "g:2", "k:1")
+
+
+def test_validation_also_applies_to_direct_construction():
+    with pytest.raises(ConfigError, match="cluster.ps"):
+        ClusterSpec(ps=("h:0",), memory=("m:1",), learner=1, actor=1)
+    with pytest.raises(ConfigError, match="cluster.memory"):
+        ClusterSpec(ps=("h:1",), memory=("m:\u0661",), learner=1, actor=1)
+
+
 @pytest.mark.parametrize("role", ["ps", "memory"])
 @pytest.mark.parametrize("value", [[], "", ","])
 def test_empty_address_list(role, value):
@@ -273,6 +340,15 @@ def test_assign_shards_more_shards_than_variables():
 
 def test_assign_shards_empty_input():
     assert assign_shards([], 3) == {}
+
+
+@pytest.mark.parametrize(
+    "sizes",
+    [[("a", 1), ("a", 1)], [("a", 5), ("b", 2), ("a", 3)], [("x", 0), ("y", 1), ("x", 0)]],
+)
+def test_assign_shards_rejects_duplicate_names(sizes):
+    with pytest.raises(ConfigError, match=r"duplicate variable names.*\['(a|x)'\]"):
+        assign_shards(sizes, 2)
 
 
 @pytest.mark.parametrize("num_shards", [0, -1])

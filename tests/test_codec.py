@@ -1,6 +1,8 @@
 """Tests of easyrl.transport.codec (numpy <-> Tensor) and of the generated protobuf modules."""
 
 import pickle
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -327,15 +329,34 @@ def test_decode_refuses_unknown_dtype(dtype):
         codec.decode_array(tensor)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="bug: codec.decode_array computes the element count with np.prod on int64, which "
-    "wraps on overflow, and does not catch numpy's ValueError from reshape",
+@pytest.mark.parametrize(
+    ("shape", "nbytes"),
+    [
+        ([2**32, 2**32], 0),  # int64 product wraps to exactly 0
+        ([2**62, 4], 0),  # int64 product wraps to 0 too
+        ([2**63 - 1, 2**63 - 1], 4),  # wraps to 1 element = 4 bytes with int64
+        ([0, 2**62], 0),  # zero elements, but numpy refuses the shape
+        ([0, 2**63 - 1, 2**63 - 1], 0),
+        ([1] * 65, 4),  # more dimensions than numpy supports
+    ],
+    ids=["wraps-to-zero", "wraps-to-zero-2", "wraps-to-one", "too-big", "too-big-3d", "65-dims"],
 )
-@pytest.mark.parametrize("shape", [[2**32, 2**32], [0, 2**62]], ids=["wraps-to-zero", "too-big"])
-def test_decode_refuses_absurd_shapes_with_transport_error(shape):
-    tensor = pb.Tensor(name="t", dtype="float32", shape=shape, data=b"")
-    with pytest.raises(TransportError):
+def test_decode_refuses_absurd_shapes_with_transport_error(shape, nbytes):
+    tensor = pb.Tensor(name="t", dtype="float32", shape=shape, data=b"\x00" * nbytes)
+    with pytest.raises(TransportError, match="'t'"):
+        codec.decode_array(tensor)
+
+
+def test_decode_of_large_empty_shape_that_numpy_accepts():
+    tensor = pb.Tensor(name="t", dtype="float64", shape=[2**32, 0], data=b"")
+    out = codec.decode_array(tensor)
+    assert out.shape == (2**32, 0) and out.dtype == np.float64 and out.size == 0
+
+
+def test_decode_refuses_shape_whose_byte_size_exceeds_the_data():
+    # 2**40 float32 elements announced, 16 bytes given: refused before any allocation.
+    tensor = pb.Tensor(name="t", dtype="float32", shape=[2**20, 2**20], data=b"\x00" * 16)
+    with pytest.raises(TransportError, match="bytes for shape"):
         codec.decode_array(tensor)
 
 
@@ -359,6 +380,18 @@ def test_encode_batch_refuses_separator_in_key(batch):
         codec.encode_batch(batch)
 
 
+@pytest.mark.parametrize(
+    "batch",
+    [{1: np.zeros(1)}, {"a": {2.5: np.zeros(1)}}, {None: np.zeros(1)}, {b"a": np.zeros(1)}],
+    ids=["int", "nested-float", "none", "bytes"],
+)
+def test_flatten_refuses_non_string_keys(batch):
+    with pytest.raises(TransportError, match="not a string"):
+        codec.flatten(batch)
+    with pytest.raises(TransportError, match="not a string"):
+        codec.encode_batch(batch)
+
+
 @pytest.mark.parametrize("names", [("a", "a/b"), ("a/b", "a"), ("x/a", "x/a/b/c")])
 def test_decode_batch_refuses_prefix_conflict(names):
     tensors = [codec.encode_array(name, np.zeros(1, np.float32)) for name in names]
@@ -369,8 +402,26 @@ def test_decode_batch_refuses_prefix_conflict(names):
 # --- generated modules --------------------------------------------------------------------
 
 
+def generate_out_of_process(out_dir) -> None:
+    """Runs `generate.generate(out_dir)` in a fresh interpreter.
+
+    grpc_tools' in-process protoc segfaults once TensorFlow is loaded in the same process
+    (both bundle libprotobuf), and any test module that imports TensorFlow loads it at
+    collection time, so protoc must not run inside the pytest process.
+    """
+    code = "import sys; from easyrl.transport import generate; generate.generate(sys.argv[1])"
+    result = subprocess.run(
+        [sys.executable, "-c", code, str(out_dir)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert result.returncode == 0, f"generate failed ({result.returncode}):\n{result.stderr}"
+
+
 def test_generated_modules_are_current(tmp_path):
-    generate.generate(tmp_path)
+    generate_out_of_process(tmp_path)
     for name in generate.GENERATED:
         fresh = (tmp_path / name).read_bytes()
         committed = (generate.HERE / name).read_bytes()
@@ -381,7 +432,7 @@ def test_generated_modules_are_current(tmp_path):
 
 
 def test_generated_grpc_module_imports_its_sibling_relatively(tmp_path):
-    generate.generate(tmp_path)
+    generate_out_of_process(tmp_path)
     text = (tmp_path / "easyrl_pb2_grpc.py").read_text()
     assert "from . import easyrl_pb2 as" in text
     assert "\nimport easyrl_pb2 as" not in text

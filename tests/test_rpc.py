@@ -363,6 +363,51 @@ def test_resolve_token_empty_file_is_config_error(monkeypatch, tmp_path, content
             rpc.resolve_token(str(token_file), insecure=insecure)
 
 
+@pytest.mark.parametrize("insecure", [False, True])
+def test_resolve_token_missing_file_is_config_error(monkeypatch, tmp_path, insecure):
+    monkeypatch.delenv(rpc.TOKEN_ENV, raising=False)
+    missing = tmp_path / "no" / "such-token"
+    with pytest.raises(ConfigError, match="security.token_file") as info:
+        rpc.resolve_token(str(missing), insecure=insecure)
+    assert str(missing) in str(info.value)
+
+
+def test_resolve_token_unreadable_file_is_config_error(monkeypatch, tmp_path):
+    monkeypatch.delenv(rpc.TOKEN_ENV, raising=False)
+    # A directory cannot be read as a file (works even as root, unlike chmod 000).
+    with pytest.raises(ConfigError, match="security.token_file") as info:
+        rpc.resolve_token(str(tmp_path), insecure=False)
+    assert str(tmp_path) in str(info.value)
+    binary = tmp_path / "token.bin"
+    binary.write_bytes(b"\xff\xfe\x00\x80")
+    with pytest.raises(ConfigError, match="security.token_file") as info:
+        rpc.resolve_token(str(binary), insecure=False)
+    assert str(binary) in str(info.value)
+
+
+def test_resolve_token_missing_file_is_ignored_when_env_is_set(monkeypatch, tmp_path):
+    monkeypatch.setenv(rpc.TOKEN_ENV, "from-env")
+    assert rpc.resolve_token(str(tmp_path / "missing"), insecure=False) == "from-env"
+
+
+def test_resolve_token_env_is_stripped(monkeypatch, tmp_path):
+    monkeypatch.setenv(rpc.TOKEN_ENV, "  from-env\n")
+    assert rpc.resolve_token(None, insecure=False) == "from-env"
+    token_file = tmp_path / "token"
+    token_file.write_text("from-file")
+    assert rpc.resolve_token(str(token_file), insecure=False) == "from-env"
+
+
+def test_resolve_token_blank_env_counts_as_unset(monkeypatch, tmp_path):
+    monkeypatch.setenv(rpc.TOKEN_ENV, " \t\n ")
+    token_file = tmp_path / "token"
+    token_file.write_text("from-file")
+    assert rpc.resolve_token(str(token_file), insecure=False) == "from-file"
+    with pytest.raises(ConfigError, match=rpc.TOKEN_ENV):
+        rpc.resolve_token(None, insecure=False)
+    assert rpc.resolve_token(None, insecure=True) is None
+
+
 def test_resolve_token_nothing_given(monkeypatch):
     monkeypatch.delenv(rpc.TOKEN_ENV, raising=False)
     with pytest.raises(ConfigError, match=rpc.TOKEN_ENV):
@@ -398,17 +443,55 @@ def test_make_server_on_unresolvable_address_raises():
         rpc.make_server("256.0.0.1:1", TOKEN)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="bug: make_server leaves gRPC's SO_REUSEPORT on, so a second server binds the "
-    "same port and the kernel splits connections between them",
-)
-def test_make_server_on_port_held_by_another_server_raises(serve):
-    _, address = serve(TOKEN)
+def test_make_server_on_port_held_by_another_server_raises(serve, connect):
+    servicer, address = serve(TOKEN)
     second = None
     try:
-        with pytest.raises(TransportError):
+        with pytest.raises(TransportError, match="cannot bind"):
             second, _ = rpc.make_server(address, TOKEN)
     finally:
         if second is not None:
             second.stop(None)
+    # The first server still answers every call.
+    client = connect(address, TOKEN)
+    for _ in range(5):
+        status_of(client)
+    assert servicer.calls == 5
+
+
+def test_make_server_on_port_held_by_unstarted_server_raises(resources):
+    servers, _ = resources
+    first, port = rpc.make_server("127.0.0.1:0", None)
+    servers.append(first)
+    with pytest.raises(TransportError, match="cannot bind"):
+        rpc.make_server(f"127.0.0.1:{port}", None)
+
+
+def test_make_server_disables_so_reuseport(monkeypatch):
+    seen = {}
+    real_server = grpc.server
+
+    def spy(*args, **kwargs):
+        seen.update(dict(kwargs.get("options") or ()))
+        return real_server(*args, **kwargs)
+
+    monkeypatch.setattr(grpc, "server", spy)
+    server, _ = rpc.make_server("127.0.0.1:0", TOKEN)
+    server.stop(None)
+    assert seen["grpc.so_reuseport"] == 0
+    assert seen["grpc.max_receive_message_length"] == rpc.MAX_MESSAGE_BYTES
+
+
+def test_client_channel_does_not_get_server_only_options(monkeypatch):
+    seen = {}
+    real_channel = grpc.insecure_channel
+
+    def spy(address, options=None, **kwargs):
+        seen.update(dict(options or ()))
+        return real_channel(address, options=options, **kwargs)
+
+    monkeypatch.setattr(grpc, "insecure_channel", spy)
+    client = rpc.Client(pb_grpc.ParameterServerStub, "127.0.0.1:1", TOKEN)
+    client.close()
+    assert "grpc.so_reuseport" not in seen
+    assert seen["grpc.max_send_message_length"] == rpc.MAX_MESSAGE_BYTES

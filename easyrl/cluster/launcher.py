@@ -164,6 +164,8 @@ class LocalCluster:
                 continue
             if child.role in SERVER_ROLES:
                 return f"{child.name} exited with code {code}:\n{tail(child)}"
+            if code == 0:
+                continue  # a worker that saw the run stopping exits cleanly
             child.restarts += 1
             log.warning(
                 "%s exited with code %s; restarting it (restart %d)",
@@ -190,12 +192,18 @@ class LocalCluster:
             "counters": dict(reply.counters),
         }
 
-    def shutdown(self) -> None:
-        """Stops workers (they normally exit on their own once the run stops), then
-        asks the servers to checkpoint and exit; kills whatever outlives its grace."""
+    def shutdown(self, workers_stopping: bool) -> None:
+        """Stops workers, then asks the servers to checkpoint and exit; kills whatever
+        outlives its grace.
+
+        Args:
+            workers_stopping: the run reached its stop condition, so workers are exiting
+                on their own and get a moment before SIGTERM.
+        """
         workers = [c for c in self.children if c.role in WORKER_ROLES]
         servers = [c for c in self.children if c.role in SERVER_ROLES]
-        _wait(workers, GRACE_S / 2)
+        if workers_stopping:
+            _wait(workers, GRACE_S / 2)
         for child in workers:
             _signal(child, signal.SIGTERM)
         _wait(workers, GRACE_S)
@@ -267,7 +275,7 @@ def train(cfg, out=sys.stdout) -> int:
     # SIGTERM to the launcher shuts the run down like Ctrl-C does.
     signal.signal(signal.SIGTERM, signal.default_int_handler)
     start = time.monotonic()
-    reason, exit_code = None, 1
+    reason, exit_code, ps_stopping = None, 1, False
     print(f"run directory: {run_dir}", file=out, flush=True)
     try:
         cluster.start_role("ps", cfg.cluster.ps)
@@ -277,20 +285,20 @@ def train(cfg, out=sys.stdout) -> int:
         cluster.start_role("actor", cfg.cluster.actor)
         next_log = time.monotonic()
         while reason is None:
-            time.sleep(0.25)
+            time.sleep(0.5)
             failure = cluster.check_children()
             if failure:
                 reason = failure
                 break
-            if time.monotonic() < next_log:
-                continue
-            next_log = time.monotonic() + cfg.run.log_interval_s
             status = cluster.status("ps", 0)
-            restarts = sum(c.restarts for c in cluster.children)
-            if status:
+            if status and time.monotonic() >= next_log:
+                next_log = time.monotonic() + cfg.run.log_interval_s
+                restarts = sum(c.restarts for c in cluster.children)
                 elapsed = time.monotonic() - start
                 print(progress_line(elapsed, status["counters"], restarts), file=out, flush=True)
+            if status:
                 if status["stopping"]:
+                    ps_stopping = True
                     reason = status["stop_reason"] or "stopped by PS shard 0"
         exit_code = 0 if reached_goal(cfg.stop, reason) else 1
     except KeyboardInterrupt:
@@ -309,7 +317,7 @@ def train(cfg, out=sys.stdout) -> int:
                 if c.role in SERVER_ROLES
             },
         }
-        cluster.shutdown()
+        cluster.shutdown(workers_stopping=ps_stopping)
         (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
     print(f"stopped after {summary['elapsed_s']:.1f}s: {reason}", file=out, flush=True)
     return exit_code

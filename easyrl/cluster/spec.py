@@ -9,6 +9,7 @@ import difflib
 import heapq
 import json
 import os
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -31,14 +32,31 @@ class ClusterSpec:
     actor: int
 
     def __post_init__(self):
+        # (host, port) -> (role, address as written); hosts compare case-insensitively and
+        # ports numerically, so "H0:07000" and "h0:7000" are the same listener.
+        seen: dict[tuple[str, int], tuple[str, str]] = {}
         for role in ("ps", "memory"):
             addresses = getattr(self, role)
             if not addresses:
                 raise ConfigError(f"cluster.{role}: at least one address is required")
             for address in addresses:
                 host, sep, port = address.rpartition(":")
-                if not sep or not host or not port.isdigit():
+                # isdigit() alone accepts non-ASCII digits such as "٧" or "²".
+                if not sep or not host or not (port.isascii() and port.isdigit()):
                     raise ConfigError(f"cluster.{role}: {address!r} is not host:port")
+                if not 1 <= int(port) <= 65535:
+                    raise ConfigError(
+                        f"cluster.{role}: {address!r} has port {port} outside 1..65535"
+                    )
+                key = (host.lower(), int(port))
+                if key in seen:
+                    first_role, first = seen[key]
+                    where = "" if first_role == role else f"cluster.{first_role} "
+                    raise ConfigError(
+                        f"cluster.{role}: address {address!r} is listed twice "
+                        f"(also as {where}{first!r})"
+                    )
+                seen[key] = (role, address)
         for role in ("learner", "actor"):
             if getattr(self, role) < 1:
                 raise ConfigError(f"cluster.{role}: must be >= 1")
@@ -109,9 +127,16 @@ def assign_shards(sizes: Sequence[tuple[str, int]], num_shards: int) -> dict[str
 
     Returns:
         {variable name: shard index}.
+
+    Raises:
+        ConfigError: `num_shards` < 1, or a variable name appears twice.
     """
     if num_shards < 1:
         raise ConfigError("number of PS shards must be >= 1")
+    counts = Counter(name for name, _ in sizes)
+    dups = sorted(name for name, count in counts.items() if count > 1)
+    if dups:
+        raise ConfigError(f"duplicate variable names for PS shard assignment: {dups}")
     heap = [(0, shard) for shard in range(num_shards)]
     assignment = {}
     for name, size in sorted(sizes, key=lambda item: (-item[1], item[0])):

@@ -29,6 +29,8 @@ class RunStats:
         self._returns = collections.deque(maxlen=window)
         self._lengths = collections.deque(maxlen=window)
         self._counters: dict[str, float] = collections.defaultdict(float)
+        for key in ("env_steps", "updates", "episodes"):
+            self._counters[key] = 0.0
         self._stats: dict[str, float] = {}
         self._last = (time.monotonic(), 0.0, 0.0)
         self._rates = {"env_steps_per_s": 0.0, "updates_per_s": 0.0}

@@ -139,9 +139,7 @@ class ShardedWeights:
             sorted(n for n, s in self.assignment.items() if s == shard)
             for shard in range(len(clients))
         ]
-        self._assigners = [
-            _assigner([variables[n] for n in names]) for names in self.shard_names
-        ]
+        self._assigners = [_assigner([variables[n] for n in names]) for names in self.shard_names]
         self.fetched_versions = [-1] * len(clients)
         self.local_versions = [-1] * len(clients)
         self._latest: dict[int, tuple[int, dict[str, np.ndarray]]] = {}
@@ -172,15 +170,21 @@ class ShardedWeights:
             if reply.version == 0:
                 return False
             if not reply.current:
-                values = codec.decode_named(reply.tensors)
-                if sorted(values) != self.shard_names[shard]:
-                    raise TransportError(f"PS shard {shard} holds unexpected variables")
-                changed[shard] = (reply.version, values)
-        with self._lock:
-            self._latest.update(changed)
-        for shard, (version, _) in changed.items():
-            self.fetched_versions[shard] = version
+                changed[shard] = (reply.version, reply.tensors)
+        for shard, (version, tensors) in changed.items():
+            self.offer(shard, version, tensors)
         return True
+
+    def offer(self, shard: int, version: int, tensors) -> None:
+        """Puts values of `shard` at `version` (from a Pull or a Push reply) in the latest
+        slot, unless a newer version is already there (several threads may fetch)."""
+        values = codec.decode_named(tensors)
+        if sorted(values) != self.shard_names[shard]:
+            raise TransportError(f"PS shard {shard} holds unexpected variables")
+        with self._lock:
+            if version > self.fetched_versions[shard]:
+                self._latest[shard] = (version, values)
+                self.fetched_versions[shard] = version
 
     def swap_in(self) -> None:
         """Assigns the newest fetched values to the local variables."""

@@ -64,7 +64,9 @@ class Learner:
         self.batches: queue.Queue = queue.Queue(maxsize=cfg.learner.batch_queue)
         self.pushes: queue.Queue = queue.Queue(maxsize=cfg.learner.push_queue)
         self.priorities: queue.Queue = queue.Queue(maxsize=64)
-        self._pool = ThreadPoolExecutor(max_workers=len(self.weights.clients))
+        self._pool = ThreadPoolExecutor(
+            max_workers=len(self.weights.clients) * cfg.learner.push_threads
+        )
         self.updates = 0
         self.counters = {"dropped_stale": 0, "dropped_nonfinite": 0, "push_errors": 0}
 
@@ -94,6 +96,7 @@ class Learner:
             version=version,
             gradients=codec.encode_named({n: grads[n] for n in names}),
             learner=self.ctx.task,
+            return_values=True,
         )
         return self.weights.clients[shard].call("Push", request)
 
@@ -108,24 +111,33 @@ class Learner:
                     self._push_one, range(len(versions)), [grads] * len(versions), versions
                 )
             )
-            for reply in replies:
-                if reply.reason == "stale":
+            for shard, reply in enumerate(replies):
+                if reply.applied:
+                    self.weights.offer(shard, reply.version, reply.tensors)
+                elif reply.reason == "stale":
                     self.counters["dropped_stale"] += 1
                 elif reply.reason == "non-finite":
                     self.counters["dropped_nonfinite"] += 1
-            self.weights.fetch()
+            if any(not reply.applied for reply in replies):
+                self.weights.fetch()
 
     def _priority_loop(self) -> None:
         while not self.stop.is_set():
             try:
-                shard, keys, priorities = self.priorities.get(timeout=0.1)
+                pending = [self.priorities.get(timeout=0.1)]
             except queue.Empty:
                 continue
-            request = pb.UpdatePrioritiesRequest(
-                keys=codec.encode_array("keys", keys),
-                priorities=codec.encode_array("priorities", priorities),
-            )
-            self.memories[shard].call("UpdatePriorities", request)
+            while not self.priorities.empty():  # merge what queued up: one call per shard
+                pending.append(self.priorities.get_nowait())
+            for shard in sorted({item[0] for item in pending}):
+                items = [item for item in pending if item[0] == shard]
+                request = pb.UpdatePrioritiesRequest(
+                    keys=codec.encode_array("keys", np.concatenate([i[1] for i in items])),
+                    priorities=codec.encode_array(
+                        "priorities", np.concatenate([i[2] for i in items])
+                    ),
+                )
+                self.memories[shard].call("UpdatePriorities", request)
 
     def run(self) -> None:
         """Initializes (chief) or pulls the weights, then trains until stopped."""
@@ -140,9 +152,12 @@ class Learner:
             for i in range(len(self.memories))
         ]
         threads += [
-            threading.Thread(target=guarded, args=(self._push_loop, self.stop), daemon=True),
-            threading.Thread(target=guarded, args=(self._priority_loop, self.stop), daemon=True),
+            threading.Thread(target=guarded, args=(self._push_loop, self.stop), daemon=True)
+            for _ in range(cfg.learner.push_threads)
         ]
+        threads.append(
+            threading.Thread(target=guarded, args=(self._priority_loop, self.stop), daemon=True)
+        )
         for thread in threads:
             thread.start()
         ps0 = self.weights.clients[0]

@@ -160,12 +160,25 @@ class MemoryServer(pb_grpc.ReplayMemoryServicer):
 
     def _fill_prefetch(self) -> None:
         while not self._ready.full() and self.limiter.can_sample(self.batch_size):
-            self._ready.put_nowait(self._sample(self.batch_size))
+            try:
+                response = self._sample(self.batch_size)
+            except ReplayError as err:  # e.g. every stored priority is zero: retry later
+                log.debug("prefetch skipped: %s", err)
+                return
+            self._ready.put_nowait(response)
 
     def _submit(self, kind: str, args: tuple, timeout_s: float):
+        if self.stopping.is_set():
+            raise ReplayError("memory shard is shutting down")
         op = _Op(kind, args, time.monotonic() + timeout_s)
         self._ops.put(op)
-        return op.future.result()
+        while True:
+            try:
+                return op.future.result(timeout=0.1)
+            except TimeoutError:
+                # The table thread is gone (shutdown): nobody will ever answer this op.
+                if not self._thread.is_alive() and not op.future.done():
+                    raise ReplayError("memory shard is shutting down") from None
 
     # --- RPCs ------------------------------------------------------------------------
 
@@ -212,7 +225,8 @@ class MemoryServer(pb_grpc.ReplayMemoryServicer):
         return self._submit("update", (keys.astype(np.int64), priorities), 0.0)
 
     def Status(self, request, context):
-        counters = {f"memory/{self.shard}/{k}": float(v) for k, v in self.counters.items()}
+        snapshot = dict(self.counters)  # the table thread may add keys meanwhile
+        counters = {f"memory/{self.shard}/{k}": float(v) for k, v in snapshot.items()}
         counters[f"memory/{self.shard}/size"] = float(self.table.size)
         counters[f"memory/{self.shard}/ready_batches"] = float(self._ready.qsize())
         return pb.StatusResponse(

@@ -75,6 +75,9 @@ class ParameterServer(pb_grpc.ParameterServerServicer):
 
     def _create(self, values: dict[str, np.ndarray]) -> None:
         self._variables = {n: tf.Variable(values[n], name=n) for n in sorted(values)}
+        # Shapes and dtypes as plain Python values: reading them off TF variables costs
+        # microseconds each, on the hot path of every push.
+        self._meta = {n: (values[n].shape, values[n].dtype) for n in self._variables}
         self._optimizer = Optimizer(self._spec, list(self._variables.values()))
 
     def _check_tensors(self, tensors: dict[str, np.ndarray], what: str) -> None:
@@ -85,11 +88,11 @@ class ParameterServer(pb_grpc.ParameterServerServicer):
                 f"{sorted(self._variables)}"
             )
         for name, value in tensors.items():
-            var = self._variables[name]
-            if value.shape != tuple(var.shape) or value.dtype != var.dtype.as_numpy_dtype:
+            shape, dtype = self._meta[name]
+            if value.shape != shape or value.dtype != dtype:
                 raise ValueError(
                     f"{what}: {name} has shape {value.shape} {value.dtype}, expected "
-                    f"{tuple(var.shape)} {var.dtype.name}"
+                    f"{shape} {dtype}"
                 )
 
     def checkpoint(self) -> None:
@@ -132,8 +135,9 @@ class ParameterServer(pb_grpc.ParameterServerServicer):
         if not values:
             raise ValueError("Assign: expected a non-empty list of tensors")
         for name, value in values.items():
-            if value.dtype.kind != "f" or not np.all(np.isfinite(value)):
-                raise ValueError(f"Assign: {name} must be finite floating point")
+            # float32 only: the shard's optimizer cannot update float16/float64 variables.
+            if value.dtype != np.float32 or not np.all(np.isfinite(value)):
+                raise ValueError(f"Assign: {name} must be finite float32, got {value.dtype}")
         with self._lock:
             if self._variables and request.only_if_empty:
                 return pb.AssignResponse(assigned=False, version=self.version)
@@ -152,10 +156,14 @@ class ParameterServer(pb_grpc.ParameterServerServicer):
             self.counters["pulls"] += 1
             if self.version == 0 or request.known_version == self.version:
                 return pb.PullResponse(version=self.version, current=self.version > 0)
-            if self._pull_cache[0] != self.version:
-                values = {n: v.numpy() for n, v in self._variables.items()}
-                self._pull_cache = (self.version, codec.encode_named(values))
-            return pb.PullResponse(version=self.version, tensors=self._pull_cache[1])
+            return pb.PullResponse(version=self.version, tensors=self._encoded_values())
+
+    def _encoded_values(self) -> list[pb.Tensor]:
+        """The current values as tensors, encoded once per version (caller holds the lock)."""
+        if self._pull_cache[0] != self.version:
+            values = {n: v.numpy() for n, v in self._variables.items()}
+            self._pull_cache = (self.version, codec.encode_named(values))
+        return self._pull_cache[1]
 
     @invalid_argument_on_error
     def Push(self, request, context):
@@ -180,7 +188,10 @@ class ParameterServer(pb_grpc.ParameterServerServicer):
             self.version += 1
             self.counters["applied"] += 1
             self.counters["staleness_sum"] += staleness
-            return pb.PushResponse(version=self.version, applied=True, staleness=staleness)
+            tensors = self._encoded_values() if request.return_values else []
+            return pb.PushResponse(
+                version=self.version, applied=True, staleness=staleness, tensors=tensors
+            )
 
     @invalid_argument_on_error
     def Report(self, request, context):

@@ -4,6 +4,7 @@ Nested batches (mappings of mappings of arrays) are flattened to names joined
 with "/" and rebuilt on decode.
 """
 
+import math
 from collections.abc import Iterable, Mapping
 
 import numpy as np
@@ -54,22 +55,28 @@ def decode_array(tensor: pb.Tensor) -> np.ndarray:
     """Decodes a `Tensor` into a (writable) numpy array.
 
     Raises:
-        TransportError: unknown dtype, negative dimension, or a byte count that does
-            not match the shape.
+        TransportError: unknown dtype, negative dimension, a byte count that does
+            not match the shape, or a shape numpy cannot represent (too many
+            dimensions, or an empty array whose nominal size overflows).
     """
     if tensor.dtype not in ALLOWED_DTYPES:
         raise TransportError(f"tensor {tensor.name!r}: unsupported dtype {tensor.dtype!r}")
-    shape = tuple(tensor.shape)
+    shape = tuple(int(d) for d in tensor.shape)
     if any(d < 0 for d in shape):
         raise TransportError(f"tensor {tensor.name!r}: negative dimension in shape {shape}")
     dtype = np.dtype(tensor.dtype).newbyteorder("<")
-    expected = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+    # Python ints: no wrap-around however absurd the shape. The byte count must match
+    # the data exactly, so the element count is capped by the message size.
+    expected = math.prod(shape) * dtype.itemsize
     if len(tensor.data) != expected:
         raise TransportError(
             f"tensor {tensor.name!r}: {len(tensor.data)} bytes for shape {shape} "
             f"and dtype {tensor.dtype} (expected {expected})"
         )
-    array = np.frombuffer(tensor.data, dtype=dtype).reshape(shape)
+    try:
+        array = np.frombuffer(tensor.data, dtype=dtype).reshape(shape)
+    except ValueError as err:
+        raise TransportError(f"tensor {tensor.name!r}: bad shape {shape}: {err}") from err
     return array.astype(dtype.newbyteorder("="), copy=True)
 
 
@@ -93,9 +100,16 @@ def decode_named(tensors: Iterable[pb.Tensor]) -> dict[str, np.ndarray]:
 
 
 def flatten(batch: Mapping, prefix: str = "") -> dict[str, np.ndarray]:
-    """Flattens a nested mapping of arrays into {"a/b": array}."""
+    """Flattens a nested mapping of arrays into {"a/b": array}.
+
+    Raises:
+        TransportError: a key is not a string, or contains "/".
+    """
     flat = {}
     for key, value in batch.items():
+        if not isinstance(key, str):
+            where = f" under {prefix.removesuffix(SEPARATOR)!r}" if prefix else ""
+            raise TransportError(f"key {key!r}{where} is not a string")
         if SEPARATOR in key:
             raise TransportError(f"key {key!r} may not contain {SEPARATOR!r}")
         name = f"{prefix}{key}"

@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x0c\x65\x61syrl.proto\x12\teasyrl.v1\"B\n\x06Tensor\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05\x64type\x18\x02 \x01(\t\x12\r\n\x05shape\x18\x03 \x03(\x03\x12\x0c\n\x04\x64\x61ta\x18\x04 \x01(\x0c\"$\n\x0bPullRequest\x12\x15\n\rknown_version\x18\x01 \x01(\x03\"T\n\x0cPullResponse\x12\x0f\n\x07version\x18\x01 \x01(\x03\x12\x0f\n\x07\x63urrent\x18\x02 \x01(\x08\x12\"\n\x07tensors\x18\x03 \x03(\x0b\x32\x11.easyrl.v1.Tensor\"U\n\x0bPushRequest\x12\x0f\n\x07version\x18\x01 \x01(\x03\x12$\n\tgradients\x18\x02 \x03(\x0b\x32\x11.easyrl.v1.Tensor\x12\x0f\n\x07learner\x18\x03 \x01(\x05\"S\n\x0cPushResponse\x12\x0f\n\x07version\x18\x01 \x01(\x03\x12\x0f\n\x07\x61pplied\x18\x02 \x01(\x08\x12\x11\n\tstaleness\x18\x03 \x01(\x03\x12\x0e\n\x06reason\x18\x04 \x01(\t\"J\n\rAssignRequest\x12\"\n\x07tensors\x18\x01 \x03(\x0b\x32\x11.easyrl.v1.Tensor\x12\x15\n\ronly_if_empty\x18\x02 \x01(\x08\"3\n\x0e\x41ssignResponse\x12\x10\n\x08\x61ssigned\x18\x01 \x01(\x08\x12\x0f\n\x07version\x18\x02 \x01(\x03\"\xe3\x01\n\rReportRequest\x12\x0c\n\x04role\x18\x01 \x01(\t\x12\x0c\n\x04task\x18\x02 \x01(\x05\x12\x11\n\tenv_steps\x18\x03 \x01(\x03\x12\x0f\n\x07updates\x18\x04 \x01(\x03\x12\x17\n\x0f\x65pisode_returns\x18\x05 \x03(\x01\x12\x17\n\x0f\x65pisode_lengths\x18\x06 \x03(\x03\x12\x32\n\x05stats\x18\x07 \x03(\x0b\x32#.easyrl.v1.ReportRequest.StatsEntry\x1a,\n\nStatsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\"\"\n\x0eReportResponse\x12\x10\n\x08stopping\x18\x01 \x01(\x08\"\x0f\n\rStatusRequest\"\xfd\x01\n\x0eStatusResponse\x12\x0c\n\x04role\x18\x01 \x01(\t\x12\x0c\n\x04task\x18\x02 \x01(\x05\x12\x0f\n\x07version\x18\x03 \x01(\x03\x12\x13\n\x0binitialized\x18\x04 \x01(\x08\x12\x10\n\x08stopping\x18\x05 \x01(\x08\x12\x39\n\x08\x63ounters\x18\x06 \x03(\x0b\x32\'.easyrl.v1.StatusResponse.CountersEntry\x12\x16\n\x0erecent_returns\x18\x07 \x03(\x01\x12\x13\n\x0bstop_reason\x18\x08 \x01(\t\x1a/\n\rCountersEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\"\x11\n\x0fShutdownRequest\"\x12\n\x10ShutdownResponse\"i\n\rInsertRequest\x12\"\n\x07tensors\x18\x01 \x03(\x0b\x32\x11.easyrl.v1.Tensor\x12%\n\npriorities\x18\x02 \x01(\x0b\x32\x11.easyrl.v1.Tensor\x12\r\n\x05\x61\x63tor\x18\x03 \x01(\x05\"0\n\x0eInsertResponse\x12\x0c\n\x04size\x18\x01 \x01(\x03\x12\x10\n\x08inserted\x18\x02 \x01(\x03\"6\n\rSampleRequest\x12\x12\n\nbatch_size\x18\x01 \x01(\x05\x12\x11\n\ttimeout_s\x18\x02 \x01(\x01\"\x88\x01\n\x0eSampleResponse\x12\r\n\x05ready\x18\x01 \x01(\x08\x12\"\n\x07tensors\x18\x02 \x03(\x0b\x32\x11.easyrl.v1.Tensor\x12\x1f\n\x04keys\x18\x03 \x01(\x0b\x32\x11.easyrl.v1.Tensor\x12\"\n\x07weights\x18\x04 \x01(\x0b\x32\x11.easyrl.v1.Tensor\"a\n\x17UpdatePrioritiesRequest\x12\x1f\n\x04keys\x18\x01 \x01(\x0b\x32\x11.easyrl.v1.Tensor\x12%\n\npriorities\x18\x02 \x01(\x0b\x32\x11.easyrl.v1.Tensor\"+\n\x18UpdatePrioritiesResponse\x12\x0f\n\x07updated\x18\x01 \x01(\x03\x32\x85\x03\n\x0fParameterServer\x12\x37\n\x04Pull\x12\x16.easyrl.v1.PullRequest\x1a\x17.easyrl.v1.PullResponse\x12\x37\n\x04Push\x12\x16.easyrl.v1.PushRequest\x1a\x17.easyrl.v1.PushResponse\x12=\n\x06\x41ssign\x12\x18.easyrl.v1.AssignRequest\x1a\x19.easyrl.v1.AssignResponse\x12=\n\x06Report\x12\x18.easyrl.v1.ReportRequest\x1a\x19.easyrl.v1.ReportResponse\x12=\n\x06Status\x12\x18.easyrl.v1.StatusRequest\x1a\x19.easyrl.v1.StatusResponse\x12\x43\n\x08Shutdown\x12\x1a.easyrl.v1.ShutdownRequest\x1a\x1b.easyrl.v1.ShutdownResponse2\xed\x02\n\x0cReplayMemory\x12=\n\x06Insert\x12\x18.easyrl.v1.InsertRequest\x1a\x19.easyrl.v1.InsertResponse\x12=\n\x06Sample\x12\x18.easyrl.v1.SampleRequest\x1a\x19.easyrl.v1.SampleResponse\x12[\n\x10UpdatePriorities\x12\".easyrl.v1.UpdatePrioritiesRequest\x1a#.easyrl.v1.UpdatePrioritiesResponse\x12=\n\x06Status\x12\x18.easyrl.v1.StatusRequest\x1a\x19.easyrl.v1.StatusResponse\x12\x43\n\x08Shutdown\x12\x1a.easyrl.v1.ShutdownRequest\x1a\x1b.easyrl.v1.ShutdownResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x0c\x65\x61syrl.proto\x12\teasyrl.v1\"B\n\x06Tensor\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05\x64type\x18\x02 \x01(\t\x12\r\n\x05shape\x18\x03 \x03(\x03\x12\x0c\n\x04\x64\x61ta\x18\x04 \x01(\x0c\"$\n\x0bPullRequest\x12\x15\n\rknown_version\x18\x01 \x01(\x03\"T\n\x0cPullResponse\x12\x0f\n\x07version\x18\x01 \x01(\x03\x12\x0f\n\x07\x63urrent\x18\x02 \x01(\x08\x12\"\n\x07tensors\x18\x03 \x03(\x0b\x32\x11.easyrl.v1.Tensor\"l\n\x0bPushRequest\x12\x0f\n\x07version\x18\x01 \x01(\x03\x12$\n\tgradients\x18\x02 \x03(\x0b\x32\x11.easyrl.v1.Tensor\x12\x0f\n\x07learner\x18\x03 \x01(\x05\x12\x15\n\rreturn_values\x18\x04 \x01(\x08\"w\n\x0cPushResponse\x12\x0f\n\x07version\x18\x01 \x01(\x03\x12\x0f\n\x07\x61pplied\x18\x02 \x01(\x08\x12\x11\n\tstaleness\x18\x03 \x01(\x03\x12\x0e\n\x06reason\x18\x04 \x01(\t\x12\"\n\x07tensors\x18\x05 \x03(\x0b\x32\x11.easyrl.v1.Tensor\"J\n\rAssignRequest\x12\"\n\x07tensors\x18\x01 \x03(\x0b\x32\x11.easyrl.v1.Tensor\x12\x15\n\ronly_if_empty\x18\x02 \x01(\x08\"3\n\x0e\x41ssignResponse\x12\x10\n\x08\x61ssigned\x18\x01 \x01(\x08\x12\x0f\n\x07version\x18\x02 \x01(\x03\"\xe3\x01\n\rReportRequest\x12\x0c\n\x04role\x18\x01 \x01(\t\x12\x0c\n\x04task\x18\x02 \x01(\x05\x12\x11\n\tenv_steps\x18\x03 \x01(\x03\x12\x0f\n\x07updates\x18\x04 \x01(\x03\x12\x17\n\x0f\x65pisode_returns\x18\x05 \x03(\x01\x12\x17\n\x0f\x65pisode_lengths\x18\x06 \x03(\x03\x12\x32\n\x05stats\x18\x07 \x03(\x0b\x32#.easyrl.v1.ReportRequest.StatsEntry\x1a,\n\nStatsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\"\"\n\x0eReportResponse\x12\x10\n\x08stopping\x18\x01 \x01(\x08\"\x0f\n\rStatusRequest\"\xfd\x01\n\x0eStatusResponse\x12\x0c\n\x04role\x18\x01 \x01(\t\x12\x0c\n\x04task\x18\x02 \x01(\x05\x12\x0f\n\x07version\x18\x03 \x01(\x03\x12\x13\n\x0binitialized\x18\x04 \x01(\x08\x12\x10\n\x08stopping\x18\x05 \x01(\x08\x12\x39\n\x08\x63ounters\x18\x06 \x03(\x0b\x32\'.easyrl.v1.StatusResponse.CountersEntry\x12\x16\n\x0erecent_returns\x18\x07 \x03(\x01\x12\x13\n\x0bstop_reason\x18\x08 \x01(\t\x1a/\n\rCountersEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\"\x11\n\x0fShutdownRequest\"\x12\n\x10ShutdownResponse\"i\n\rInsertRequest\x12\"\n\x07tensors\x18\x01 \x03(\x0b\x32\x11.easyrl.v1.Tensor\x12%\n\npriorities\x18\x02 \x01(\x0b\x32\x11.easyrl.v1.Tensor\x12\r\n\x05\x61\x63tor\x18\x03 \x01(\x05\"0\n\x0eInsertResponse\x12\x0c\n\x04size\x18\x01 \x01(\x03\x12\x10\n\x08inserted\x18\x02 \x01(\x03\"6\n\rSampleRequest\x12\x12\n\nbatch_size\x18\x01 \x01(\x05\x12\x11\n\ttimeout_s\x18\x02 \x01(\x01\"\x88\x01\n\x0eSampleResponse\x12\r\n\x05ready\x18\x01 \x01(\x08\x12\"\n\x07tensors\x18\x02 \x03(\x0b\x32\x11.easyrl.v1.Tensor\x12\x1f\n\x04keys\x18\x03 \x01(\x0b\x32\x11.easyrl.v1.Tensor\x12\"\n\x07weights\x18\x04 \x01(\x0b\x32\x11.easyrl.v1.Tensor\"a\n\x17UpdatePrioritiesRequest\x12\x1f\n\x04keys\x18\x01 \x01(\x0b\x32\x11.easyrl.v1.Tensor\x12%\n\npriorities\x18\x02 \x01(\x0b\x32\x11.easyrl.v1.Tensor\"+\n\x18UpdatePrioritiesResponse\x12\x0f\n\x07updated\x18\x01 \x01(\x03\x32\x85\x03\n\x0fParameterServer\x12\x37\n\x04Pull\x12\x16.easyrl.v1.PullRequest\x1a\x17.easyrl.v1.PullResponse\x12\x37\n\x04Push\x12\x16.easyrl.v1.PushRequest\x1a\x17.easyrl.v1.PushResponse\x12=\n\x06\x41ssign\x12\x18.easyrl.v1.AssignRequest\x1a\x19.easyrl.v1.AssignResponse\x12=\n\x06Report\x12\x18.easyrl.v1.ReportRequest\x1a\x19.easyrl.v1.ReportResponse\x12=\n\x06Status\x12\x18.easyrl.v1.StatusRequest\x1a\x19.easyrl.v1.StatusResponse\x12\x43\n\x08Shutdown\x12\x1a.easyrl.v1.ShutdownRequest\x1a\x1b.easyrl.v1.ShutdownResponse2\xed\x02\n\x0cReplayMemory\x12=\n\x06Insert\x12\x18.easyrl.v1.InsertRequest\x1a\x19.easyrl.v1.InsertResponse\x12=\n\x06Sample\x12\x18.easyrl.v1.SampleRequest\x1a\x19.easyrl.v1.SampleResponse\x12[\n\x10UpdatePriorities\x12\".easyrl.v1.UpdatePrioritiesRequest\x1a#.easyrl.v1.UpdatePrioritiesResponse\x12=\n\x06Status\x12\x18.easyrl.v1.StatusRequest\x1a\x19.easyrl.v1.StatusResponse\x12\x43\n\x08Shutdown\x12\x1a.easyrl.v1.ShutdownRequest\x1a\x1b.easyrl.v1.ShutdownResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -42,43 +42,43 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_PULLRESPONSE']._serialized_start=133
   _globals['_PULLRESPONSE']._serialized_end=217
   _globals['_PUSHREQUEST']._serialized_start=219
-  _globals['_PUSHREQUEST']._serialized_end=304
-  _globals['_PUSHRESPONSE']._serialized_start=306
-  _globals['_PUSHRESPONSE']._serialized_end=389
-  _globals['_ASSIGNREQUEST']._serialized_start=391
-  _globals['_ASSIGNREQUEST']._serialized_end=465
-  _globals['_ASSIGNRESPONSE']._serialized_start=467
-  _globals['_ASSIGNRESPONSE']._serialized_end=518
-  _globals['_REPORTREQUEST']._serialized_start=521
-  _globals['_REPORTREQUEST']._serialized_end=748
-  _globals['_REPORTREQUEST_STATSENTRY']._serialized_start=704
-  _globals['_REPORTREQUEST_STATSENTRY']._serialized_end=748
-  _globals['_REPORTRESPONSE']._serialized_start=750
-  _globals['_REPORTRESPONSE']._serialized_end=784
-  _globals['_STATUSREQUEST']._serialized_start=786
-  _globals['_STATUSREQUEST']._serialized_end=801
-  _globals['_STATUSRESPONSE']._serialized_start=804
-  _globals['_STATUSRESPONSE']._serialized_end=1057
-  _globals['_STATUSRESPONSE_COUNTERSENTRY']._serialized_start=1010
-  _globals['_STATUSRESPONSE_COUNTERSENTRY']._serialized_end=1057
-  _globals['_SHUTDOWNREQUEST']._serialized_start=1059
-  _globals['_SHUTDOWNREQUEST']._serialized_end=1076
-  _globals['_SHUTDOWNRESPONSE']._serialized_start=1078
-  _globals['_SHUTDOWNRESPONSE']._serialized_end=1096
-  _globals['_INSERTREQUEST']._serialized_start=1098
-  _globals['_INSERTREQUEST']._serialized_end=1203
-  _globals['_INSERTRESPONSE']._serialized_start=1205
-  _globals['_INSERTRESPONSE']._serialized_end=1253
-  _globals['_SAMPLEREQUEST']._serialized_start=1255
-  _globals['_SAMPLEREQUEST']._serialized_end=1309
-  _globals['_SAMPLERESPONSE']._serialized_start=1312
-  _globals['_SAMPLERESPONSE']._serialized_end=1448
-  _globals['_UPDATEPRIORITIESREQUEST']._serialized_start=1450
-  _globals['_UPDATEPRIORITIESREQUEST']._serialized_end=1547
-  _globals['_UPDATEPRIORITIESRESPONSE']._serialized_start=1549
-  _globals['_UPDATEPRIORITIESRESPONSE']._serialized_end=1592
-  _globals['_PARAMETERSERVER']._serialized_start=1595
-  _globals['_PARAMETERSERVER']._serialized_end=1984
-  _globals['_REPLAYMEMORY']._serialized_start=1987
-  _globals['_REPLAYMEMORY']._serialized_end=2352
+  _globals['_PUSHREQUEST']._serialized_end=327
+  _globals['_PUSHRESPONSE']._serialized_start=329
+  _globals['_PUSHRESPONSE']._serialized_end=448
+  _globals['_ASSIGNREQUEST']._serialized_start=450
+  _globals['_ASSIGNREQUEST']._serialized_end=524
+  _globals['_ASSIGNRESPONSE']._serialized_start=526
+  _globals['_ASSIGNRESPONSE']._serialized_end=577
+  _globals['_REPORTREQUEST']._serialized_start=580
+  _globals['_REPORTREQUEST']._serialized_end=807
+  _globals['_REPORTREQUEST_STATSENTRY']._serialized_start=763
+  _globals['_REPORTREQUEST_STATSENTRY']._serialized_end=807
+  _globals['_REPORTRESPONSE']._serialized_start=809
+  _globals['_REPORTRESPONSE']._serialized_end=843
+  _globals['_STATUSREQUEST']._serialized_start=845
+  _globals['_STATUSREQUEST']._serialized_end=860
+  _globals['_STATUSRESPONSE']._serialized_start=863
+  _globals['_STATUSRESPONSE']._serialized_end=1116
+  _globals['_STATUSRESPONSE_COUNTERSENTRY']._serialized_start=1069
+  _globals['_STATUSRESPONSE_COUNTERSENTRY']._serialized_end=1116
+  _globals['_SHUTDOWNREQUEST']._serialized_start=1118
+  _globals['_SHUTDOWNREQUEST']._serialized_end=1135
+  _globals['_SHUTDOWNRESPONSE']._serialized_start=1137
+  _globals['_SHUTDOWNRESPONSE']._serialized_end=1155
+  _globals['_INSERTREQUEST']._serialized_start=1157
+  _globals['_INSERTREQUEST']._serialized_end=1262
+  _globals['_INSERTRESPONSE']._serialized_start=1264
+  _globals['_INSERTRESPONSE']._serialized_end=1312
+  _globals['_SAMPLEREQUEST']._serialized_start=1314
+  _globals['_SAMPLEREQUEST']._serialized_end=1368
+  _globals['_SAMPLERESPONSE']._serialized_start=1371
+  _globals['_SAMPLERESPONSE']._serialized_end=1507
+  _globals['_UPDATEPRIORITIESREQUEST']._serialized_start=1509
+  _globals['_UPDATEPRIORITIESREQUEST']._serialized_end=1606
+  _globals['_UPDATEPRIORITIESRESPONSE']._serialized_start=1608
+  _globals['_UPDATEPRIORITIESRESPONSE']._serialized_end=1651
+  _globals['_PARAMETERSERVER']._serialized_start=1654
+  _globals['_PARAMETERSERVER']._serialized_end=2043
+  _globals['_REPLAYMEMORY']._serialized_start=2046
+  _globals['_REPLAYMEMORY']._serialized_end=2411
 # @@protoc_insertion_point(module_scope)

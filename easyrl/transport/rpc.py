@@ -38,11 +38,15 @@ def resolve_token(token_file: str | None, insecure: bool) -> str | None:
     Returns None only when `insecure` is set and no token is given.
 
     Raises:
-        ConfigError: no token was found and `insecure` is false, or the file is empty.
+        ConfigError: no token was found and `insecure` is false, or the file is
+            missing, unreadable or empty.
     """
-    token = os.environ.get(TOKEN_ENV)
+    token = (os.environ.get(TOKEN_ENV) or "").strip()
     if not token and token_file:
-        token = Path(token_file).read_text().strip()
+        try:
+            token = Path(token_file).read_text(encoding="utf-8").strip()
+        except (OSError, UnicodeDecodeError) as err:
+            raise ConfigError(f"security.token_file: cannot read {token_file}: {err}") from err
         if not token:
             raise ConfigError(f"security.token_file: {token_file} is empty")
     if not token and not insecure:
@@ -67,6 +71,13 @@ def _channel_options() -> list[tuple[str, int]]:
         ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
         ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
     ]
+
+
+def _server_options() -> list[tuple[str, int]]:
+    # gRPC sets SO_REUSEPORT by default on Linux, which would let a second server
+    # bind a port another one already listens on (the kernel then splits
+    # connections between them). Turn it off so that the second bind fails.
+    return [*_channel_options(), ("grpc.so_reuseport", 0)]
 
 
 class _TokenInterceptor(grpc.ServerInterceptor):
@@ -113,7 +124,7 @@ def make_server(
     server = grpc.server(
         futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="rpc"),
         interceptors=interceptors,
-        options=_channel_options(),
+        options=_server_options(),
     )
     try:
         if tls is None:

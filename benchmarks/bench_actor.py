@@ -1,0 +1,335 @@
+"""Actor throughput: env steps/s of the real actor role vs a plain single-process loop.
+
+Same environment (CartPole-v1, sync vector env), same DQN network and `act`
+(`configs/cartpole_apex.yaml`: hidden [64, 64], dueling), same epsilon, same vector
+size, for num_envs 1, 8 and 32:
+
+- plain: `act` + `env.step` in a loop, nothing else (no gRPC, no replay).
+- plain + post: the plain loop plus everything the actor does in its own process
+  besides talking to servers: same-step-autoreset final observations, n-step
+  accumulation, episode tracking, and every `actor.send_every` vector steps the
+  shipment (concatenate, Ape-X initial priorities with the network, encode the
+  InsertRequest).
+- actor: `easyrl.roles.actor.Actor` against a PS shard and a memory shard that run as
+  real `easyrl run` processes (PS initialized with the network by `Assign`;
+  `replay.min_size_to_sample` = capacity so nothing is ever sampled; no rate limit, no
+  learner). Its env steps are read from PS shard 0's Status (`counters["env_steps"]`,
+  which the actor reports every 0.5 s): rate = steps between two reports / time
+  between them, after the first two reports (tracing, first pull). By default the actor
+  runs in the benchmark process (the same `Actor(ctx, algo, stop).run()` that
+  `easyrl.roles.actor.run` calls, on a thread); `--actor-process` starts it as a
+  `python -m easyrl.cli run --role actor` process instead.
+
+    python benchmarks/bench_actor.py            # print the table
+    python benchmarks/bench_actor.py --write    # and update benchmarks/RESULTS.md
+"""
+
+import argparse
+import dataclasses
+import os
+import threading
+import time
+from pathlib import Path
+
+os.environ["TF_CPP_MIN_LOG_LEVEL"] = "2"
+os.environ["CUDA_VISIBLE_DEVICES"] = "-1"
+
+import common  # noqa: E402
+import numpy as np  # noqa: E402
+import yaml  # noqa: E402
+
+from easyrl.transport import codec  # noqa: E402
+from easyrl.transport import easyrl_pb2 as pb  # noqa: E402
+
+CONFIG = common.REPO / "configs" / "cartpole_apex.yaml"
+CAPACITY = 1_000_000
+
+
+def raw_config(num_envs: int) -> dict:
+    """configs/cartpole_apex.yaml with `num_envs`, no stop condition and no sampling."""
+    raw = yaml.safe_load(CONFIG.read_text())
+    raw["env"]["num_envs"] = num_envs
+    raw["replay"].update({"capacity": CAPACITY, "min_size_to_sample": CAPACITY})
+    raw["stop"] = {"episode_return_mean": None, "max_seconds": None}
+    raw["cluster"] = {"ps": 1, "memory": 1, "learner": 1, "actor": 1}
+    raw["run"] = {**raw.get("run", {}), "checkpoint_interval_s": 3600.0}
+    return raw
+
+
+def plain_loop(cfg, algo, duration_s: float, post: bool) -> common.Rate:
+    """Steps `cfg.env.num_envs` envs with `algo.act` for `duration_s` (after a warm-up)."""
+    from easyrl.algorithms import registry
+    from easyrl.envs import final_observations, make_vector_env
+    from easyrl.roles.actor import EpisodeTracker
+
+    n = cfg.env.num_envs
+    module = registry.module(cfg.algorithm.name)
+    params = cfg.algorithm.params
+    seed = cfg.run.seed * 10_000
+    env = make_vector_env(cfg.env.id, n, vector=cfg.env.vector, seed=seed)
+    rng = np.random.default_rng(seed)
+    accumulator = algo.postprocessor(n)
+    episodes = EpisodeTracker(n)
+    obs, _ = env.reset(seed=seed)
+    state = {"obs": obs, "steps": 0, "parts": []}
+
+    def vector_step():
+        epsilon = module.actor_epsilon(params, 0, 1, state["steps"])
+        actions = algo.act(state["obs"], epsilon, rng)
+        next_obs, rewards, terminated, truncated, infos = env.step(actions)
+        state["steps"] += n
+        if post:
+            done = terminated | truncated
+            real_next = final_observations(next_obs, infos, done)
+            out = accumulator.add(state["obs"], actions, rewards, real_next, terminated, truncated)
+            if out is not None:
+                state["parts"].append(out)
+            episodes.step(rewards, done)
+            episodes.take()
+            if (state["steps"] // n) % cfg.actor.send_every == 0 and state["parts"]:
+                parts = state["parts"]
+                batch = {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
+                request = pb.InsertRequest(tensors=codec.encode_batch(batch), actor=0)
+                priorities = algo.initial_priorities(batch).astype(np.float32)
+                request.priorities.CopyFrom(codec.encode_array("priorities", priorities))
+                state["parts"] = []
+        state["obs"] = next_obs
+        return n, 0
+
+    try:
+        return common.measure(vector_step, duration_s, warmup_s=0.5)
+    finally:
+        env.close()
+
+
+def merge(a: common.Rate, b: common.Rate) -> common.Rate:
+    """Two measurements of the same thing as one."""
+    return common.Rate(
+        a.calls + b.calls, a.seconds + b.seconds, a.units + b.units, 0, a.windows + b.windows
+    )
+
+
+class StepsWatcher:
+    """Polls PS shard 0's Status; records (time, env_steps) whenever env_steps changes."""
+
+    def __init__(self, client, poll_s: float = 0.02):
+        self.client = client
+        self.poll_s = poll_s
+        self.changes: list[tuple[float, float]] = []
+        self.stats: dict = {}
+        self._stop = threading.Event()
+        self._last = None
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self):
+        while not self._stop.is_set():
+            reply = self.client.call("Status", pb.StatusRequest())
+            now = time.perf_counter()
+            steps = reply.counters.get("env_steps", 0.0)
+            if steps != self._last:
+                self.changes.append((now, steps))
+                self._last = steps
+                self.stats = dict(reply.counters)
+            self._stop.wait(self.poll_s)
+
+    def start(self):
+        self._thread.start()
+        return self
+
+    def wait_reports(self, count: int, timeout_s: float) -> bool:
+        """Blocks until `count` changes were seen (the first is the starting value)."""
+        deadline = time.monotonic() + timeout_s
+        while len(self.changes) < count:
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.02)
+        return True
+
+    def stop(self):
+        self._stop.set()
+        self._thread.join()
+
+
+def run_actor(cluster, spec, cfg_path: Path, num_envs: int, algo, args) -> dict:
+    """Runs one actor for `args.duration` measured seconds; returns its rate."""
+    from easyrl import config as config_lib
+    from easyrl.roles.actor import Actor
+    from easyrl.roles.common import RoleContext
+
+    ps0 = common.client("ps", spec.ps[0], cluster.token)
+    memory = common.client("memory", spec.memory[0], cluster.token)
+    inserts_before = memory.call("Status", pb.StatusRequest()).counters.get("memory/0/inserts", 0.0)
+    watcher = StepsWatcher(ps0).start()
+    overrides = [f"env.num_envs={num_envs}"]
+    stop = threading.Event()
+    if args.actor_process:
+        process = cluster.start_worker("actor", 0, spec, cfg_path, overrides)
+        thread = None
+    else:
+        cfg = config_lib.load(str(cfg_path), overrides)
+        ctx = RoleContext(
+            cfg=cfg, task=0, cluster=spec, token=cluster.token, run_dir=cluster.run_dir
+        )
+        import tensorflow as tf
+
+        def body():
+            with tf.device("/CPU:0"):
+                Actor(ctx, algo, stop).run()
+
+        thread = threading.Thread(target=body, name="actor", daemon=True)
+        thread.start()
+        process = None
+    try:
+        # changes[0] is the value before this actor; skip two reports (tracing, first pull).
+        if not watcher.wait_reports(4, timeout_s=180.0):
+            raise RuntimeError("the actor did not report env steps")
+        t0, v0 = watcher.changes[3]
+        deadline = t0 + args.duration
+        while time.perf_counter() < deadline:
+            time.sleep(0.05)
+        # One more report after the deadline closes the window.
+        watcher.wait_reports(len(watcher.changes) + 1, timeout_s=5.0)
+        t1, v1 = watcher.changes[-1]
+    finally:
+        watcher.stop()
+        stop.set()
+        if thread is not None:
+            thread.join(timeout=30)
+        if process is not None:
+            cluster.stop_worker(process)
+    inserts_after = memory.call("Status", pb.StatusRequest()).counters.get("memory/0/inserts", 0.0)
+    stats = watcher.stats
+    ps0.close()
+    memory.close()
+    steps = int(v1 - v0)
+    window = [c for c in watcher.changes if t0 <= c[0] <= t1]
+    intervals = [
+        (int(b[1] - a[1]), int(b[1] - a[1]), b[0] - a[0]) for a, b in zip(window, window[1:])
+    ]
+    return {
+        "rate": common.Rate(calls=steps, seconds=t1 - t0, units=steps, windows=intervals),
+        "inserted": inserts_after - inserts_before,
+        "rate_limited": stats.get("actor/rate_limited", 0.0),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--num-envs", default="1,8,32", help="comma list of vector sizes")
+    parser.add_argument("--duration", type=float, default=3.0, help="seconds per measurement")
+    parser.add_argument(
+        "--actor-process",
+        action="store_true",
+        help="run the actor as an `easyrl run --role actor` process (default: in-process)",
+    )
+    parser.add_argument("--write", action="store_true", help="update benchmarks/RESULTS.md")
+    args = parser.parse_args()
+    sizes = [int(x) for x in args.num_envs.split(",")]
+
+    started, load_before = time.monotonic(), common.load_average()
+    from easyrl import config as config_lib
+
+    with common.Cluster() as cluster:
+        cfg_path = common.write_config(raw_config(sizes[0]), cluster.run_dir, "actor.yaml")
+        spec = cluster.start_cli(cfg_path, num_ps=1, num_memory=1, wait=False)
+        import tensorflow as tf
+
+        from easyrl.roles.common import RoleContext, ShardedWeights
+
+        cfg = config_lib.load(str(cfg_path))
+        ctx = RoleContext(
+            cfg=cfg, task=0, cluster=spec, token=cluster.token, run_dir=cluster.run_dir
+        )
+        with tf.device("/CPU:0"):
+            algo = ctx.build_algorithm()
+        cluster.wait_ready(cluster.servers)
+        ps_clients = ctx.clients("ps")
+        ShardedWeights(ps_clients, algo.variables).initialize()
+        for c in ps_clients:
+            c.close()
+
+        results = []
+        for n in sizes:
+            cfg_n = dataclasses.replace(cfg, env=dataclasses.replace(cfg.env, num_envs=n))
+            # plain runs half before and half after the actor, so that a change of the
+            # machine's load during the actor's run biases neither side.
+            with tf.device("/CPU:0"):
+                plain = plain_loop(cfg_n, algo, args.duration / 2, post=False)
+                post = plain_loop(cfg_n, algo, args.duration, post=True)
+            actor = run_actor(cluster, spec, cfg_path, n, algo, args)
+            with tf.device("/CPU:0"):
+                plain = merge(plain, plain_loop(cfg_n, algo, args.duration / 2, post=False))
+            p, q, a = (r.median_units_per_s for r in (plain, post, actor["rate"]))
+            results.append((n, p, q, a, actor, plain))
+            print(
+                f"num_envs {n:>3}: plain {p:>8,.0f} steps/s, plain+post {q:>8,.0f}, "
+                f"actor {a:>8,.0f} ({a / p:.2f}x of plain; means {plain.units_per_s:,.0f} / "
+                f"{post.units_per_s:,.0f} / {actor['rate'].units_per_s:,.0f})",
+                flush=True,
+            )
+
+    rows = []
+    for n, p, q, a, actor, _ in results:
+        rows.append(
+            [
+                n,
+                p,
+                q,
+                a,
+                f"{a / p:.2f}x",
+                f"{a / q:.2f}x",
+                1e6 / p * n,
+                1e6 / a * n,
+                int(actor["inserted"]),
+            ]
+        )
+    table = common.markdown_table(
+        [
+            "num_envs",
+            "plain steps/s",
+            "plain + post steps/s",
+            "actor steps/s",
+            "actor / plain",
+            "actor / plain+post",
+            "plain µs per vector step",
+            "actor µs per vector step",
+            "transitions inserted",
+        ],
+        rows,
+    )
+    where = (
+        "an `easyrl run --role actor` process"
+        if args.actor_process
+        else "the benchmark process (thread running `Actor.run()`)"
+    )
+    notes = [
+        "Env CartPole-v1 (sync vector env), network and `act` from "
+        f"`{CONFIG.relative_to(common.REPO)}` (DQN, hidden [64, 64], dueling), epsilon 0.4 "
+        "(actor 0 of 1), seed 0.",
+        "steps/s are medians over ~0.5 s windows (the actor's: between consecutive reports "
+        "to PS shard 0), which resist bursts of load from other processes on this shared "
+        f"machine; {args.duration:g} s measured per variant and size, plain split into two "
+        "halves taken before and after the actor.",
+        f"Actor ran in {where}; PS shard and memory shard were `easyrl run` processes on the "
+        "same 2 cores (the actor's rate includes their CPU: Insert handling, Report, Pull). "
+        f"actor.send_every {cfg.actor.send_every}, weight_sync_every "
+        f"{cfg.actor.weight_sync_every} vector steps; replay prioritized, nothing sampled.",
+        "plain: `act` + `env.step` only. plain + post: adds final observations, n-step "
+        "accumulation, episode tracking and building each InsertRequest (initial "
+        "priorities with the network + encoding) - all the actor's in-process work.",
+        "'transitions inserted' is the memory shard's insert count over the actor's whole "
+        "run (including warm-up), to show the data reached replay.",
+    ]
+    text = table + "\n\n" + "\n".join(f"- {n}" for n in notes) + "\n"
+    print()
+    print(text)
+    if args.write:
+        suffix = "-process" if args.actor_process else ""
+        title = "Actor" + (" (actor as a process)" if args.actor_process else "")
+        common.write_section(
+            f"bench_actor{suffix}", common.section_text(title, started, load_before, text)
+        )
+
+
+if __name__ == "__main__":
+    main()

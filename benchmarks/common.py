@@ -1,0 +1,593 @@
+"""Shared helpers of the component benchmarks: server processes, timing, RESULTS.md.
+
+Servers run in their own processes, started the way the local launcher starts them
+(`python -m easyrl.cli run --role ps|memory --task I --config CONFIG`, with the cluster
+in EASYRL_CLUSTER and the token in EASYRL_TOKEN), or, where a config cannot express
+what a benchmark needs, as a `multiprocessing` "spawn" child that builds the same
+servicer and `rpc.make_server` directly (`spawn_memory_server`). The benchmark process
+is the client and talks to them with `easyrl.transport.rpc.Client` + the codec, like
+the roles do.
+
+This module does not import TensorFlow (the spawned memory server imports it).
+"""
+
+import ctypes
+import datetime
+import importlib.metadata
+import multiprocessing
+import os
+import platform
+import re
+import shlex
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import yaml
+
+from easyrl.cluster.launcher import free_ports
+from easyrl.cluster.spec import CLUSTER_ENV, ClusterSpec
+from easyrl.errors import EasyRLError, TransportError
+from easyrl.transport import easyrl_pb2 as pb
+from easyrl.transport import easyrl_pb2_grpc as pb_grpc
+from easyrl.transport import rpc
+
+HOST = "127.0.0.1"
+READY_TIMEOUT_S = 120.0
+RESULTS = Path(__file__).resolve().parent / "RESULTS.md"
+REPO = Path(__file__).resolve().parent.parent
+_PR_SET_PDEATHSIG = 1
+
+RESULTS_HEADER = """# easyrl component benchmarks
+
+Throughput of the PS shard, the memory shard and the actor role, each server in its own
+process on loopback, written by the scripts in this folder (`--write`). See
+`benchmarks/README.md` for how to run them.
+
+**Read these numbers as rough.** They were taken on a small shared machine (2 cores) while
+other engineers' test runs were using it too; the load average is printed with every
+section. Absolute figures move by tens of percent from run to run; compare ratios taken
+within one run (each section's own comparisons), not figures across sections or dates.
+Each script was run once with its defaults to keep the total benchmarking time modest.
+"""
+
+
+# --- machine and output ---------------------------------------------------------------
+
+
+def _version(*dists: str) -> str:
+    for dist in dists:
+        try:
+            return importlib.metadata.version(dist)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    return "not installed"
+
+
+def machine_info() -> dict[str, str]:
+    """nproc, CPU, Python and library versions, load average (no TensorFlow import)."""
+    cpu = platform.processor() or "unknown"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return {
+        "nproc": str(os.cpu_count()),
+        "cpu": cpu,
+        "python": platform.python_version(),
+        "tensorflow": _version("tensorflow", "tensorflow-cpu"),
+        "grpcio": _version("grpcio"),
+        "numpy": _version("numpy"),
+        "gymnasium": _version("gymnasium"),
+        "protobuf": _version("protobuf"),
+    }
+
+
+def load_average() -> str:
+    """The 1-minute load average, as text."""
+    try:
+        return f"{os.getloadavg()[0]:.2f}"
+    except OSError:
+        return "unknown"
+
+
+def command_line() -> str:
+    """The command this benchmark was started with, relative to the repository root."""
+    script = Path(sys.argv[0]).resolve()
+    try:
+        script = script.relative_to(REPO)
+    except ValueError:
+        pass
+    return shlex.join(["python", str(script), *sys.argv[1:]])
+
+
+def markdown_table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
+    """A markdown table (values formatted with `fmt`)."""
+    lines = ["| " + " | ".join(headers) + " |", "|" + "|".join("---" for _ in headers) + "|"]
+    for row in rows:
+        lines.append("| " + " | ".join(fmt(v) for v in row) + " |")
+    return "\n".join(lines)
+
+
+def fmt(value: object) -> str:
+    """Numbers with thousands separators and 3 significant digits where small."""
+    if isinstance(value, bool) or value is None:
+        return "-" if value is None else str(value)
+    if isinstance(value, int):
+        return f"{value:,}"
+    if isinstance(value, float):
+        if value != value:  # NaN
+            return "-"
+        if abs(value) >= 100:
+            return f"{value:,.0f}"
+        if abs(value) >= 10:
+            return f"{value:.1f}"
+        return f"{value:.3g}"
+    return str(value)
+
+
+def section_text(title: str, started: float, load_before: str, body: str) -> str:
+    """A RESULTS.md section: title, command, date, machine, then `body`."""
+    info = machine_info()
+    date = datetime.datetime.now().astimezone().strftime("%Y-%m-%d %H:%M %Z")
+    machine = (
+        f"{info['nproc']} cores ({info['cpu']}), Python {info['python']}, "
+        f"tensorflow {info['tensorflow']}, grpcio {info['grpcio']}, numpy {info['numpy']}, "
+        f"gymnasium {info['gymnasium']}, protobuf {info['protobuf']}"
+    )
+    return (
+        f"## {title}\n\n"
+        f"- command: `{command_line()}`\n"
+        f"- date: {date}; wall time {time.monotonic() - started:.0f} s\n"
+        f"- machine: {machine}\n"
+        f"- load average (1 min) before / after: {load_before} / {load_average()}\n"
+        f"- allocator: {malloc_note()}\n\n"
+        f"{body.strip()}\n"
+    )
+
+
+def write_section(name: str, text: str, path: Path = RESULTS) -> None:
+    """Replaces (or appends) the section delimited by markers named `name` in RESULTS.md."""
+    begin, end = f"<!-- BEGIN {name} -->", f"<!-- END {name} -->"
+    block = f"{begin}\n{text.strip()}\n{end}\n"
+    old = path.read_text() if path.exists() else RESULTS_HEADER
+    pattern = re.compile(re.escape(begin) + r".*?" + re.escape(end) + r"\n?", re.DOTALL)
+    if pattern.search(old):
+        new = pattern.sub(lambda _: block, old, count=1)
+    else:
+        new = old.rstrip("\n") + "\n\n" + block
+    tmp = path.with_suffix(".md.tmp")
+    tmp.write_text(new)
+    os.replace(tmp, path)
+    print(f"wrote section {name!r} of {path}")
+
+
+# --- timing -----------------------------------------------------------------------------
+
+
+@dataclass
+class Rate:
+    """Calls made over an interval (and the payload bytes they moved).
+
+    `windows` holds (calls, units, seconds) of consecutive sub-intervals of about
+    `window_s` each, for medians that resist bursts of load from other processes.
+    """
+
+    calls: int
+    seconds: float
+    units: int = 0
+    nbytes: int = 0
+    windows: list[tuple[int, int, float]] = field(default_factory=list)
+
+    @property
+    def per_s(self) -> float:
+        return self.calls / self.seconds
+
+    @property
+    def units_per_s(self) -> float:
+        return self.units / self.seconds
+
+    @property
+    def mb_per_s(self) -> float:
+        return self.nbytes / self.seconds / 1e6
+
+    @property
+    def ms_per_call(self) -> float:
+        return 1e3 * self.seconds / max(self.calls, 1)
+
+    @property
+    def median_units_per_s(self) -> float:
+        """Median over the windows of units/s (the overall rate without windows)."""
+        if not self.windows:
+            return self.units_per_s
+        return float(np.median([u / s for _, u, s in self.windows]))
+
+
+def measure(
+    fn: Callable[[], tuple[int, int] | None],
+    duration_s: float,
+    warmup_s: float = 0.2,
+    min_calls: int = 3,
+    window_s: float = 0.5,
+) -> Rate:
+    """Calls `fn` repeatedly for `duration_s` (after `warmup_s` of unmeasured calls).
+
+    `fn` may return (units, bytes) it moved in that call (items, payload bytes).
+    """
+    end = time.perf_counter() + warmup_s
+    while time.perf_counter() < end:
+        fn()
+    calls = units = nbytes = 0
+    windows = []
+    start = window_start = time.perf_counter()
+    window_calls = window_units = 0
+    end = start + duration_s
+    while True:
+        out = fn()
+        calls += 1
+        window_calls += 1
+        if out is not None:
+            units += out[0]
+            window_units += out[0]
+            nbytes += out[1]
+        now = time.perf_counter()
+        if now - window_start >= window_s:
+            windows.append((window_calls, window_units, now - window_start))
+            window_start, window_calls, window_units = now, 0, 0
+        if now >= end and calls >= min_calls:
+            return Rate(calls, now - start, units, nbytes, windows)
+
+
+def measure_threads(
+    fns: Sequence[Callable[[], tuple[int, int] | None]], duration_s: float, warmup_s: float = 0.2
+) -> Rate:
+    """Runs each of `fns` in its own thread for the same interval; returns the total."""
+    barrier = threading.Barrier(len(fns) + 1)
+    results: list[Rate | BaseException | None] = [None] * len(fns)
+
+    def worker(i: int) -> None:
+        barrier.wait()
+        try:
+            results[i] = measure(fns[i], duration_s, warmup_s)
+        except BaseException as err:  # re-raised in the caller
+            results[i] = err
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(len(fns))]
+    for thread in threads:
+        thread.start()
+    barrier.wait()
+    for thread in threads:
+        thread.join()
+    for result in results:
+        if isinstance(result, BaseException):
+            raise result
+    seconds = max(r.seconds for r in results)
+    return Rate(
+        sum(r.calls for r in results),
+        seconds,
+        sum(r.units for r in results),
+        sum(r.nbytes for r in results),
+    )
+
+
+def payload_bytes(tensors) -> int:
+    """Raw tensor bytes of a list of `pb.Tensor` (what the MB/s columns count)."""
+    return sum(len(t.data) for t in tensors)
+
+
+# --- server processes ---------------------------------------------------------------
+
+
+def _die_with_parent() -> None:
+    """In the child before exec: SIGTERM it when the benchmark dies (Linux)."""
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+    except OSError:
+        return
+
+
+def write_config(raw: dict, directory: Path, name: str = "config.yaml") -> Path:
+    """Writes a raw config mapping as YAML (checked by loading it) and returns its path."""
+    from easyrl import config as config_lib
+
+    config_lib.from_dict(raw)  # fail here, not in a child, on a bad config
+    path = directory / name
+    path.write_text(yaml.safe_dump(raw, sort_keys=False))
+    return path
+
+
+def client(role: str, address: str, token: str, timeout_s: float = 30.0) -> rpc.Client:
+    """A client of one server, configured like the roles' (token, deadline, retries)."""
+    stub = pb_grpc.ParameterServerStub if role == "ps" else pb_grpc.ReplayMemoryStub
+    return rpc.Client(stub, address, token, timeout_s=timeout_s)
+
+
+@dataclass
+class Server:
+    """One server process (a Popen or a multiprocessing.Process) and its address."""
+
+    role: str
+    task: int
+    address: str
+    process: object
+    log_path: Path | None = None
+
+    def alive(self) -> bool:
+        if isinstance(self.process, subprocess.Popen):
+            return self.process.poll() is None
+        return self.process.is_alive()
+
+    def tail(self, lines: int = 20) -> str:
+        if self.log_path is None or not self.log_path.exists():
+            return ""
+        return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+
+
+@dataclass
+class Cluster:
+    """Server processes of one benchmark, a token, and a scratch run directory.
+
+    Use as a context manager: every process it started is shut down on exit
+    (Shutdown RPC, then SIGTERM, then SIGKILL), and the run directory is removed.
+    """
+
+    run_dir: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="easyrl-bench-")))
+    token: str = field(default_factory=rpc.new_token)
+    servers: list[Server] = field(default_factory=list)
+    workers: list[subprocess.Popen] = field(default_factory=list)
+    starts: int = 0
+
+    def __enter__(self) -> "Cluster":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def env(self, spec: ClusterSpec) -> dict[str, str]:
+        """The environment the launcher gives its children."""
+        env = dict(os.environ)
+        env[CLUSTER_ENV] = spec.to_json()
+        env[rpc.TOKEN_ENV] = self.token
+        env["TF_CPP_MIN_LOG_LEVEL"] = "2"
+        env["PYTHONUNBUFFERED"] = "1"
+        env["CUDA_VISIBLE_DEVICES"] = "-1"
+        return env
+
+    def start_cli(
+        self,
+        config: Path,
+        num_ps: int = 0,
+        num_memory: int = 0,
+        overrides: Sequence[str] = (),
+        actors: int = 1,
+        wait: bool = True,
+    ) -> ClusterSpec:
+        """Starts `num_ps` PS and `num_memory` memory shards as `easyrl run` processes,
+        waits until every one answers Status (unless `wait` is false: call `wait_ready`),
+        and returns the cluster spec.
+
+        With num_ps or num_memory 0 the spec still names an (unused) address for it.
+        Each call gets its own run directory (PS shards restore checkpoints from theirs).
+        """
+        ports = free_ports(HOST, max(num_ps, 1) + max(num_memory, 1))
+        ps = tuple(f"{HOST}:{p}" for p in ports[: max(num_ps, 1)])
+        memory = tuple(f"{HOST}:{p}" for p in ports[max(num_ps, 1) :])
+        spec = ClusterSpec(ps=ps, memory=memory, learner=1, actor=actors)
+        self.starts += 1
+        overrides = [f"run.dir={self.run_dir / f'run-{self.starts}'}", *overrides]
+        started = []
+        for role, count in (("ps", num_ps), ("memory", num_memory)):
+            for task in range(count):
+                started.append(
+                    self._spawn(role, task, spec, config, overrides, getattr(spec, role)[task])
+                )
+        if wait:
+            self.wait_ready(started)
+        return spec
+
+    def _spawn(self, role, task, spec, config, overrides, address) -> Server:
+        logs = self.run_dir / "logs"
+        logs.mkdir(parents=True, exist_ok=True)
+        log_path = logs / f"{role}-{task}-{len(self.servers)}.log"
+        process = self.popen_role(role, task, spec, config, overrides, log_path)
+        server = Server(role, task, address, process, log_path)
+        self.servers.append(server)
+        return server
+
+    def popen_role(
+        self,
+        role: str,
+        task: int,
+        spec: ClusterSpec,
+        config: Path,
+        overrides: Sequence[str],
+        log_path: Path,
+    ) -> subprocess.Popen:
+        """`python -m easyrl.cli run --role ROLE --task TASK --config CONFIG --set ...`."""
+        command = [sys.executable, "-m", "easyrl.cli", "run", "--role", role]
+        command += ["--task", str(task), "--config", str(config)]
+        for override in overrides:
+            command += ["--set", override]
+        with log_path.open("ab") as out:
+            return subprocess.Popen(
+                command,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env=self.env(spec),
+                cwd=REPO,
+                start_new_session=True,
+                preexec_fn=_die_with_parent,
+            )
+
+    def start_worker(
+        self, role: str, task: int, spec: ClusterSpec, config: Path, overrides: Sequence[str]
+    ) -> subprocess.Popen:
+        """Starts an actor or learner process (stopped with SIGTERM by `stop_worker`)."""
+        logs = self.run_dir / "logs"
+        logs.mkdir(parents=True, exist_ok=True)
+        log_path = logs / f"{role}-{task}-{len(self.workers)}.log"
+        overrides = [f"run.dir={self.run_dir / 'workers'}", *overrides]
+        process = self.popen_role(role, task, spec, config, overrides, log_path)
+        self.workers.append(process)
+        return process
+
+    @staticmethod
+    def stop_worker(process: subprocess.Popen, grace_s: float = 10.0) -> int:
+        """SIGTERM (a clean stop for the roles), then SIGKILL after `grace_s`."""
+        if process.poll() is None:
+            process.send_signal(signal.SIGTERM)
+            try:
+                process.wait(timeout=grace_s)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+        return process.returncode
+
+    def spawn_memory_server(self, raw_config: dict, spec: dict) -> Server:
+        """Starts a memory shard in a multiprocessing "spawn" child that builds
+        `easyrl.roles.memory.build(cfg, spec)` + `rpc.make_server` itself, with the
+        given table spec {column: (shape, dtype name)}; waits until it answers."""
+        (port,) = free_ports(HOST, 1)
+        address = f"{HOST}:{port}"
+        ctx = multiprocessing.get_context("spawn")
+        process = ctx.Process(
+            target=_memory_server_main,
+            args=(address, self.token, raw_config, spec),
+            name="bench-memory",
+            daemon=True,
+        )
+        process.start()
+        server = Server("memory", 0, address, process)
+        self.servers.append(server)
+        self.wait_ready([server])
+        return server
+
+    def wait_ready(self, servers: Sequence[Server]) -> None:
+        """Blocks until every server answers Status."""
+        deadline = time.monotonic() + READY_TIMEOUT_S
+        for server in servers:
+            c = client(server.role, server.address, self.token, timeout_s=2.0)
+            try:
+                while True:
+                    if not server.alive():
+                        raise EasyRLError(
+                            f"{server.role}-{server.task} exited during start-up:\n{server.tail()}"
+                        )
+                    try:
+                        c.call("Status", pb.StatusRequest(), retry_s=0.5)
+                        break
+                    except TransportError:
+                        if time.monotonic() > deadline:
+                            raise EasyRLError(f"{server.role} did not become ready") from None
+            finally:
+                c.close()
+
+    def stop_servers(self, servers: Sequence[Server] | None = None, grace_s: float = 15.0) -> None:
+        """Shutdown RPC to each server, then SIGTERM / SIGKILL what outlives `grace_s`."""
+        servers = list(self.servers if servers is None else servers)
+        for server in servers:
+            if not server.alive():
+                continue
+            c = client(server.role, server.address, self.token, timeout_s=5.0)
+            try:
+                c.call("Shutdown", pb.ShutdownRequest(), retry_s=0.0)
+            except TransportError:
+                _terminate(server.process)
+            finally:
+                c.close()
+        deadline = time.monotonic() + grace_s
+        for server in servers:
+            _wait(server.process, max(0.0, deadline - time.monotonic()))
+            if server.alive():
+                _terminate(server.process)
+                _wait(server.process, 5.0)
+            if server.alive():
+                server.process.kill()
+                _wait(server.process, 5.0)
+        self.servers = [s for s in self.servers if s not in servers]
+
+    def close(self) -> None:
+        """Stops every worker and server this cluster started; removes the run dir."""
+        import shutil
+
+        for process in self.workers:
+            self.stop_worker(process)
+        self.workers = []
+        self.stop_servers()
+        shutil.rmtree(self.run_dir, ignore_errors=True)
+
+
+def _terminate(process) -> None:
+    if isinstance(process, subprocess.Popen):
+        if process.poll() is None:
+            process.send_signal(signal.SIGTERM)
+    elif process.is_alive():
+        process.terminate()
+
+
+def _wait(process, timeout_s: float) -> None:
+    if isinstance(process, subprocess.Popen):
+        try:
+            process.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            return
+    else:
+        process.join(timeout_s)
+
+
+def _memory_server_main(address: str, token: str, raw_config: dict, spec: dict) -> None:
+    """Body of the spawned memory server (see `Cluster.spawn_memory_server`)."""
+    import numpy as np
+
+    from easyrl import config as config_lib
+    from easyrl.roles import memory as memory_role
+
+    _die_with_parent()
+    cfg = config_lib.from_dict(raw_config)
+    table_spec = {name: (tuple(shape), np.dtype(dtype)) for name, (shape, dtype) in spec.items()}
+    memory = memory_role.build(cfg, table_spec, 0)
+    server, _ = rpc.make_server(address, token)
+    pb_grpc.add_ReplayMemoryServicer_to_server(memory, server)
+    server.start()
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    while not (stop.is_set() or memory.stopping.is_set()):
+        stop.wait(0.2)
+    memory.close()
+    server.stop(grace=1.0).wait()
+
+
+# glibc returns freed multi-MB buffers to the kernel (mmap/trim), so every large
+# message pays first-touch page faults again; these settings keep them in the heap.
+MALLOC_ENV = {
+    "MALLOC_MMAP_THRESHOLD_": str(64 * 1024 * 1024),
+    "MALLOC_TRIM_THRESHOLD_": str(1024 * 1024 * 1024),
+}
+
+
+def reexec_with_malloc_env() -> None:
+    """Re-executes this script with MALLOC_ENV set (read by glibc at process start), so
+    that the benchmark process and every server it starts run with it."""
+    if all(os.environ.get(k) == v for k, v in MALLOC_ENV.items()):
+        return
+    os.environ.update(MALLOC_ENV)
+    sys.stdout.flush()
+    os.execv(sys.executable, [sys.executable, *sys.argv])
+
+
+def malloc_note() -> str:
+    """Says whether the glibc malloc settings of `--tuned-malloc` are in effect."""
+    if all(os.environ.get(k) == v for k, v in MALLOC_ENV.items()):
+        return "glibc malloc tuned (" + ", ".join(f"{k}={v}" for k, v in MALLOC_ENV.items()) + ")"
+    return "glibc malloc defaults"

@@ -1,0 +1,492 @@
+"""End-to-end tests of the local cluster: `easyrl train` with every role as a real process.
+
+Each role is a separate Python process importing TensorFlow, so a small cluster takes
+10-20 s to start on a 2-core machine. Every test polls with deadlines (no fixed sleeps
+beyond short poll intervals) and a fixture kills whatever a failed test leaves behind
+(the launcher by its pid; its children by the pids found in /proc referencing the run
+directory, which only processes of this test's run can contain).
+
+Budgets: actors step CartPole far faster than the learner gets its first compiled
+update, so with a pure env-step budget a run can stop before a single gradient was
+applied. The runs below couple actors to the learner with the replay rate limiter
+(`samples_per_insert=1`, `error_buffer=400`): a memory shard accepts at most
+`min_size_to_sample + error_buffer` inserts beyond what was sampled, so reaching the
+env-step budget requires the learner to have sampled (and so trained on) most of it.
+"""
+
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from easyrl import config as config_lib
+
+ROOT = Path(__file__).resolve().parent.parent
+CONFIG = ROOT / "configs" / "cartpole_apex.yaml"
+
+BASE_OVERRIDES = (
+    "stop.episode_return_mean=null",  # a budget stop counts as success (exit 0)
+    "replay.min_size_to_sample=200",
+    "replay.samples_per_insert=1.0",
+    "replay.error_buffer=400",
+    "algorithm.batch_size=32",
+    "run.log_interval_s=0.5",
+    "env.num_envs=4",
+)
+
+
+# --- helpers ---------------------------------------------------------------------------
+
+
+def _env() -> dict[str, str]:
+    """The environment of every command: this checkout first, no token, no cluster."""
+    env = {k: v for k, v in os.environ.items() if k not in {"EASYRL_TOKEN", "EASYRL_CLUSTER"}}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+    env["TF_CPP_MIN_LOG_LEVEL"] = "2"
+    env["PYTHONUNBUFFERED"] = "1"
+    return env
+
+
+def _cmdlines() -> dict[int, list[str]]:
+    """{pid: argv} of every live process that can be read (zombies have no argv)."""
+    out = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            raw = (entry / "cmdline").read_bytes()
+        except OSError:
+            continue
+        if raw:
+            out[int(entry.name)] = raw.rstrip(b"\0").decode(errors="replace").split("\0")
+    return out
+
+
+def _processes_referencing(text: str) -> dict[int, str]:
+    """{pid: command line} of the processes (other than this one) whose argv contains `text`."""
+    me = os.getpid()
+    return {
+        pid: " ".join(argv)
+        for pid, argv in _cmdlines().items()
+        if pid != me and any(text in arg for arg in argv)
+    }
+
+
+def _role_pids(config_path: Path, role: str, task: int) -> list[int]:
+    """Pids of `easyrl run --role ROLE --task TASK --config CONFIG_PATH` processes."""
+    want = ["--role", role, "--task", str(task), "--config", str(config_path)]
+    pids = []
+    for pid, argv in _cmdlines().items():
+        if any(argv[i : i + len(want)] == want for i in range(len(argv))):
+            pids.append(pid)
+    return pids
+
+
+def _assert_no_processes_left(run_dir: Path, grace_s: float = 5.0) -> None:
+    """Fails when a process still references `run_dir` `grace_s` after the launcher exited."""
+    deadline = time.monotonic() + grace_s
+    while True:
+        left = _processes_referencing(str(run_dir))
+        if not left or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+    assert not left, "processes of the run left running:\n" + "\n".join(
+        f"  {pid}: {cmd}" for pid, cmd in left.items()
+    )
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _read_jsonl(path: Path) -> list[dict]:
+    """The complete lines of a JSON-lines file being appended to (a torn last line is
+    left out)."""
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        return []
+    records = []
+    for line in text.splitlines(keepends=True):
+        if not line.endswith("\n"):
+            break
+        records.append(json.loads(line))
+    return records
+
+
+class Run:
+    """One `easyrl train` launcher process, its output in a file, its run directory."""
+
+    def __init__(self, tmp_path: Path, overrides):
+        self.run_dir = (tmp_path / "run").resolve()
+        self.config_path = self.run_dir / "config.yaml"
+        self.out_path = tmp_path / "launcher.out"
+        command = [sys.executable, "-m", "easyrl.cli", "train", str(CONFIG)]
+        for override in (*BASE_OVERRIDES, f"run.dir={self.run_dir}", *overrides):
+            command += ["--set", override]
+        self.started = time.monotonic()
+        with self.out_path.open("wb") as out:
+            self.process = subprocess.Popen(
+                command,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                cwd=tmp_path,
+                env=_env(),
+            )
+
+    def wait(self, timeout_s: float) -> int:
+        """Waits for the launcher to exit; fails the test (showing its output) if it does not."""
+        try:
+            return self.process.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"launcher still running after {timeout_s:.0f}s:\n{self.output()}")
+
+    def output(self) -> str:
+        return self.out_path.read_text(errors="replace")
+
+    def metrics(self) -> list[dict]:
+        return _read_jsonl(self.run_dir / "metrics.jsonl")
+
+    def summary(self) -> dict:
+        path = self.run_dir / "summary.json"
+        assert path.exists(), f"no summary.json; launcher output:\n{self.output()}"
+        return json.loads(path.read_text())
+
+    def logs(self) -> str:
+        """The tails of every role's log (for failure messages)."""
+        parts = []
+        for log in sorted((self.run_dir / "logs").glob("*.log")):
+            lines = log.read_text(errors="replace").splitlines()[-8:]
+            parts.append(f"--- {log.name}\n" + "\n".join(lines))
+        return "\n".join(parts)
+
+    def poll_until(self, predicate, timeout_s: float, what: str):
+        """Polls `predicate()` until it returns something truthy (returned); fails when the
+        launcher exits first or `timeout_s` passes."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            value = predicate()
+            if value:
+                return value
+            if self.process.poll() is not None:
+                pytest.fail(
+                    f"launcher exited ({self.process.returncode}) before {what}:\n"
+                    f"{self.output()}\n{self.logs()}"
+                )
+            time.sleep(0.2)
+        pytest.fail(f"timed out after {timeout_s:.0f}s waiting for {what}:\n{self.output()}")
+
+    def cleanup(self) -> None:
+        """Stops the launcher (SIGTERM = Ctrl-C, then SIGKILL) and kills its leftovers."""
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(timeout=40)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        for pid in _processes_referencing(str(self.run_dir)):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+
+@pytest.fixture
+def launch(tmp_path):
+    """`launch(*overrides)` starts `easyrl train` in the background; cleaned up afterwards."""
+    runs = []
+
+    def start(*overrides) -> Run:
+        run = Run(tmp_path, overrides)
+        runs.append(run)
+        return run
+
+    yield start
+    for run in runs:
+        run.cleanup()
+
+
+def _counters(summary: dict, server: str) -> dict:
+    status = summary["servers"].get(server)
+    assert status, f"{server} did not answer the final Status: {summary['servers']}"
+    return status["counters"]
+
+
+# --- tests -----------------------------------------------------------------------------
+
+
+@pytest.mark.timeout(180)
+def test_train_short_run_moves_every_counter(launch):
+    budget = 3000
+    run = launch(
+        f"stop.max_env_steps={budget}",
+        "stop.max_seconds=90",
+        "cluster.ps=1",
+        "cluster.memory=1",
+        "cluster.learner=1",
+        "cluster.actor=2",
+    )
+    code = run.wait(150)
+    output = run.output()
+    assert code == 0, f"exit code {code}:\n{output}\n{run.logs()}"
+    assert f"run directory: {run.run_dir}" in output
+    assert re.search(r"env steps\s+[\d,]+ \(", output), output  # progress lines
+
+    summary = run.summary()
+    assert summary["exit_code"] == 0
+    assert "max_env_steps" in summary["reason"], summary["reason"]
+    assert summary["restarts"] == {
+        "ps-0": 0,
+        "memory-0": 0,
+        "learner-0": 0,
+        "actor-0": 0,
+        "actor-1": 0,
+    }
+
+    ps = _counters(summary, "ps/0")
+    assert ps["env_steps"] >= budget
+    assert ps["updates"] > 0
+    assert ps["episodes"] > 0
+    assert ps["actor/0/env_steps"] > 0
+    assert ps["actor/1/env_steps"] > 0
+    assert ps["actor/0/env_steps"] + ps["actor/1/env_steps"] == ps["env_steps"]
+    assert ps["learner/0/updates"] > 0
+    assert ps["ps/0/applied"] > 0
+    assert ps["ps/0/version"] > 1
+    assert summary["servers"]["ps/0"]["stopping"] is True
+    memory = _counters(summary, "memory/0")
+    assert memory["memory/0/inserts"] > 0
+    assert memory["memory/0/samples"] > 0
+
+    metrics = run.metrics()
+    assert len(metrics) >= 2
+    steps = [m.get("env_steps", 0.0) for m in metrics]  # absent before the first report
+    assert steps == sorted(steps), steps
+    assert steps[0] < steps[-1]
+    times = [m["time_s"] for m in metrics]
+    assert times == sorted(times)
+    stops = [m["stop"] for m in metrics if "stop" in m]  # only on the deciding line
+    assert stops == [summary["reason"]], stops
+
+    cfg = config_lib.load(run.config_path)
+    assert cfg.run.dir == str(run.run_dir)
+    assert cfg.stop.max_env_steps == budget
+    assert cfg.stop.max_seconds == 90
+    assert cfg.stop.episode_return_mean is None
+    assert cfg.replay.min_size_to_sample == 200
+    assert cfg.replay.samples_per_insert == 1.0
+    assert cfg.algorithm.params.batch_size == 32
+    assert cfg.run.log_interval_s == 0.5
+    assert cfg.env.num_envs == 4
+    assert (cfg.cluster.ps, cfg.cluster.memory, cfg.cluster.learner, cfg.cluster.actor) == (
+        1,
+        1,
+        1,
+        2,
+    )
+
+    checkpoint = run.run_dir / "checkpoints" / "ps-0.npz"
+    assert checkpoint.exists()
+    with np.load(checkpoint) as data:
+        meta = json.loads(data["meta"].tobytes())
+        assert any(k.startswith("var/") for k in data.files)
+    # The final checkpoint is written after the summary's Status snapshot.
+    assert meta["version"] >= summary["servers"]["ps/0"]["version"] > 1
+
+    for role in ("ps-0", "memory-0", "learner-0", "actor-0", "actor-1"):
+        assert (run.run_dir / "logs" / f"{role}.log").exists(), role
+    _assert_no_processes_left(run.run_dir)
+
+
+@pytest.mark.timeout(180)
+def test_two_shards_each(launch):
+    # A larger budget than the single-shard test: each memory shard is fed by one actor,
+    # so both actors must be up and inserting (and both shards sampled) before the stop.
+    run = launch(
+        "stop.max_env_steps=8000",
+        "stop.max_seconds=90",
+        "cluster.ps=2",
+        "cluster.memory=2",
+        "cluster.learner=1",
+        "cluster.actor=2",
+    )
+    code = run.wait(150)
+    assert code == 0, f"exit code {code}:\n{run.output()}\n{run.logs()}"
+    summary = run.summary()
+    assert set(summary["servers"]) == {"ps/0", "ps/1", "memory/0", "memory/1"}
+    assert all(n == 0 for n in summary["restarts"].values()), summary["restarts"]
+
+    ps0, ps1 = _counters(summary, "ps/0"), _counters(summary, "ps/1")
+    assert ps0["ps/0/applied"] > 0
+    assert ps1["ps/1/applied"] > 0
+    assert ps0["ps/0/version"] > 1
+    assert ps1["ps/1/version"] > 1
+    assert "env_steps" not in ps1  # only shard 0 is the metrics hub
+    assert ps0["actor/0/env_steps"] > 0
+    assert ps0["actor/1/env_steps"] > 0
+    for shard in (0, 1):
+        memory = _counters(summary, f"memory/{shard}")
+        assert memory[f"memory/{shard}/inserts"] > 0, memory
+        assert memory[f"memory/{shard}/samples"] > 0, memory
+    for shard in (0, 1):
+        assert (run.run_dir / "checkpoints" / f"ps-{shard}.npz").exists()
+    _assert_no_processes_left(run.run_dir)
+
+
+@pytest.mark.timeout(240)
+def test_actor_killed_is_restarted(launch):
+    run = launch(
+        "stop.max_env_steps=null",
+        "stop.max_seconds=45",
+        "cluster.ps=1",
+        "cluster.memory=1",
+        "cluster.learner=1",
+        "cluster.actor=2",
+    )
+
+    def actor1_reported():
+        metrics = run.metrics()
+        return metrics if metrics and metrics[-1].get("actor/1/env_steps", 0) > 0 else None
+
+    run.poll_until(actor1_reported, 120, "actor 1 reporting env steps")
+    pids = _role_pids(run.config_path, "actor", 1)
+    assert len(pids) == 1, pids
+    os.kill(pids[0], signal.SIGKILL)
+    kill_lines = len(run.metrics())
+    at_kill = run.metrics()[kill_lines - 1]
+
+    # Line kill_lines is written after the kill; the snapshot of the line after it was
+    # taken after that write, so it holds nothing the killed actor could still report.
+    after_kill = run.poll_until(
+        lambda: run.metrics()[kill_lines + 1] if len(run.metrics()) > kill_lines + 1 else None,
+        30,
+        "metrics after the kill",
+    )
+    code = run.wait(120)
+    output = run.output()
+    assert code == 0, f"exit code {code}:\n{output}\n{run.logs()}"
+    assert re.search(r"actor-1 exited with code -9; restarting it", output), output
+    assert re.search(r"restarts [1-9]", output), output
+
+    summary = run.summary()
+    assert "max_seconds" in summary["reason"], summary["reason"]
+    assert summary["restarts"]["actor-1"] >= 1, summary["restarts"]
+    assert summary["restarts"]["actor-0"] == 0, summary["restarts"]
+    assert _role_pids(run.config_path, "actor", 1) == []
+
+    last = run.metrics()[-1]
+    assert last["env_steps"] > at_kill["env_steps"]
+    assert last["updates"] > at_kill["updates"]
+    assert last["env_steps"] > after_kill["env_steps"]
+    assert last["updates"] > after_kill["updates"]
+    # Only the restarted actor 1 can have added to its counter after `after_kill`.
+    assert (
+        last["actor/1/env_steps"] > after_kill["actor/1/env_steps"] >= at_kill["actor/1/env_steps"]
+    ), (at_kill, after_kill, last)
+    _assert_no_processes_left(run.run_dir)
+
+
+@pytest.mark.timeout(60)
+def test_bad_config_fails_before_start(tmp_path):
+    run_dir = tmp_path / "run"
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "easyrl.cli",
+            "train",
+            str(CONFIG),
+            "--set",
+            f"run.dir={run_dir}",
+            "--set",
+            "replay.capacty=5",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env=_env(),
+        timeout=50,
+    )
+    assert result.returncode == 2, result
+    assert "did you mean 'replay.capacity'" in result.stderr, result.stderr
+    assert "run directory" not in result.stdout
+    assert not run_dir.exists()
+    assert list(tmp_path.iterdir()) == []  # no default runs/ directory either
+    assert _processes_referencing(str(run_dir)) == {}
+
+
+@pytest.mark.timeout(150)
+def test_ctrl_c_leaves_no_orphans(launch):
+    run = launch(
+        "stop.max_env_steps=null",
+        "stop.max_seconds=60",
+        "cluster.ps=1",
+        "cluster.memory=1",
+        "cluster.learner=1",
+        "cluster.actor=2",
+    )
+    run.poll_until(lambda: "env steps" in run.output(), 90, "the first progress line")
+    assert _role_pids(run.config_path, "ps", 0), "PS shard 0 is not running"
+    interrupted = time.monotonic()
+    run.process.send_signal(signal.SIGINT)
+    code = run.wait(60)
+    took = time.monotonic() - interrupted
+    output = run.output()
+    assert code == 130, f"exit code {code}:\n{output}"
+    assert took < 35, f"launcher took {took:.1f}s to stop after SIGINT"
+    assert "interrupted" in output
+    summary = run.summary()
+    assert summary["reason"] == "interrupted"
+    assert summary["exit_code"] == 130
+    _assert_no_processes_left(run.run_dir)
+
+
+@pytest.mark.timeout(90)
+def test_run_role_needs_token(tmp_path):
+    env = _env()
+    assert "EASYRL_TOKEN" not in env
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "easyrl.cli",
+            "run",
+            "--role",
+            "ps",
+            "--task",
+            "0",
+            "--config",
+            str(CONFIG),
+            "--ps-hosts",
+            f"127.0.0.1:{_free_port()}",
+            "--memory-hosts",
+            f"127.0.0.1:{_free_port()}",
+            "--num-learners",
+            "1",
+            "--num-actors",
+            "1",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env=env,
+        timeout=80,
+    )
+    assert result.returncode == 2, result
+    assert "no auth token" in result.stderr, result.stderr
+    assert "EASYRL_TOKEN" in result.stderr
+    assert "security.token_file" in result.stderr
+    assert "Traceback" not in result.stderr
+    assert list(tmp_path.iterdir()) == []  # nothing written (no run dir, no checkpoint)

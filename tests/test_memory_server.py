@@ -1,0 +1,556 @@
+"""Loopback tests of the replay-memory shard servicer (easyrl.roles.memory) over real gRPC."""
+
+import threading
+import time
+
+import grpc
+import numpy as np
+import pytest
+
+from easyrl.errors import TransportError
+from easyrl.replay import PrioritizedTable, RateLimiter, UniformTable
+from easyrl.roles.memory import BetaSchedule, MemoryServer
+from easyrl.transport import codec, rpc
+from easyrl.transport import easyrl_pb2 as pb
+from easyrl.transport import easyrl_pb2_grpc as pb_grpc
+
+TOKEN = "memory-test-token"
+SPEC = {"obs": ((4,), np.float32), "action": ((), np.int64), "reward": ((), np.float32)}
+BATCH = 4  # the server's (prefetched) batch size
+
+
+def make_batch(start: int, n: int) -> dict[str, np.ndarray]:
+    """Items whose columns all derive from their index `start + i` (= their key when the
+    table is filled from 0 in order), so a sample can be checked item by item."""
+    k = np.arange(start, start + n)
+    return {
+        "obs": (k[:, None] + np.arange(4)[None, :] / 4).astype(np.float32),
+        "action": k.astype(np.int64),
+        "reward": (k * 0.5).astype(np.float32),
+    }
+
+
+def check_items(data: dict, keys: np.ndarray | None = None) -> None:
+    """Every sampled row is a consistent, inserted item (and has the given keys)."""
+    k = data["action"]
+    np.testing.assert_array_equal(data["obs"], (k[:, None] + np.arange(4) / 4).astype(np.float32))
+    np.testing.assert_array_equal(data["reward"], (k * 0.5).astype(np.float32))
+    if keys is not None:
+        np.testing.assert_array_equal(keys, k)
+
+
+@pytest.fixture
+def serve_memory():
+    """Starts MemoryServers on 127.0.0.1; returns a factory of (memory, client)."""
+    servers, clients, memories = [], [], []
+
+    def start(
+        table=None,
+        limiter=None,
+        batch_size=BATCH,
+        prefetch=2,
+        beta=None,
+        token=TOKEN,
+        timeout_s=5.0,
+    ):
+        table = UniformTable(SPEC, 32, seed=1) if table is None else table
+        limiter = RateLimiter(1) if limiter is None else limiter
+        beta = BetaSchedule(0.4, 1.0, 100) if beta is None else beta
+        memory = MemoryServer(table, limiter, batch_size, prefetch, beta)
+        memories.append(memory)
+        server, port = rpc.make_server("127.0.0.1:0", TOKEN, max_workers=8)
+        pb_grpc.add_ReplayMemoryServicer_to_server(memory, server)
+        server.start()
+        servers.append(server)
+        client = rpc.Client(
+            pb_grpc.ReplayMemoryStub, f"127.0.0.1:{port}", token, timeout_s=timeout_s, retry_s=1
+        )
+        clients.append(client)
+        return memory, client
+
+    yield start
+    for client in clients:
+        client.close()
+    for memory in memories:
+        memory.close()
+    for server in servers:
+        server.stop(None).wait()
+
+
+def insert(client, batch, priorities=None, timeout_s=None) -> pb.InsertResponse:
+    request = pb.InsertRequest(tensors=codec.encode_batch(batch), actor=0)
+    if priorities is not None:
+        request.priorities.CopyFrom(codec.encode_array("priorities", priorities))
+    return client.call("Insert", request, timeout_s=timeout_s)
+
+
+def sample(client, batch_size, timeout_s=2.0):
+    """Returns (ready, data, keys, weights)."""
+    reply = client.call("Sample", pb.SampleRequest(batch_size=batch_size, timeout_s=timeout_s))
+    if not reply.ready:
+        return False, None, None, None
+    data = codec.decode_batch(reply.tensors)
+    return True, data, codec.decode_array(reply.keys), codec.decode_array(reply.weights)
+
+
+def update(client, keys, priorities) -> pb.UpdatePrioritiesResponse:
+    request = pb.UpdatePrioritiesRequest(
+        keys=codec.encode_array("keys", np.asarray(keys)),
+        priorities=codec.encode_array("priorities", np.asarray(priorities)),
+    )
+    return client.call("UpdatePriorities", request)
+
+
+def counters(client) -> dict[str, float]:
+    return dict(client.call("Status", pb.StatusRequest()).counters)
+
+
+def wait_for(predicate, timeout_s=3.0):
+    give_up = time.monotonic() + timeout_s
+    while not predicate():
+        assert time.monotonic() < give_up, "condition not reached in time"
+        time.sleep(0.01)
+
+
+def assert_code(code, client, method, request, **kwargs) -> TransportError:
+    with pytest.raises(TransportError) as info:
+        client.call(method, request, **kwargs)
+    assert info.value.code == code, info.value
+    return info.value
+
+
+# --- Insert / Sample -------------------------------------------------------------------
+
+
+def test_insert_then_sample_both_paths(serve_memory):
+    memory, client = serve_memory()
+    reply = insert(client, make_batch(0, 10))
+    assert reply.size == 10 and reply.inserted == 10
+    reply = insert(client, make_batch(10, 6))
+    assert reply.size == 16 and reply.inserted == 16
+
+    for batch_size in (BATCH, 7):  # prefetched path, then queued path
+        ready, data, keys, weights = sample(client, batch_size)
+        assert ready
+        assert sorted(data) == sorted(SPEC)
+        for name, (shape, dtype) in SPEC.items():
+            assert data[name].dtype == dtype, name
+            assert data[name].shape == (batch_size, *shape), name
+        assert keys.dtype == np.int64 and keys.shape == (batch_size,)
+        assert weights.dtype == np.float32 and weights.shape == (batch_size,)
+        np.testing.assert_array_equal(weights, 1.0)  # uniform table
+        assert np.all((keys >= 0) & (keys < 16))
+        check_items(data, keys)
+
+
+def test_sample_prioritized_weights(serve_memory):
+    table = PrioritizedTable(SPEC, 32, alpha=1.0, seed=3)
+    _, client = serve_memory(table=table, beta=BetaSchedule(1.0, 1.0, 0))
+    priorities = np.linspace(0.5, 4.0, 12).astype(np.float32)
+    insert(client, make_batch(0, 12), priorities=priorities)
+    for batch_size in (BATCH, 9):
+        ready, data, keys, weights = sample(client, batch_size)
+        assert ready and weights.dtype == np.float32
+        check_items(data, keys)
+        # beta = 1: w_i proportional to 1 / P(i), normalised by the batch max.
+        expected = 1.0 / (priorities[keys] + table.priority_epsilon)
+        np.testing.assert_allclose(weights, expected / expected.max(), rtol=1e-5)
+
+
+# --- invalid requests ------------------------------------------------------------------
+
+
+def table_state(table) -> dict:
+    return {k: np.array(v, copy=True) for k, v in table.state_dict().items()}
+
+
+def assert_invalid_and_unchanged(memory, client, method, request):
+    before = table_state(memory.table)
+    inserts = counters(client).get("memory/0/inserts")
+    err = assert_code(grpc.StatusCode.INVALID_ARGUMENT, client, method, request)
+    after = table_state(memory.table)
+    assert sorted(after) == sorted(before)
+    for key, value in before.items():
+        np.testing.assert_array_equal(after[key], value, err_msg=key)
+    status = counters(client)
+    assert status.get("memory/0/inserts") == inserts
+    assert status["memory/0/size"] == memory.table.size
+    return err
+
+
+def _wrong_dtype(b):
+    return {**b, "obs": b["obs"].astype(np.float64)}
+
+
+def _int32_action(b):
+    return {**b, "action": b["action"].astype(np.int32)}
+
+
+def _wrong_shape(b):
+    return {**b, "obs": np.zeros((len(b["action"]), 5), np.float32)}
+
+
+def _scalar_obs(b):
+    return {**b, "obs": b["obs"][:, 0]}
+
+
+def _missing(b):
+    return {k: v for k, v in b.items() if k != "reward"}
+
+
+def _extra(b):
+    return {**b, "done": np.zeros(len(b["action"]), np.bool_)}
+
+
+def _nested(b):
+    return {**b, "extra": {"x": np.zeros(len(b["action"]), np.float32)}}
+
+
+def _sizes(b):
+    return {**b, "action": b["action"][:-1]}
+
+
+def _empty(b):
+    return {k: v[:0] for k, v in b.items()}
+
+
+@pytest.fixture
+def filled(serve_memory):
+    table = PrioritizedTable(SPEC, 16, alpha=0.6, seed=0)
+    memory, client = serve_memory(table=table)
+    insert(client, make_batch(0, 20), priorities=np.arange(20, dtype=np.float32))  # wrapped
+    return memory, client
+
+
+@pytest.mark.parametrize(
+    "mutate",
+    [
+        _wrong_dtype,
+        _int32_action,
+        _wrong_shape,
+        _scalar_obs,
+        _missing,
+        _extra,
+        _nested,
+        _sizes,
+        _empty,
+    ],
+)
+def test_insert_bad_batch_invalid_argument(filled, mutate):
+    memory, client = filled
+    request = pb.InsertRequest(tensors=codec.encode_batch(mutate(make_batch(20, 5))))
+    assert_invalid_and_unchanged(memory, client, "Insert", request)
+
+
+@pytest.mark.parametrize(
+    "priorities",
+    [
+        np.ones(4, np.float32),
+        np.ones(6, np.float32),
+        np.ones((5, 1), np.float32),
+        np.array([1, 2, np.nan, 3, 4], np.float32),
+        np.array([1, 2, np.inf, 3, 4], np.float64),
+        np.array([1, 2, -0.5, 3, 4], np.float32),
+    ],
+)
+def test_insert_bad_priorities_invalid_argument(filled, priorities):
+    memory, client = filled
+    request = pb.InsertRequest(tensors=codec.encode_batch(make_batch(20, 5)))
+    request.priorities.CopyFrom(codec.encode_array("priorities", priorities))
+    assert_invalid_and_unchanged(memory, client, "Insert", request)
+
+
+def test_insert_corrupt_tensor_invalid_argument(filled):
+    memory, client = filled
+    request = pb.InsertRequest(tensors=codec.encode_batch(make_batch(20, 5)))
+    request.tensors[0].data = request.tensors[0].data[:-1]
+    assert_invalid_and_unchanged(memory, client, "Insert", request)
+
+
+@pytest.mark.parametrize(
+    "keys, priorities",
+    [
+        (np.array([16, 17, 18], np.int64), np.ones(2)),  # mismatched shapes
+        (np.array([[16, 17]], np.int64), np.ones((1, 2))),  # not 1-D
+        (np.array([16.0, 17.0]), np.ones(2)),  # float keys
+        (np.array([16, -1], np.int64), np.ones(2)),  # negative key
+        (np.array([16, 20], np.int64), np.ones(2)),  # never issued (inserted == 20)
+        (np.array([16, 17], np.int64), np.array([1.0, np.nan])),
+        (np.array([16, 17], np.int64), np.array([1.0, np.inf])),
+        (np.array([16, 17], np.int64), np.array([1.0, -2.0])),
+    ],
+)
+def test_update_priorities_invalid_argument(filled, keys, priorities):
+    memory, client = filled
+    request = pb.UpdatePrioritiesRequest(
+        keys=codec.encode_array("keys", keys),
+        priorities=codec.encode_array("priorities", priorities),
+    )
+    assert_invalid_and_unchanged(memory, client, "UpdatePriorities", request)
+    assert "memory/0/priority_updates" not in counters(client)
+
+
+@pytest.mark.parametrize(
+    "batch_size, timeout_s", [(0, 1.0), (-3, 1.0), (17, 1.0), (3, -1.0), (3, float("nan"))]
+)
+def test_sample_bad_request_invalid_argument(filled, batch_size, timeout_s):
+    memory, client = filled
+    request = pb.SampleRequest(batch_size=batch_size, timeout_s=timeout_s)
+    assert_invalid_and_unchanged(memory, client, "Sample", request)
+
+
+def test_unauthenticated_without_token(serve_memory):
+    memory, client = serve_memory()
+    insert(client, make_batch(0, 4))
+    requests = {
+        "Insert": pb.InsertRequest(tensors=codec.encode_batch(make_batch(4, 2))),
+        "Sample": pb.SampleRequest(batch_size=2, timeout_s=0.1),
+        "UpdatePriorities": pb.UpdatePrioritiesRequest(
+            keys=codec.encode_array("keys", np.zeros(1, np.int64)),
+            priorities=codec.encode_array("priorities", np.ones(1)),
+        ),
+        "Status": pb.StatusRequest(),
+        "Shutdown": pb.ShutdownRequest(),
+    }
+    for token in (None, "wrong-token"):
+        other = rpc.Client(pb_grpc.ReplayMemoryStub, client.address, token, timeout_s=5)
+        try:
+            for method, request in requests.items():
+                assert_code(grpc.StatusCode.UNAUTHENTICATED, other, method, request)
+        finally:
+            other.close()
+    assert memory.table.inserted == 4 and not memory.stopping.is_set()
+
+
+# --- priorities ------------------------------------------------------------------------
+
+
+def test_update_priorities_changes_sampling(serve_memory):
+    table = PrioritizedTable(SPEC, 32, alpha=1.0, seed=5)
+    memory, client = serve_memory(table=table)
+    insert(client, make_batch(0, 32))  # max priority (1.0) for all
+    hot = 13
+    _, data, keys, _ = sample(client, 16)  # queued path (server batch size is 4)
+    check_items(data, keys)
+    assert np.sum(keys == hot) <= 2
+    reply = update(client, [hot, 3], [1e6, 0.5])
+    assert reply.updated == 2
+    for _ in range(3):
+        _, data, keys, weights = sample(client, 16)
+        check_items(data, keys)
+        assert np.sum(keys == hot) >= 15, keys
+        # The hot item is the most probable one: it has the smallest weight.
+        assert weights[keys == hot].max() == weights.min()
+    c = counters(client)
+    assert c["memory/0/priority_updates"] == 2
+    assert c.get("memory/0/stale_priority_keys", 0) == 0
+
+
+def test_stale_keys_counted(serve_memory):
+    table = PrioritizedTable(SPEC, 8, alpha=1.0, seed=0)
+    _, client = serve_memory(table=table)
+    insert(client, make_batch(0, 5))
+    insert(client, make_batch(5, 7))  # keys 0..3 overwritten
+    reply = update(client, np.array([0, 3, 4, 11], np.int64), [2.0, 2.0, 2.0, 2.0])
+    assert reply.updated == 2
+    c = counters(client)
+    assert c["memory/0/stale_priority_keys"] == 2
+    assert c["memory/0/priority_updates"] == 2
+    _, data, keys, _ = sample(client, 7)
+    check_items(data, keys)
+    assert np.all(keys >= 4)
+
+
+def test_all_zero_priorities_do_not_kill_the_table_thread(serve_memory):
+    """With priority_epsilon=0, zero priorities are legal but nothing can be sampled; the
+    shard must refuse samples, not die, and recover once a priority becomes positive."""
+    table = PrioritizedTable(SPEC, 16, alpha=1.0, seed=0, priority_epsilon=0.0)
+    memory, client = serve_memory(table=table, prefetch=1)
+    insert(client, make_batch(0, 8), priorities=np.zeros(8, np.float32))
+    assert not sample(client, BATCH, timeout_s=0.2)[0]  # prefetched path: nothing ready
+    assert_code(
+        grpc.StatusCode.INVALID_ARGUMENT,
+        client,
+        "Sample",
+        pb.SampleRequest(batch_size=3, timeout_s=0.5),
+        timeout_s=2.0,
+    )
+    assert insert(client, make_batch(8, 2), timeout_s=2.0).inserted == 10
+    assert update(client, [5], [1.0]).updated == 1
+    ready, data, keys, _ = sample(client, BATCH)
+    assert ready
+    check_items(data, keys)
+    # Only key 5 and the two newest items (max priority) have a positive priority.
+    assert set(keys.tolist()) <= {5, 8, 9}
+    assert memory._thread.is_alive()
+
+
+# --- rate limiter ----------------------------------------------------------------------
+
+
+def test_sample_blocks_below_min_size(serve_memory):
+    memory, client = serve_memory(limiter=RateLimiter(min_size_to_sample=10))
+    insert(client, make_batch(0, 6))
+    for batch_size in (BATCH, 3):  # prefetched and queued paths
+        start = time.monotonic()
+        ready, *_ = sample(client, batch_size, timeout_s=0.3)
+        assert not ready
+        assert time.monotonic() - start >= 0.25
+    assert counters(client)["memory/0/rate_limited_sample"] == 1  # the queued one
+    assert counters(client).get("memory/0/samples", 0) == 0
+    insert(client, make_batch(6, 4))
+    for batch_size in (BATCH, 3):
+        ready, data, keys, _ = sample(client, batch_size, timeout_s=2.0)
+        assert ready
+        check_items(data, keys)
+
+
+def test_sample_waits_for_inserts(serve_memory):
+    _, client = serve_memory(limiter=RateLimiter(min_size_to_sample=4))
+    insert(client, make_batch(0, 2))
+    results = {}
+
+    def sampler(batch_size):
+        results[batch_size] = sample(client, batch_size, timeout_s=3.0)
+
+    threads = [threading.Thread(target=sampler, args=(b,)) for b in (BATCH, 3)]
+    for t in threads:
+        t.start()
+    time.sleep(0.2)
+    assert not results
+    insert(client, make_batch(2, 2))
+    for t in threads:
+        t.join(5)
+    assert results[BATCH][0] and results[3][0]
+
+
+def ratio_server(serve_memory):
+    """spi=1, error_buffer=2, min_size=2: min_diff=0, max_diff=4; one prefetched batch of 4.
+
+    Single-item inserts: the prefetch samples 4 items once diff reaches 4, then its queue
+    is full, so the 9th insert takes diff to 5 and the 10th is refused until a sample.
+    """
+    limiter = RateLimiter(min_size_to_sample=2, samples_per_insert=1.0, error_buffer=2.0)
+    limiter.check_batch_sizes(1, BATCH)
+    memory, client = serve_memory(limiter=limiter, prefetch=1)
+    for k in range(9):
+        assert insert(client, make_batch(k, 1), timeout_s=2.0).inserted == k + 1
+    wait_for(lambda: counters(client)["memory/0/ready_batches"] == 1)
+    assert counters(client)["memory/0/samples"] == 4
+    return memory, client
+
+
+def test_insert_refused_when_ahead_then_allowed_after_samples(serve_memory):
+    memory, client = ratio_server(serve_memory)
+    before = table_state(memory.table)
+    start = time.monotonic()
+    with pytest.raises(TransportError) as info:
+        insert(client, make_batch(9, 1), timeout_s=0.5)
+    assert info.value.code == grpc.StatusCode.RESOURCE_EXHAUSTED, info.value
+    assert time.monotonic() - start >= 0.35
+    assert memory.table.size == 9 and memory.table.inserted == 9
+    for key, value in before.items():
+        np.testing.assert_array_equal(table_state(memory.table)[key], value)
+    c = counters(client)
+    assert c["memory/0/rate_limited_insert"] == 1 and c["memory/0/inserts"] == 9
+
+    ready, data, keys, _ = sample(client, BATCH)  # the prefetch refills: 4 more samples
+    assert ready
+    check_items(data, keys)
+    assert insert(client, make_batch(9, 1), timeout_s=2.0).inserted == 10
+    assert memory.table.size == 10
+
+
+def test_blocked_insert_waits_until_sampled(serve_memory):
+    memory, client = ratio_server(serve_memory)
+    outcome = {}
+
+    def inserter():
+        start = time.monotonic()
+        try:
+            outcome["reply"] = insert(client, make_batch(9, 1), timeout_s=5.0)
+        except TransportError as err:  # pragma: no cover - reported below
+            outcome["error"] = err
+        outcome["elapsed"] = time.monotonic() - start
+
+    thread = threading.Thread(target=inserter)
+    thread.start()
+    time.sleep(0.4)
+    assert thread.is_alive() and not outcome  # really waiting, not failed
+    assert memory.table.inserted == 9
+
+    def sampler():
+        outcome["sample"] = sample(client, 3, timeout_s=2.0)  # queued path
+
+    other = threading.Thread(target=sampler)
+    other.start()
+    other.join(5)
+    thread.join(5)
+    assert not thread.is_alive()
+    assert "error" not in outcome, outcome.get("error")
+    assert outcome["sample"][0]
+    assert outcome["reply"].inserted == 10 and outcome["elapsed"] >= 0.35
+    assert memory.table.size == 10
+
+
+# --- status / shutdown -----------------------------------------------------------------
+
+
+def test_status_counters(serve_memory):
+    memory, client = serve_memory(prefetch=1)
+    reply = client.call("Status", pb.StatusRequest())
+    assert reply.role == "memory" and reply.task == 0 and not reply.stopping
+    assert reply.counters["memory/0/size"] == 0
+    insert(client, make_batch(0, 5))
+    insert(client, make_batch(5, 3))
+    wait_for(lambda: counters(client)["memory/0/ready_batches"] == 1)
+    c = counters(client)
+    assert c["memory/0/inserts"] == 8 and c["memory/0/size"] == 8
+    assert c["memory/0/samples"] == BATCH and c["memory/0/sample_batches"] == 1
+    assert sample(client, BATCH)[0]
+    wait_for(lambda: counters(client)["memory/0/ready_batches"] == 1)
+    assert sample(client, 2)[0]
+    c = counters(client)
+    assert c["memory/0/samples"] == 2 * BATCH + 2
+    assert c["memory/0/sample_batches"] == 3
+    insert(client, make_batch(8, 30))  # wraps a 32-item table
+    c = counters(client)
+    assert c["memory/0/inserts"] == 38 and c["memory/0/size"] == 32
+
+
+def test_shutdown_sets_stopping_and_fails_fast(serve_memory):
+    memory, client = serve_memory()
+    insert(client, make_batch(0, 8))
+    client.call("Shutdown", pb.ShutdownRequest())
+    assert memory.stopping.is_set()
+    assert client.call("Status", pb.StatusRequest()).stopping
+    memory._thread.join(2)
+    # After the table thread is gone, calls that need it fail promptly instead of hanging.
+    for method, request in (
+        ("Insert", pb.InsertRequest(tensors=codec.encode_batch(make_batch(8, 2)))),
+        ("Sample", pb.SampleRequest(batch_size=3, timeout_s=1.0)),
+        (
+            "UpdatePriorities",
+            pb.UpdatePrioritiesRequest(
+                keys=codec.encode_array("keys", np.zeros(1, np.int64)),
+                priorities=codec.encode_array("priorities", np.ones(1)),
+            ),
+        ),
+    ):
+        start = time.monotonic()
+        try:
+            reply = client.call(method, request, timeout_s=2.0)
+        except TransportError as err:
+            assert err.code != grpc.StatusCode.DEADLINE_EXCEEDED, (method, err)
+        else:
+            assert method == "Sample" and not reply.ready, (method, reply)
+        assert time.monotonic() - start < 1.5, method
+    assert memory.table.inserted == 8
+
+
+def test_beta_schedule():
+    beta = BetaSchedule(0.4, 1.0, 10)
+    assert beta(0) == pytest.approx(0.4)
+    assert beta(5) == pytest.approx(0.7)
+    assert beta(10) == beta(1000) == pytest.approx(1.0)
+    assert BetaSchedule(0.5, 1.0, 0)(7) == 0.5

@@ -1,0 +1,298 @@
+"""Tests of easyrl.algorithms.optimizers against numpy implementations of its formulas."""
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from easyrl.algorithms.optimizers import Optimizer, OptimizerSpec
+
+# Two variables of different shapes, so per-variable slots and the zip over them are exercised.
+X0 = [
+    np.array([[0.5, -1.0, 2.0], [0.25, 0.0, -3.0]]),
+    np.array([1.5, -0.75]),
+]
+# One gradient list per step; signs and magnitudes vary so Adam's m/v matter.
+GRADS = [
+    [np.array([[0.1, -0.2, 0.3], [1.0, -2.0, 0.5]]), np.array([0.4, -0.05])],
+    [np.array([[-0.3, 0.1, 0.2], [0.5, 1.0, -0.25]]), np.array([-0.2, 0.6])],
+    [np.array([[0.05, 0.4, -0.1], [-1.5, 0.3, 0.75]]), np.array([0.1, 0.1])],
+    [np.array([[0.2, 0.2, 0.2], [0.0, -0.5, 1.0]]), np.array([-0.9, 0.3])],
+    [np.array([[-0.1, 0.3, 0.6], [0.8, 0.1, -0.4]]), np.array([0.25, -0.5])],
+    [np.array([[0.7, -0.6, 0.5], [-0.4, 0.3, -0.2]]), np.array([0.05, 0.8])],
+]
+
+
+def make(spec: OptimizerSpec, values=X0) -> tuple[Optimizer, list[tf.Variable]]:
+    variables = [tf.Variable(v.astype(np.float32)) for v in values]
+    return Optimizer(spec, variables), variables
+
+
+def apply(opt: Optimizer, grads) -> None:
+    opt.apply([tf.constant(g, tf.float32) for g in grads])
+
+
+def values(variables) -> list[np.ndarray]:
+    return [v.numpy().astype(np.float64) for v in variables]
+
+
+def assert_close(actual, expected, atol=1e-6) -> None:
+    assert len(actual) == len(expected)
+    for a, e in zip(actual, expected, strict=True):
+        np.testing.assert_allclose(a, e, rtol=1e-5, atol=atol)
+
+
+# --- numpy references (float64), straight from the Optimizer docstring --------------------
+
+
+def ref_lr(spec: OptimizerSpec, applied: int) -> float:
+    """Learning rate used by the update that follows `applied` earlier updates."""
+    return spec.lr * spec.decay_rate ** (applied // spec.decay_steps)
+
+
+def ref_sgd(spec, x0, grads_seq):
+    x = [v.copy() for v in x0]
+    for t, grads in enumerate(grads_seq):
+        lr = ref_lr(spec, t)
+        x = [xi - lr * g for xi, g in zip(x, grads, strict=True)]
+    return x
+
+
+def ref_adam(spec, x0, grads_seq):
+    x = [v.copy() for v in x0]
+    m = [np.zeros_like(v) for v in x0]
+    v = [np.zeros_like(v) for v in x0]
+    history = []
+    for step, grads in enumerate(grads_seq):
+        lr = ref_lr(spec, step)
+        t = step + 1
+        scale = lr * np.sqrt(1 - spec.beta2**t) / (1 - spec.beta1**t)
+        for i, g in enumerate(grads):
+            m[i] = spec.beta1 * m[i] + (1 - spec.beta1) * g
+            v[i] = spec.beta2 * v[i] + (1 - spec.beta2) * g**2
+            x[i] = x[i] - scale * m[i] / (np.sqrt(v[i]) + spec.epsilon)
+        history.append(([a.copy() for a in x], [a.copy() for a in m], [a.copy() for a in v]))
+    return history
+
+
+def ref_rmsprop(spec, x0, grads_seq):
+    x = [v.copy() for v in x0]
+    v = [np.zeros_like(v) for v in x0]
+    history = []
+    for step, grads in enumerate(grads_seq):
+        lr = ref_lr(spec, step)
+        for i, g in enumerate(grads):
+            v[i] = spec.beta2 * v[i] + (1 - spec.beta2) * g**2
+            x[i] = x[i] - lr * g / (np.sqrt(v[i]) + spec.epsilon)
+        history.append(([a.copy() for a in x], [a.copy() for a in v]))
+    return history
+
+
+# --- SGD ----------------------------------------------------------------------------------
+
+
+def test_sgd_steps_by_hand():
+    spec = OptimizerSpec(kind="sgd", lr=0.1)
+    opt, variables = make(spec)
+    assert opt.slots == []
+    apply(opt, GRADS[0])
+    # x - 0.1 g, written out for the first entries.
+    assert variables[0].numpy()[0].tolist() == pytest.approx([0.49, -0.98, 1.97], abs=1e-6)
+    assert variables[1].numpy().tolist() == pytest.approx([1.46, -0.745], abs=1e-6)
+    apply(opt, GRADS[1])
+    assert_close(values(variables), ref_sgd(spec, X0, GRADS[:2]))
+    assert int(opt.step.numpy()) == 2
+
+
+def test_sgd_zero_gradient_changes_nothing():
+    opt, variables = make(OptimizerSpec(kind="sgd", lr=0.5))
+    apply(opt, [np.zeros_like(v) for v in X0])
+    assert_close(values(variables), X0, atol=0)
+
+
+# --- Adam ---------------------------------------------------------------------------------
+
+
+def test_adam_first_three_steps_match_numpy():
+    spec = OptimizerSpec(kind="adam", lr=0.05, beta1=0.8, beta2=0.95, epsilon=1e-3)
+    opt, variables = make(spec)
+    history = ref_adam(spec, X0, GRADS[:3])
+    for t in range(3):
+        apply(opt, GRADS[t])
+        x, m, v = history[t]
+        assert_close(values(variables), x)
+        assert_close([s.numpy() for s in opt.slots[0]], m)
+        assert_close([s.numpy() for s in opt.slots[1]], v, atol=1e-8)
+        assert int(opt.step.numpy()) == t + 1
+
+
+def test_adam_first_step_by_hand():
+    # Step 1: m = (1-b1) g, v = (1-b2) g^2, scale = lr sqrt(1-b2)/(1-b1), so the update is
+    # lr * g / (|g| + eps / sqrt(1-b2)): about lr * sign(g) when eps is tiny.
+    spec = OptimizerSpec(kind="adam", lr=0.01)
+    opt, variables = make(spec)
+    apply(opt, GRADS[0])
+    expected = [x - 0.01 * np.sign(g) * (g != 0) for x, g in zip(X0, GRADS[0], strict=True)]
+    assert_close(values(variables), expected, atol=1e-6)
+
+
+def test_adam_default_spec_six_steps():
+    spec = OptimizerSpec()
+    assert spec.kind == "adam"
+    opt, variables = make(spec)
+    for grads in GRADS:
+        apply(opt, grads)
+    assert_close(values(variables), ref_adam(spec, X0, GRADS)[-1][0])
+
+
+# --- RMSProp ------------------------------------------------------------------------------
+
+
+def test_rmsprop_matches_numpy():
+    spec = OptimizerSpec(kind="rmsprop", lr=0.02, beta2=0.9, epsilon=1e-4)
+    opt, variables = make(spec)
+    assert len(opt.slots) == 1
+    history = ref_rmsprop(spec, X0, GRADS[:4])
+    for t in range(4):
+        apply(opt, GRADS[t])
+        x, v = history[t]
+        assert_close(values(variables), x)
+        assert_close([s.numpy() for s in opt.slots[0]], v, atol=1e-8)
+
+
+def test_rmsprop_first_step_by_hand():
+    # v = (1-b2) g^2 = 0.1 g^2, so the update is lr * g / (sqrt(0.1) |g| + eps).
+    spec = OptimizerSpec(kind="rmsprop", lr=0.1, beta2=0.9, epsilon=1e-12)
+    opt, variables = make(spec)
+    apply(opt, GRADS[0])
+    expected = [
+        x - 0.1 * np.sign(g) / np.sqrt(0.1) * (g != 0) for x, g in zip(X0, GRADS[0], strict=True)
+    ]
+    assert_close(values(variables), expected, atol=1e-5)
+
+
+# --- learning-rate decay ------------------------------------------------------------------
+
+
+def test_staircase_decay_halves_every_two_steps():
+    spec = OptimizerSpec(kind="sgd", lr=0.4, decay_rate=0.5, decay_steps=2)
+    opt, variables = make(spec)
+    expected_lrs = [0.4, 0.4, 0.2, 0.2, 0.1, 0.1]
+    for step, grads in enumerate(GRADS):
+        assert float(opt.learning_rate()) == pytest.approx(expected_lrs[step], rel=1e-6)
+        before = values(variables)
+        apply(opt, grads)
+        after = values(variables)
+        # The update that follows `step` applied ones used expected_lrs[step].
+        for b, a, g in zip(before, after, grads, strict=True):
+            np.testing.assert_allclose(b - a, expected_lrs[step] * g, rtol=1e-5, atol=1e-6)
+    assert float(opt.learning_rate()) == pytest.approx(0.05, rel=1e-6)
+    assert_close(values(variables), ref_sgd(spec, X0, GRADS))
+
+
+def test_decay_applies_to_adam_too():
+    spec = OptimizerSpec(kind="adam", lr=0.05, decay_rate=0.5, decay_steps=2)
+    opt, variables = make(spec)
+    for grads in GRADS[:5]:
+        apply(opt, grads)
+    assert_close(values(variables), ref_adam(spec, X0, GRADS[:5])[-1][0])
+    # Without decay the result differs: the test can tell.
+    undecayed = ref_adam(OptimizerSpec(kind="adam", lr=0.05), X0, GRADS[:5])[-1][0]
+    assert not np.allclose(values(variables)[0], undecayed[0], atol=1e-4)
+
+
+def test_no_decay_by_default():
+    opt, _ = make(OptimizerSpec(kind="sgd", lr=0.3))
+    for _ in range(5):
+        apply(opt, GRADS[0])
+    assert float(opt.learning_rate()) == pytest.approx(0.3, rel=1e-6)
+
+
+# --- state / load_state -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("kind", ["adam", "rmsprop", "sgd"])
+def test_state_round_trip_continues_identically(kind):
+    spec = OptimizerSpec(kind=kind, lr=0.05, decay_rate=0.5, decay_steps=2)
+    original, original_vars = make(spec)
+    for grads in GRADS[:3]:
+        apply(original, grads)
+    state = original.state()
+    assert isinstance(state["step"], np.ndarray | np.integer) and int(state["step"]) == 3
+    expected_keys = {"step"} | {
+        f"slot{k}/{i}" for k in range({"adam": 2, "rmsprop": 1, "sgd": 0}[kind]) for i in range(2)
+    }
+    assert set(state) == expected_keys
+    for key, value in state.items():
+        assert isinstance(value, np.ndarray | np.integer), key
+
+    # A fresh optimizer over variables holding the same values, restored from `state`.
+    restored, restored_vars = make(spec, values(original_vars))
+    restored.load_state({k: np.copy(v) for k, v in state.items()})
+    assert float(restored.learning_rate()) == pytest.approx(0.025, rel=1e-6)
+    for grads in GRADS[3:]:
+        apply(original, grads)
+        apply(restored, grads)
+        for a, b in zip(original_vars, restored_vars, strict=True):
+            np.testing.assert_array_equal(a.numpy(), b.numpy())
+    final = restored.state()
+    for key, value in original.state().items():
+        np.testing.assert_array_equal(final[key], value)
+
+
+def test_state_is_a_copy():
+    opt, _ = make(OptimizerSpec(kind="adam"))
+    apply(opt, GRADS[0])
+    state = opt.state()
+    saved = state["slot0/0"].copy()
+    apply(opt, GRADS[1])
+    np.testing.assert_array_equal(state["slot0/0"], saved)
+    assert int(state["step"]) == 1
+
+
+def test_without_load_state_the_continuation_differs():
+    """Guards the round-trip test: a fresh (unrestored) optimizer does not match."""
+    spec = OptimizerSpec(kind="adam", lr=0.05)
+    original, original_vars = make(spec)
+    for grads in GRADS[:3]:
+        apply(original, grads)
+    fresh, fresh_vars = make(spec, values(original_vars))
+    apply(original, GRADS[3])
+    apply(fresh, GRADS[3])
+    assert not np.allclose(original_vars[0].numpy(), fresh_vars[0].numpy(), atol=1e-5)
+
+
+# --- OptimizerSpec validation -------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("changes", "match"),
+    [
+        ({"kind": "adagrad"}, "unknown optimizer 'adagrad'"),
+        ({"kind": "Adam"}, "unknown optimizer"),
+        ({"lr": 0.0}, "invalid optimizer settings"),
+        ({"lr": -1e-3}, "invalid optimizer settings"),
+        ({"decay_steps": 0}, "invalid optimizer settings"),
+        ({"decay_steps": -5}, "invalid optimizer settings"),
+        ({"decay_rate": 0.0}, "invalid optimizer settings"),
+        ({"decay_rate": -0.5}, "invalid optimizer settings"),
+        ({"decay_rate": 1.5}, "invalid optimizer settings"),
+    ],
+)
+def test_spec_validation(changes, match):
+    with pytest.raises(ValueError, match=match):
+        OptimizerSpec(**changes)
+
+
+@pytest.mark.parametrize(
+    "changes", [{}, {"decay_rate": 1.0}, {"decay_steps": 1}, {"kind": "sgd", "lr": 10.0}]
+)
+def test_spec_accepts_valid_settings(changes):
+    spec = OptimizerSpec(**changes)
+    for key, value in changes.items():
+        assert getattr(spec, key) == value
+
+
+def test_apply_refuses_wrong_number_of_gradients():
+    opt, _ = make(OptimizerSpec(kind="sgd"))
+    with pytest.raises(ValueError):
+        apply(opt, GRADS[0][:1])
