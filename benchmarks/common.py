@@ -8,7 +8,7 @@ servicer and `rpc.make_server` directly (`spawn_memory_server`). The benchmark p
 is the client and talks to them with `easyrl.transport.rpc.Client` + the codec, like
 the roles do.
 
-This module does not import TensorFlow (the spawned memory server imports it).
+This module does not import TensorFlow (neither does the spawned memory server).
 """
 
 import ctypes
@@ -47,15 +47,16 @@ _PR_SET_PDEATHSIG = 1
 
 RESULTS_HEADER = """# easyrl component benchmarks
 
-Throughput of the PS shard, the memory shard and the actor role, each server in its own
-process on loopback, written by the scripts in this folder (`--write`). See
-`benchmarks/README.md` for how to run them.
+Figures written by the scripts in this folder (`--write`; each section names the exact
+command that produced it). The component benchmarks run each server in its own process on
+loopback. See `benchmarks/README.md` for how to run them.
 
 **Read these numbers as rough.** They were taken on a small shared machine (2 cores) while
 other engineers' test runs were using it too; the load average is printed with every
 section. Absolute figures move by tens of percent from run to run; compare ratios taken
 within one run (each section's own comparisons), not figures across sections or dates.
-Each script was run once with its defaults to keep the total benchmarking time modest.
+Each section comes from a single run (its defaults, or the subset named in its command) to
+keep the total benchmarking time on the shared machine modest.
 """
 
 

@@ -1,0 +1,79 @@
+"""Time to solve: `easyrl train CONFIG` run end to end, N times, wall clock included.
+
+Each run is the real CLI in a subprocess (start-up of every role process included),
+its own run directory under a temporary folder. Reports per run the wall time, the
+exit code, the stop reason, env steps and updates at the stop, and the median wall
+time of the runs that reached the target.
+
+    python benchmarks/bench_solve.py configs/cartpole_apex.yaml --runs 3 --write
+    python benchmarks/bench_solve.py configs/cartpole_apex.yaml --runs 1 \
+        --set cluster.ps=2 --set cluster.memory=2 --set cluster.learner=2 --write
+"""
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from common import load_average, markdown_table, section_text, write_section  # noqa: E402
+
+
+def solve_once(config: str, overrides: list[str], run_dir: Path) -> dict:
+    """Runs `easyrl train` once; returns what its summary.json and clock say."""
+    command = [sys.executable, "-m", "easyrl.cli", "train", config, "--set", f"run.dir={run_dir}"]
+    for override in overrides:
+        command += ["--set", override]
+    start = time.monotonic()
+    proc = subprocess.run(command, capture_output=True, text=True)
+    wall = time.monotonic() - start
+    summary = json.loads((run_dir / "summary.json").read_text())
+    counters = summary["servers"].get("ps/0", {}).get("counters", {})
+    return {
+        "wall_s": wall,
+        "exit": proc.returncode,
+        "reason": (summary["reason"] or "").splitlines()[0],
+        "env_steps": int(counters.get("env_steps", 0)),
+        "updates": int(counters.get("updates", 0)),
+        "return_mean": counters.get("return_mean", float("nan")),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("config")
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--set", dest="overrides", action="append", default=[])
+    parser.add_argument("--write", action="store_true", help="write to benchmarks/RESULTS.md")
+    args = parser.parse_args()
+    started, load_before = time.monotonic(), load_average()
+    results = []
+    with tempfile.TemporaryDirectory(prefix="easyrl-solve-") as tmp:
+        for i in range(args.runs):
+            result = solve_once(args.config, args.overrides, Path(tmp) / f"run{i}")
+            print(json.dumps(result), flush=True)
+            results.append(result)
+    solved = [r["wall_s"] for r in results if r["exit"] == 0]
+    rows = [
+        [i, r["wall_s"], r["exit"], r["env_steps"], r["updates"], r["return_mean"], r["reason"]]
+        for i, r in enumerate(results)
+    ]
+    table = markdown_table(
+        ["run", "wall s", "exit", "env steps", "updates", "mean return", "stop reason"], rows
+    )
+    median = f"{statistics.median(solved):.1f} s" if solved else "no run reached the target"
+    body = f"{table}\n\nSolved {len(solved)}/{len(results)}; median wall time: {median}.\n"
+    print(body)
+    if args.write:
+        name = "solve " + " ".join([Path(args.config).stem, *args.overrides])
+        title = f"Time to solve: {Path(args.config).name} {' '.join(args.overrides)}".strip()
+        write_section(name, section_text(title, started, load_before, body))
+
+
+if __name__ == "__main__":
+    main()
