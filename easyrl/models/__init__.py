@@ -67,3 +67,50 @@ def named_variables(module: tf.Module) -> dict[str, tf.Variable]:
     """Returns {explicit name: variable} for every variable of `module`, sorted by name."""
     found = {v.name.removesuffix(":0"): v for v in module.trainable_variables}
     return dict(sorted(found.items()))
+
+
+class FlatVariables:
+    """A fixed list of float32 variables seen as one flat vector.
+
+    One compiled call reads or assigns all of them: in eager mode every separate
+    read or assign costs 0.1-0.3 ms, which dominated the PS and learner hot paths.
+
+    Args:
+        variables: the variables, in the order of the flat vector.
+    """
+
+    def __init__(self, variables: Sequence[tf.Variable]):
+        self.variables = list(variables)
+        self.shapes = [tuple(v.shape) for v in self.variables]
+        self.sizes = [int(np.prod(shape)) for shape in self.shapes]
+        self.offsets = np.cumsum([0, *self.sizes])
+        flat_spec = tf.TensorSpec([int(self.offsets[-1])], tf.float32)
+        self.read = tf.function(self._read, input_signature=[])
+        self.assign = tf.function(self._assign, input_signature=[flat_spec])
+
+    def _read(self) -> tf.Tensor:
+        if not self.variables:
+            return tf.zeros([0], tf.float32)
+        return tf.concat([tf.reshape(v, [-1]) for v in self.variables], axis=0)
+
+    def _assign(self, flat: tf.Tensor) -> None:
+        for variable, part in zip(self.variables, self.split_tensor(flat), strict=True):
+            variable.assign(part)
+
+    def split_tensor(self, flat: tf.Tensor) -> list[tf.Tensor]:
+        """Splits a flat tensor into tensors shaped like the variables (inside TF)."""
+        parts = tf.split(flat, self.sizes) if self.variables else []
+        return [tf.reshape(p, s) for p, s in zip(parts, self.shapes, strict=True)]
+
+    def split(self, flat: np.ndarray) -> list[np.ndarray]:
+        """Splits a flat numpy vector into views shaped like the variables."""
+        return [
+            flat[a:b].reshape(shape)
+            for a, b, shape in zip(self.offsets[:-1], self.offsets[1:], self.shapes, strict=True)
+        ]
+
+    def concat(self, arrays: Sequence[np.ndarray]) -> np.ndarray:
+        """Concatenates per-variable arrays into one flat float32 vector."""
+        if not arrays:
+            return np.zeros(0, np.float32)
+        return np.concatenate([np.ravel(a) for a in arrays]).astype(np.float32, copy=False)

@@ -93,15 +93,23 @@ class MemoryServer(pb_grpc.ReplayMemoryServicer):
 
     # --- table thread ----------------------------------------------------------------
 
+    def _take_ops(self, wait_s: float) -> None:
+        """Moves queued operations to the pending list, waiting up to `wait_s` for the
+        first. A None in the queue only wakes the thread (a prefetched batch was taken)."""
+        try:
+            ops = [self._ops.get(timeout=wait_s)]
+        except queue.Empty:
+            return
+        while True:
+            try:
+                ops.append(self._ops.get_nowait())
+            except queue.Empty:
+                break
+        self._pending.extend(op for op in ops if op is not None)
+
     def _table_loop(self) -> None:
         while not self.stopping.is_set():
-            wait = 0.002 if self._pending else 0.05
-            try:
-                self._pending.append(self._ops.get(timeout=wait))
-                while True:
-                    self._pending.append(self._ops.get_nowait())
-            except queue.Empty:
-                pass
+            self._take_ops(0.002 if self._pending else 0.05)
             self._run_pending()
             self._fill_prefetch()
         for op in self._pending:
@@ -208,9 +216,11 @@ class MemoryServer(pb_grpc.ReplayMemoryServicer):
             raise ReplayError("timeout_s must be in [0, 600]")
         if request.batch_size == self.batch_size:
             try:
-                return self._ready.get(timeout=request.timeout_s)
+                batch = self._ready.get(timeout=request.timeout_s)
             except queue.Empty:
                 return pb.SampleResponse(ready=False)
+            self._ops.put(None)  # wake the table thread to refill the prefetch queue
+            return batch
         try:
             return self._submit("sample", (request.batch_size,), request.timeout_s)
         except RateLimitTimeout:

@@ -18,6 +18,7 @@ import tensorflow as tf
 from easyrl.algorithms.optimizers import Optimizer, OptimizerSpec
 from easyrl.errors import EasyRLError
 from easyrl.metrics import MetricsWriter, RunStats, stop_reason
+from easyrl.models import FlatVariables
 from easyrl.transport import codec
 from easyrl.transport import easyrl_pb2 as pb
 from easyrl.transport import easyrl_pb2_grpc as pb_grpc
@@ -79,6 +80,11 @@ class ParameterServer(pb_grpc.ParameterServerServicer):
         # microseconds each, on the hot path of every push.
         self._meta = {n: (values[n].shape, values[n].dtype) for n in self._variables}
         self._optimizer = Optimizer(self._spec, list(self._variables.values()))
+        self._flat = FlatVariables(list(self._variables.values()))
+        self._apply_flat = tf.function(
+            lambda flat: self._optimizer.apply(self._flat.split_tensor(flat)),
+            input_signature=[tf.TensorSpec([int(self._flat.offsets[-1])], tf.float32)],
+        )
 
     def _check_tensors(self, tensors: dict[str, np.ndarray], what: str) -> None:
         """Raises ValueError unless `tensors` match this shard's variables exactly."""
@@ -161,8 +167,11 @@ class ParameterServer(pb_grpc.ParameterServerServicer):
     def _encoded_values(self) -> list[pb.Tensor]:
         """The current values as tensors, encoded once per version (caller holds the lock)."""
         if self._pull_cache[0] != self.version:
-            values = {n: v.numpy() for n, v in self._variables.items()}
-            self._pull_cache = (self.version, codec.encode_named(values))
+            arrays = self._flat.split(self._flat.read().numpy())
+            self._pull_cache = (
+                self.version,
+                codec.encode_named(dict(zip(self._variables, arrays))),
+            )
         return self._pull_cache[1]
 
     @invalid_argument_on_error
@@ -184,7 +193,7 @@ class ParameterServer(pb_grpc.ParameterServerServicer):
                 return pb.PushResponse(
                     version=self.version, staleness=staleness, reason="non-finite"
                 )
-            self._optimizer.apply([tf.constant(grads[n]) for n in self._variables])
+            self._apply_flat(self._flat.concat([grads[n] for n in self._variables]))
             self.version += 1
             self.counters["applied"] += 1
             self.counters["staleness_sum"] += staleness

@@ -13,7 +13,7 @@ import tensorflow as tf
 from easyrl.algorithms.dqn import Params
 from easyrl.algorithms.nstep import NStepAccumulator
 from easyrl.errors import ConfigError
-from easyrl.models import MLP, Dense, named_variables
+from easyrl.models import MLP, Dense, FlatVariables, named_variables
 
 
 class QNetwork(tf.Module):
@@ -64,6 +64,15 @@ class DQN:
             self.obs_shape[0], self.num_actions, model, params.dueling, seed, "target"
         )
         self.variables = named_variables(self.q)
+        self._flat = FlatVariables(list(self.variables.values()))
+        self._target_flat = FlatVariables(list(named_variables(self.target).values()))
+        # Fixed input signatures: converting numpy inputs is then cheap and nothing retraces.
+        obs = tf.TensorSpec([None, *self.obs_shape], tf.float32)
+        vec = tf.TensorSpec([None], tf.float32)
+        act = tf.TensorSpec([None], tf.int64)
+        self._greedy = tf.function(self._greedy_fn, input_signature=[obs])
+        self._td_abs = tf.function(self._td_abs_fn, input_signature=[obs, act, vec, obs, vec])
+        self._step = tf.function(self._step_fn, input_signature=[obs, act, vec, obs, vec, vec])
         self.sync_target()
 
     def postprocessor(self, num_envs: int) -> NStepAccumulator:
@@ -90,26 +99,22 @@ class DQN:
         Returns:
             (gradients in the order of `self.variables`, stats, new priorities [B]).
         """
-        grads, loss, q_mean, td_abs = self._step(
-            batch["obs"],
-            batch["action"],
-            batch["reward"],
-            batch["next_obs"],
-            batch["discount"],
-            weights,
+        flat_grads, loss, q_mean, td_abs = self._step(
+            np.asarray(batch["obs"], np.float32),
+            np.asarray(batch["action"], np.int64),
+            np.asarray(batch["reward"], np.float32),
+            np.asarray(batch["next_obs"], np.float32),
+            np.asarray(batch["discount"], np.float32),
+            np.asarray(weights, np.float32),
         )
         stats = {"loss": float(loss), "q_mean": float(q_mean)}
-        return [g.numpy() for g in grads], stats, td_abs.numpy()
+        return self._flat.split(flat_grads.numpy()), stats, td_abs.numpy()
 
     def sync_target(self) -> None:
         """Copies the online network into the target network."""
-        for dst, src in zip(
-            self.target.trainable_variables, self.q.trainable_variables, strict=True
-        ):
-            dst.assign(src)
+        self._target_flat.assign(self._flat.read())
 
-    @tf.function(reduce_retracing=True)
-    def _greedy(self, obs):
+    def _greedy_fn(self, obs):
         return tf.argmax(self.q(obs), axis=1)  # [N]
 
     def _targets(self, reward, next_obs, discount):
@@ -121,14 +126,12 @@ class DQN:
         bootstrap = tf.gather(next_target, best, axis=1, batch_dims=1)  # [B]
         return reward + discount * bootstrap
 
-    @tf.function(reduce_retracing=True)
-    def _td_abs(self, obs, action, reward, next_obs, discount):
+    def _td_abs_fn(self, obs, action, reward, next_obs, discount):
         q_next = tf.reduce_max(self.q(next_obs), axis=1)  # [B]
         q_sa = tf.gather(self.q(obs), action, axis=1, batch_dims=1)
         return tf.abs(reward + discount * q_next - q_sa)
 
-    @tf.function(reduce_retracing=True)
-    def _step(self, obs, action, reward, next_obs, discount, weights):
+    def _step_fn(self, obs, action, reward, next_obs, discount, weights):
         y = tf.stop_gradient(self._targets(reward, next_obs, discount))  # [B]
         variables = list(self.variables.values())
         with tf.GradientTape() as tape:
@@ -141,4 +144,5 @@ class DQN:
         grads = tape.gradient(loss, variables)
         if self.params.grad_clip > 0:
             grads, _ = tf.clip_by_global_norm(grads, self.params.grad_clip)
-        return grads, loss, tf.reduce_mean(q_sa), tf.abs(td)
+        flat = tf.concat([tf.reshape(g, [-1]) for g in grads], axis=0)
+        return flat, loss, tf.reduce_mean(q_sa), tf.abs(td)
