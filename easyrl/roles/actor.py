@@ -15,7 +15,12 @@ import numpy as np
 
 from easyrl.envs import final_observations, make_vector_env
 from easyrl.errors import TransportError
-from easyrl.roles.common import ShardedWeights, guarded, stop_event_on_signals
+from easyrl.roles.common import (
+    ShardedWeights,
+    guarded,
+    put_until_stopped,
+    stop_event_on_signals,
+)
 from easyrl.transport import codec
 from easyrl.transport import easyrl_pb2 as pb
 
@@ -89,13 +94,7 @@ class Actor:
         if self.ctx.cfg.replay.kind == "prioritized":
             priorities = self.algo.initial_priorities(batch).astype(np.float32)
             request.priorities.CopyFrom(codec.encode_array("priorities", priorities))
-        while not self.stop.is_set():
-            try:
-                self.outbox.put(request, timeout=0.1)
-                return True
-            except queue.Full:
-                continue
-        return False
+        return put_until_stopped(self.outbox, request, self.stop)
 
     def run(self) -> None:
         """Waits for initial weights, then acts until the run stops."""
@@ -179,4 +178,4 @@ def run(ctx) -> int:
     with tf.device("/CPU:0"):
         algo = ctx.build_algorithm()
         Actor(ctx, algo, stop).run()
-    return 0
+    return 1 if stop.error else 0

@@ -1,6 +1,7 @@
 """What every role process shares: its context, clients to its peers, signals, weights."""
 
 import logging
+import queue
 import signal
 import threading
 from dataclasses import dataclass
@@ -78,10 +79,22 @@ class RoleContext:
         )
 
 
-def stop_event_on_signals() -> threading.Event:
-    """Returns an event set by SIGTERM or SIGINT (the launcher's and Kubernetes' way to
-    ask a role to finish cleanly)."""
-    event = threading.Event()
+class StopSignal(threading.Event):
+    """Set when a role must stop; `error` says why when it stops because of a failure
+    (then the process exits non-zero and the launcher restarts it)."""
+
+    error: str | None = None
+
+    def fail(self, error: str) -> None:
+        """Stops because of `error`."""
+        self.error = error
+        self.set()
+
+
+def stop_event_on_signals() -> StopSignal:
+    """Returns a stop signal set by SIGTERM or SIGINT (the launcher's and Kubernetes' way
+    to ask a role to finish cleanly)."""
+    event = StopSignal()
 
     def handler(signum, frame):
         log.info("received signal %d, stopping", signum)
@@ -92,16 +105,28 @@ def stop_event_on_signals() -> threading.Event:
     return event
 
 
-def guarded(target, stop: threading.Event, *args) -> None:
+def guarded(target, stop: StopSignal, *args) -> None:
     """Runs a communication thread's body; a transport failure that outlived its
-    retries stops the whole role (its main loop exits and the process ends non-zero
-    only if the run was not stopping anyway)."""
+    retries stops the whole role, which then exits non-zero (unless it was stopping
+    anyway)."""
     try:
         target(*args)
     except TransportError as err:
         if not stop.is_set():
             log.error("%s: %s", target.__name__, err)
-            stop.set()
+            stop.fail(str(err))
+
+
+def put_until_stopped(q: queue.Queue, item, stop: threading.Event) -> bool:
+    """Puts `item` on a bounded queue, waiting while it is full (back-pressure);
+    returns False if `stop` was set meanwhile."""
+    while not stop.is_set():
+        try:
+            q.put(item, timeout=0.1)
+            return True
+        except queue.Full:
+            continue
+    return False
 
 
 class ShardedWeights:

@@ -16,7 +16,12 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import tensorflow as tf
 
-from easyrl.roles.common import ShardedWeights, guarded, stop_event_on_signals
+from easyrl.roles.common import (
+    ShardedWeights,
+    guarded,
+    put_until_stopped,
+    stop_event_on_signals,
+)
 from easyrl.transport import codec
 from easyrl.transport import easyrl_pb2 as pb
 
@@ -32,17 +37,6 @@ def pick_device(preference: str) -> str:
     if preference != "cpu" and gpus:
         return "/GPU:0"
     return "/CPU:0"
-
-
-def _put(q: queue.Queue, item, stop: threading.Event) -> bool:
-    """Puts `item`, waiting while `q` is full; False if `stop` was set meanwhile."""
-    while not stop.is_set():
-        try:
-            q.put(item, timeout=0.1)
-            return True
-        except queue.Full:
-            continue
-    return False
 
 
 class Learner:
@@ -68,7 +62,7 @@ class Learner:
             max_workers=len(self.weights.clients) * cfg.learner.push_threads
         )
         self.updates = 0
-        self.counters = {"dropped_stale": 0, "dropped_nonfinite": 0, "push_errors": 0}
+        self.counters = {"dropped_stale": 0, "dropped_nonfinite": 0}
 
     # --- threads ---------------------------------------------------------------------
 
@@ -87,7 +81,7 @@ class Learner:
                 codec.decode_array(reply.keys),
                 codec.decode_array(reply.weights),
             )
-            if not _put(self.batches, item, self.stop):
+            if not put_until_stopped(self.batches, item, self.stop):
                 return
 
     def _push_one(self, shard: int, grads: dict, version: int) -> pb.PushResponse:
@@ -173,10 +167,12 @@ class Learner:
             versions = list(self.weights.local_versions)
             grads, stats, priorities = self.algo.learn(batch, is_weights)
             named = dict(zip(self.algo.variables, grads, strict=True))
-            if not _put(self.pushes, (named, versions), self.stop):
+            if not put_until_stopped(self.pushes, (named, versions), self.stop):
                 break
             if cfg.replay.kind == "prioritized":
-                _put(self.priorities, (shard, keys, priorities.astype(np.float64)), self.stop)
+                put_until_stopped(
+                    self.priorities, (shard, keys, priorities.astype(np.float64)), self.stop
+                )
             self.updates += 1
             if self.updates % params.target_update_period == 0:
                 self.weights.swap_in()
@@ -211,4 +207,4 @@ def run(ctx) -> int:
     with tf.device(device):
         algo = ctx.build_algorithm()
         Learner(ctx, algo, stop).run()
-    return 0
+    return 1 if stop.error else 0
