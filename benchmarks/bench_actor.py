@@ -1,7 +1,7 @@
 """Actor throughput: env steps/s of the real actor role vs a plain single-process loop.
 
 Same environment (CartPole-v1, sync vector env), same DQN network and `act`
-(`configs/cartpole_apex.yaml`: hidden [64, 64], dueling), same epsilon, same vector
+(the model of `configs/cartpole_apex.yaml`), same epsilon, same vector
 size, for num_envs 1, 8 and 32:
 
 - plain: `act` + `env.step` in a loop, nothing else (no gRPC, no replay).
@@ -302,10 +302,11 @@ def main() -> None:
         if args.actor_process
         else "the benchmark process (thread running `Actor.run()`)"
     )
+    raw = yaml.safe_load(CONFIG.read_text())
     notes = [
         "Env CartPole-v1 (sync vector env), network and `act` from "
-        f"`{CONFIG.relative_to(common.REPO)}` (DQN, hidden [64, 64], dueling), epsilon 0.4 "
-        "(actor 0 of 1), seed 0.",
+        f"`{CONFIG.relative_to(common.REPO)}` (DQN, model {raw['model']}), epsilon "
+        f"{raw['algorithm']['epsilon']} (actor 0 of 1), seed 0.",
         "steps/s are medians over ~0.5 s windows (the actor's: between consecutive reports "
         "to PS shard 0), which resist bursts of load from other processes on this shared "
         f"machine; {args.duration:g} s measured per variant and size, plain split into two "

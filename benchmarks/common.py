@@ -11,7 +11,6 @@ the roles do.
 This module does not import TensorFlow (neither does the spawned memory server).
 """
 
-import ctypes
 import datetime
 import importlib.metadata
 import multiprocessing
@@ -32,7 +31,7 @@ from pathlib import Path
 import numpy as np
 import yaml
 
-from easyrl.cluster.launcher import free_ports
+from easyrl.cluster.launcher import die_with_parent, free_ports, spawn_role
 from easyrl.cluster.spec import CLUSTER_ENV, ClusterSpec
 from easyrl.errors import EasyRLError, TransportError
 from easyrl.transport import easyrl_pb2 as pb
@@ -43,7 +42,6 @@ HOST = "127.0.0.1"
 READY_TIMEOUT_S = 120.0
 RESULTS = Path(__file__).resolve().parent / "RESULTS.md"
 REPO = Path(__file__).resolve().parent.parent
-_PR_SET_PDEATHSIG = 1
 
 RESULTS_HEADER = """# easyrl component benchmarks
 
@@ -289,14 +287,6 @@ def payload_bytes(tensors) -> int:
 # --- server processes ---------------------------------------------------------------
 
 
-def _die_with_parent() -> None:
-    """In the child before exec: SIGTERM it when the benchmark dies (Linux)."""
-    try:
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
-    except OSError:
-        return
-
-
 def write_config(raw: dict, directory: Path, name: str = "config.yaml") -> Path:
     """Writes a raw config mapping as YAML (checked by loading it) and returns its path."""
     from easyrl import config as config_lib
@@ -415,21 +405,7 @@ class Cluster:
         log_path: Path,
     ) -> subprocess.Popen:
         """`python -m easyrl.cli run --role ROLE --task TASK --config CONFIG --set ...`."""
-        command = [sys.executable, "-m", "easyrl.cli", "run", "--role", role]
-        command += ["--task", str(task), "--config", str(config)]
-        for override in overrides:
-            command += ["--set", override]
-        with log_path.open("ab") as out:
-            return subprocess.Popen(
-                command,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                env=self.env(spec),
-                cwd=REPO,
-                start_new_session=True,
-                preexec_fn=_die_with_parent,
-            )
+        return spawn_role(role, task, config, self.env(spec), log_path, overrides, cwd=REPO)
 
     def start_worker(
         self, role: str, task: int, spec: ClusterSpec, config: Path, overrides: Sequence[str]
@@ -554,7 +530,7 @@ def _memory_server_main(address: str, token: str, raw_config: dict, spec: dict) 
     from easyrl import config as config_lib
     from easyrl.roles import memory as memory_role
 
-    _die_with_parent()
+    die_with_parent()
     cfg = config_lib.from_dict(raw_config)
     table_spec = {name: (tuple(shape), np.dtype(dtype)) for name, (shape, dtype) in spec.items()}
     memory = memory_role.build(cfg, table_spec, 0)

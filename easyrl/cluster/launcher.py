@@ -49,12 +49,41 @@ def free_ports(host: str, count: int) -> list[int]:
             s.close()
 
 
-def _die_with_parent() -> None:
+def die_with_parent() -> None:
     """Runs in the child before exec: SIGTERM it when the launcher dies (Linux)."""
     try:
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
     except OSError:
         return
+
+
+def spawn_role(
+    role: str,
+    task: int,
+    config_path: Path,
+    env: dict[str, str],
+    log_path: Path,
+    overrides=(),
+    cwd: Path | None = None,
+) -> subprocess.Popen:
+    """Starts `python -m easyrl.cli run --role ROLE --task TASK --config CONFIG` in its own
+    session (Ctrl-C reaches the launcher only), logging to `log_path`, dying with its
+    parent."""
+    command = [sys.executable, "-m", "easyrl.cli", "run", "--role", role]
+    command += ["--task", str(task), "--config", str(config_path)]
+    for override in overrides:
+        command += ["--set", override]
+    with log_path.open("ab") as out:
+        return subprocess.Popen(
+            command,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env=env,
+            cwd=cwd,
+            start_new_session=True,
+            preexec_fn=die_with_parent,
+        )
 
 
 @dataclass
@@ -109,18 +138,7 @@ class LocalCluster:
 
     def _spawn(self, role: str, task: int) -> subprocess.Popen:
         log_path = self.run_dir / "logs" / f"{role}-{task}.log"
-        command = [sys.executable, "-m", "easyrl.cli", "run", "--role", role]
-        command += ["--task", str(task), "--config", str(self.config_path)]
-        with log_path.open("ab") as out:
-            return subprocess.Popen(
-                command,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                env=self._env(role),
-                start_new_session=True,  # Ctrl-C reaches the launcher only
-                preexec_fn=_die_with_parent,
-            )
+        return spawn_role(role, task, self.config_path, self._env(role), log_path)
 
     def start_role(self, role: str, count: int) -> None:
         """Starts `count` processes of `role`."""
