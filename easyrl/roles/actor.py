@@ -11,6 +11,7 @@ import queue
 import threading
 import time
 
+import grpc
 import numpy as np
 
 from easyrl.envs import final_observations, make_vector_env
@@ -25,6 +26,8 @@ from easyrl.transport import codec
 from easyrl.transport import easyrl_pb2 as pb
 
 log = logging.getLogger(__name__)
+
+RETRY_INSERT = (grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.StatusCode.DEADLINE_EXCEEDED)
 
 
 class EpisodeTracker:
@@ -77,7 +80,10 @@ class Actor:
                     self.counters["sent"] += 1
                     break
                 except TransportError as err:
-                    if getattr(err, "code", None) is None or err.code.name != "RESOURCE_EXHAUSTED":
+                    # Rate limited: the shard refused (RESOURCE_EXHAUSTED) or the call ran out
+                    # of time while waiting; send the same batch again (a rare duplicate
+                    # transition in replay is harmless, a lost batch is not).
+                    if getattr(err, "code", None) not in RETRY_INSERT:
                         raise
                     self.counters["rate_limited"] += 1
 
