@@ -296,3 +296,12 @@ def test_apply_refuses_wrong_number_of_gradients():
     opt, _ = make(OptimizerSpec(kind="sgd"))
     with pytest.raises(ValueError):
         apply(opt, GRADS[0][:1])
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [{"lr": float("nan")}, {"beta1": 1.0}, {"beta2": float("nan")}, {"epsilon": 0.0}],
+)
+def test_spec_rejects_nan_and_degenerate_settings(kwargs):
+    with pytest.raises(ValueError):
+        OptimizerSpec(**kwargs)

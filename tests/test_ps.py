@@ -436,6 +436,8 @@ def test_report_and_status_on_shard0(serve_ps):
         {"updates": -5},
         {"episode_returns": [1.0, 2.0], "episode_lengths": [3]},
         {"episode_returns": [1.0], "episode_lengths": [3, 4]},
+        {"episode_returns": [float("nan")], "episode_lengths": [3]},
+        {"episode_returns": [float("inf")]},
     ],
 )
 def test_report_invalid_argument_unchanged(serve_ps, fields):

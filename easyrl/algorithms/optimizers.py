@@ -28,7 +28,16 @@ class OptimizerSpec:
     def __post_init__(self):
         if self.kind not in ("adam", "rmsprop", "sgd"):
             raise ValueError(f"unknown optimizer {self.kind!r}; known: adam, rmsprop, sgd")
-        if self.lr <= 0 or self.decay_steps < 1 or not 0 < self.decay_rate <= 1:
+        # Written so that NaN fails every check.
+        valid = (
+            self.lr > 0
+            and self.decay_steps >= 1
+            and 0 < self.decay_rate <= 1
+            and 0 <= self.beta1 < 1
+            and 0 <= self.beta2 < 1
+            and self.epsilon > 0
+        )
+        if not valid:
             raise ValueError(f"invalid optimizer settings {self}")
 
 

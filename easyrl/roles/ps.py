@@ -210,6 +210,8 @@ class ParameterServer(pb_grpc.ParameterServerServicer):
             raise ValueError("Report: counts must be >= 0")
         if len(request.episode_lengths) not in (0, len(request.episode_returns)):
             raise ValueError("Report: episode_lengths must match episode_returns")
+        if not np.all(np.isfinite(np.asarray(request.episode_returns, dtype=np.float64))):
+            raise ValueError("Report: episode returns must be finite")
         self.stats.report(
             request.role,
             request.task,
