@@ -222,8 +222,7 @@ def main() -> None:
         action="store_true",
         help="run the actor as an `easyrl run --role actor` process (default: in-process)",
     )
-    parser.add_argument("--write", action="store_true", help="update benchmarks/RESULTS.md")
-    args = parser.parse_args()
+    args = common.parse_args(parser, tuned_malloc=False)
     sizes = [int(x) for x in args.num_envs.split(",")]
 
     started, load_before = time.monotonic(), common.load_average()

@@ -288,15 +288,7 @@ def main() -> None:
         default="cli",
         help="how the CartPole shard is started (Atari always uses spawn)",
     )
-    parser.add_argument(
-        "--tuned-malloc",
-        action="store_true",
-        help="re-run with glibc MALLOC_MMAP_THRESHOLD_/MALLOC_TRIM_THRESHOLD_ set (all processes)",
-    )
-    parser.add_argument("--write", action="store_true", help="update benchmarks/RESULTS.md")
-    args = parser.parse_args()
-    if args.tuned_malloc:
-        common.reexec_with_malloc_env()
+    args = common.parse_args(parser)
     args.insert_batches = [int(x) for x in args.insert_batches.split(",")]
     args.sample_threads = [int(x) for x in args.sample_threads.split(",")]
     items = [x for x in args.items.split(",") if x]

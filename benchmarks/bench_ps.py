@@ -225,15 +225,7 @@ def main() -> None:
     parser.add_argument("--models", default=",".join(MODELS), help="comma list of models")
     parser.add_argument("--shards", default="1,2", help="comma list of PS shard counts")
     parser.add_argument("--duration", type=float, default=1.0, help="seconds per measurement")
-    parser.add_argument(
-        "--tuned-malloc",
-        action="store_true",
-        help="re-run with glibc MALLOC_MMAP_THRESHOLD_/MALLOC_TRIM_THRESHOLD_ set (all processes)",
-    )
-    parser.add_argument("--write", action="store_true", help="update benchmarks/RESULTS.md")
-    args = parser.parse_args()
-    if args.tuned_malloc:
-        common.reexec_with_malloc_env()
+    args = common.parse_args(parser)
     args.models = [m for m in args.models.split(",") if m]
     args.shards = [int(s) for s in args.shards.split(",")]
     for m in args.models:

@@ -21,7 +21,13 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import load_average, markdown_table, section_text, write_section  # noqa: E402
+from common import (  # noqa: E402
+    load_average,
+    markdown_table,
+    parse_args,
+    section_text,
+    write_section,
+)
 
 
 def solve_once(config: str, overrides: list[str], run_dir: Path) -> dict:
@@ -49,8 +55,7 @@ def main() -> None:
     parser.add_argument("config")
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--set", dest="overrides", action="append", default=[])
-    parser.add_argument("--write", action="store_true", help="write to benchmarks/RESULTS.md")
-    args = parser.parse_args()
+    args = parse_args(parser, tuned_malloc=False)
     started, load_before = time.monotonic(), load_average()
     results = []
     with tempfile.TemporaryDirectory(prefix="easyrl-solve-") as tmp:

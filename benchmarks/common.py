@@ -155,6 +155,23 @@ def section_text(title: str, started: float, load_before: str, body: str) -> str
     )
 
 
+def parse_args(parser, tuned_malloc: bool = True):
+    """Adds the options every benchmark shares (`--write`, and `--tuned-malloc` where it
+    applies), parses, and re-executes with tuned malloc settings when asked."""
+    if tuned_malloc:
+        parser.add_argument(
+            "--tuned-malloc",
+            action="store_true",
+            help="re-run with glibc MALLOC_MMAP_THRESHOLD_/MALLOC_TRIM_THRESHOLD_ set "
+            "(all processes)",
+        )
+    parser.add_argument("--write", action="store_true", help="update benchmarks/RESULTS.md")
+    args = parser.parse_args()
+    if getattr(args, "tuned_malloc", False):
+        reexec_with_malloc_env()
+    return args
+
+
 def write_section(name: str, text: str, path: Path = RESULTS) -> None:
     """Replaces (or appends) the section delimited by markers named `name` in RESULTS.md."""
     begin, end = f"<!-- BEGIN {name} -->", f"<!-- END {name} -->"
