@@ -66,7 +66,7 @@ class Optimizer(tf.Module):
         exponent = tf.cast(self.step // self.spec.decay_steps, tf.float32)
         return self.spec.lr * tf.pow(self.spec.decay_rate, exponent)
 
-    @tf.function
+    @tf.function(autograph=False)  # plain Python loops over variables, unrolled
     def apply(self, grads: Sequence[tf.Tensor]) -> None:
         """Applies one update with `grads`, given in the order of the variables."""
         lr = self.learning_rate()

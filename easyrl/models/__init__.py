@@ -85,8 +85,8 @@ class FlatVariables:
         self.sizes = [int(np.prod(shape)) for shape in self.shapes]
         self.offsets = np.cumsum([0, *self.sizes])
         flat_spec = tf.TensorSpec([int(self.offsets[-1])], tf.float32)
-        self.read = tf.function(self._read, input_signature=[])
-        self.assign = tf.function(self._assign, input_signature=[flat_spec])
+        self.read = tf.function(self._read, autograph=False, input_signature=[])
+        self.assign = tf.function(self._assign, autograph=False, input_signature=[flat_spec])
 
     def _read(self) -> tf.Tensor:
         if not self.variables:

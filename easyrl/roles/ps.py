@@ -82,9 +82,14 @@ class ParameterServer(pb_grpc.ParameterServerServicer):
         self._optimizer = Optimizer(self._spec, list(self._variables.values()))
         self._flat = FlatVariables(list(self._variables.values()))
         self._apply_flat = tf.function(
-            lambda flat: self._optimizer.apply(self._flat.split_tensor(flat)),
+            self._apply_flat_fn,
+            autograph=False,  # no source parsing: nothing here needs graph control flow
             input_signature=[tf.TensorSpec([int(self._flat.offsets[-1])], tf.float32)],
         )
+
+    def _apply_flat_fn(self, flat: tf.Tensor) -> None:
+        """One optimizer step from a flat gradient vector (split inside the graph)."""
+        self._optimizer.apply(self._flat.split_tensor(flat))
 
     def _check_tensors(self, tensors: dict[str, np.ndarray], what: str) -> None:
         """Raises ValueError unless `tensors` match this shard's variables exactly."""

@@ -70,9 +70,13 @@ class DQN:
         obs = tf.TensorSpec([None, *self.obs_shape], tf.float32)
         vec = tf.TensorSpec([None], tf.float32)
         act = tf.TensorSpec([None], tf.int64)
-        self._greedy = tf.function(self._greedy_fn, input_signature=[obs])
-        self._td_abs = tf.function(self._td_abs_fn, input_signature=[obs, act, vec, obs, vec])
-        self._step = tf.function(self._step_fn, input_signature=[obs, act, vec, obs, vec, vec])
+        self._greedy = tf.function(self._greedy_fn, autograph=False, input_signature=[obs])
+        self._td_abs = tf.function(
+            self._td_abs_fn, autograph=False, input_signature=[obs, act, vec, obs, vec]
+        )
+        self._step = tf.function(
+            self._step_fn, autograph=False, input_signature=[obs, act, vec, obs, vec, vec]
+        )
         self.sync_target()
 
     def postprocessor(self, num_envs: int) -> NStepAccumulator:
