@@ -316,8 +316,7 @@ def write_config(raw: dict, directory: Path, name: str = "config.yaml") -> Path:
 
 def client(role: str, address: str, token: str, timeout_s: float = 30.0) -> rpc.Client:
     """A client of one server, configured like the roles' (token, deadline, retries)."""
-    stub = pb_grpc.ParameterServerStub if role == "ps" else pb_grpc.ReplayMemoryStub
-    return rpc.Client(stub, address, token, timeout_s=timeout_s)
+    return rpc.Client(rpc.stub_class(role), address, token, timeout_s=timeout_s)
 
 
 @dataclass

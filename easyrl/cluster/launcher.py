@@ -23,7 +23,6 @@ from easyrl.cluster.spec import CLUSTER_ENV, ClusterSpec
 from easyrl.errors import EasyRLError, TransportError
 from easyrl.metrics import reached_goal
 from easyrl.transport import easyrl_pb2 as pb
-from easyrl.transport import easyrl_pb2_grpc as pb_grpc
 from easyrl.transport import rpc
 
 log = logging.getLogger(__name__)
@@ -150,9 +149,8 @@ class LocalCluster:
 
     def client(self, role: str, task: int, retry_s: float = 5.0) -> rpc.Client:
         """A client for server `task` of `role`."""
-        stub = pb_grpc.ParameterServerStub if role == "ps" else pb_grpc.ReplayMemoryStub
         address = getattr(self.spec, role)[task]
-        return rpc.Client(stub, address, self.token, timeout_s=5.0, retry_s=retry_s)
+        return rpc.Client(rpc.stub_class(role), address, self.token, timeout_s=5.0, retry_s=retry_s)
 
     def wait_ready(self) -> None:
         """Blocks until every server answers Status.

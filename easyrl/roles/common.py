@@ -16,7 +16,6 @@ from easyrl.envs import env_spaces
 from easyrl.errors import TransportError
 from easyrl.transport import codec, rpc
 from easyrl.transport import easyrl_pb2 as pb
-from easyrl.transport import easyrl_pb2_grpc as pb_grpc
 
 log = logging.getLogger(__name__)
 
@@ -41,10 +40,9 @@ class RoleContext:
 
     def client(self, role: str, index: int) -> rpc.Client:
         """A client for server `index` of `role` ("ps" or "memory")."""
-        stub = pb_grpc.ParameterServerStub if role == "ps" else pb_grpc.ReplayMemoryStub
         address = getattr(self.cluster, role)[index]
         return rpc.Client(
-            stub,
+            rpc.stub_class(role),
             address,
             self.token,
             timeout_s=self.cfg.run.rpc_timeout_s,

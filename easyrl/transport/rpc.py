@@ -19,6 +19,7 @@ from pathlib import Path
 import grpc
 
 from easyrl.errors import ConfigError, EasyRLError, TransportError
+from easyrl.transport import easyrl_pb2_grpc as pb_grpc
 
 log = logging.getLogger(__name__)
 
@@ -158,6 +159,11 @@ def invalid_argument_on_error(method: Callable) -> Callable:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(err))
 
     return wrapper
+
+
+def stub_class(role: str) -> type:
+    """The generated stub class of a listening role ("ps" or "memory")."""
+    return {"ps": pb_grpc.ParameterServerStub, "memory": pb_grpc.ReplayMemoryStub}[role]
 
 
 class Client:
