@@ -154,7 +154,7 @@ class ShardedWeights:
         self._flat = [FlatVariables([variables[n] for n in names]) for names in self.shard_names]
         self.fetched_versions = [-1] * len(clients)
         self.local_versions = [-1] * len(clients)
-        self._latest: dict[int, tuple[int, dict[str, np.ndarray]]] = {}
+        self._latest: dict[int, tuple[int, np.ndarray]] = {}  # shard -> (version, flat values)
         self._lock = threading.Lock()
 
     def initialize(self) -> bool:
@@ -193,18 +193,19 @@ class ShardedWeights:
         values = codec.decode_named(tensors)
         if sorted(values) != self.shard_names[shard]:
             raise TransportError(f"PS shard {shard} holds unexpected variables")
+        # Flattened here, in the communication thread, so swap_in is one assign call.
+        flat = self._flat[shard].concat([values[n] for n in self.shard_names[shard]])
         with self._lock:
             if version > self.fetched_versions[shard]:
-                self._latest[shard] = (version, values)
+                self._latest[shard] = (version, flat)
                 self.fetched_versions[shard] = version
 
     def swap_in(self) -> None:
         """Assigns the newest fetched values to the local variables."""
         with self._lock:
             latest, self._latest = self._latest, {}
-        for shard, (version, values) in latest.items():
-            flat = self._flat[shard]
-            flat.assign(flat.concat([values[n] for n in self.shard_names[shard]]))
+        for shard, (version, flat) in latest.items():
+            self._flat[shard].assign(flat)
             self.local_versions[shard] = version
 
     def wait_initialized(self, stop: threading.Event, poll_s: float = 0.2) -> bool:
