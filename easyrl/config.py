@@ -97,8 +97,8 @@ class ReplayConfig(_Section):
 
     SECTION: ClassVar[str] = "replay"
 
-    kind: Literal["uniform", "prioritized"] = "prioritized"
-    """Sampling scheme."""
+    kind: Literal["uniform", "prioritized", "aggregate"] | None = None
+    """Table kind (None: the algorithm's own; aggregate = whole rounds for PPO and ES)."""
     capacity: int = 100_000
     """Transitions kept per memory shard."""
     alpha: float = 0.6
@@ -605,7 +605,35 @@ def from_dict(raw: Mapping[str, Any], overrides: Sequence[str] = ()) -> Config:
             "missing required section 'algorithm' (a mapping with a 'name' key; known "
             f"algorithms: {', '.join(registry.known())})"
         )
-    return _build(Config, raw, "")
+    return _resolve(_build(Config, raw, ""))
+
+
+def _resolve(cfg: Config) -> Config:
+    """Fills in what the algorithm decides (the replay kind) and checks that the sections
+    fit the algorithm's flow.
+
+    Raises:
+        ConfigError: the replay kind or the cluster shape does not suit the algorithm.
+    """
+    module = registry.module(cfg.algorithm.name)
+    kinds = module.REPLAY_KINDS
+    kind = cfg.replay.kind or kinds[0]
+    if kind not in kinds:
+        raise ConfigError(
+            f"replay.kind: {cfg.algorithm.name} works with {' or '.join(kinds)}, got {kind!r}"
+        )
+    if module.FLOW == "sync_rounds":
+        if cfg.cluster.learner != 1:
+            raise ConfigError(
+                f"cluster.learner: {cfg.algorithm.name} trains synchronous rounds on one "
+                f"learner (use several GPUs in it instead), got {cfg.cluster.learner}"
+            )
+        if cfg.cluster.memory > cfg.cluster.actor:
+            raise ConfigError(
+                f"cluster.memory: {cfg.cluster.memory} memory shards but only "
+                f"{cfg.cluster.actor} actors; every shard needs an actor to fill its rounds"
+            )
+    return dataclasses.replace(cfg, replay=dataclasses.replace(cfg.replay, kind=kind))
 
 
 def load(path: str | Path, overrides: Sequence[str] = ()) -> Config:

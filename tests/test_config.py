@@ -251,8 +251,8 @@ def test_algorithm_name_required():
 
 
 def test_unknown_algorithm_lists_known():
-    with pytest.raises(ConfigError, match=r"unknown algorithm 'ppo'.*dqn"):
-        load({"algorithm": {"name": "ppo"}})
+    with pytest.raises(ConfigError, match=r"unknown algorithm 'ppg'.*dqn, es, ppo"):
+        load({"algorithm": {"name": "ppg"}})
 
 
 def test_algorithm_name_must_be_str():

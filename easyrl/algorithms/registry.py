@@ -12,6 +12,8 @@ from easyrl.errors import ConfigError
 
 _MODULES = {
     "dqn": "easyrl.algorithms.dqn",
+    "es": "easyrl.algorithms.es",
+    "ppo": "easyrl.algorithms.ppo",
 }
 
 

@@ -4,8 +4,16 @@ Threads: the main loop (inference + env step + post-processing), a sender thread
 (bounded queue -> memory shard `actor_index % num_memory`) and a weight-sync
 thread (PS shards -> a "latest weights" slot the main loop swaps in between
 steps).
+
+Two loops, by the algorithm's flow:
+- async replay (DQN): act, ship every `send_every` steps, sync weights every
+  `weight_sync_every` steps, never wait.
+- synchronous rounds (PPO, ES): collect this actor's share of round r with the
+  weights of round r, ship it tagged with r, then wait (long-poll, no spinning) for
+  the learner to publish round r + 1.
 """
 
+import functools
 import logging
 import queue
 import threading
@@ -39,6 +47,11 @@ class EpisodeTracker:
         self.finished_returns: list[float] = []
         self.finished_lengths: list[int] = []
 
+    def discard_open(self) -> None:
+        """Forgets the unfinished episodes (the envs were reset)."""
+        self.returns[:] = 0.0
+        self.lengths[:] = 0
+
     def step(self, rewards: np.ndarray, done: np.ndarray) -> None:
         """Adds one vector step's rewards; closes the episodes of envs that are done."""
         self.returns += rewards
@@ -66,7 +79,10 @@ class Actor:
         self.memory = ctx.client("memory", ctx.task % len(ctx.cluster.memory))
         self.outbox: queue.Queue = queue.Queue(maxsize=ctx.cfg.actor.queue_size)
         self.sync_requested = threading.Event()
-        self.counters = {"sent": 0, "rate_limited": 0}
+        self.counters = {"sent": 0, "rate_limited": 0, "refused_stale": 0}
+        self.episodes = EpisodeTracker(ctx.cfg.env.num_envs)
+        self._reported_steps = 0
+        self._last_report = time.monotonic()
 
     def _sender(self) -> None:
         while not self.stop.is_set():
@@ -76,8 +92,8 @@ class Actor:
                 continue
             while not self.stop.is_set():
                 try:
-                    self.memory.call("Insert", request)
-                    self.counters["sent"] += 1
+                    reply = self.memory.call("Insert", request)
+                    self.counters["refused_stale" if reply.refused else "sent"] += 1
                     break
                 except TransportError as err:
                     # Rate limited: the shard refused (RESOURCE_EXHAUSTED) or the call ran out
@@ -102,18 +118,41 @@ class Actor:
             request.priorities.CopyFrom(codec.encode_array("priorities", priorities))
         return put_until_stopped(self.outbox, request, self.stop)
 
+    def _report(self, steps: int, stats: dict, force: bool = False) -> None:
+        """Reports env steps, finished episodes and stats to PS shard 0 every half second
+        (or now when `force`); stops the actor when the run is stopping."""
+        if not force and time.monotonic() - self._last_report < 0.5:
+            return
+        returns, lengths = self.episodes.take()
+        reply = self.weights.clients[0].call(
+            "Report",
+            pb.ReportRequest(
+                role="actor",
+                task=self.ctx.task,
+                env_steps=steps - self._reported_steps,
+                episode_returns=returns,
+                episode_lengths=lengths,
+                stats={**stats, **self.counters},
+            ),
+        )
+        self._reported_steps, self._last_report = steps, time.monotonic()
+        if reply.stopping:
+            log.info("run is stopping")
+            self.stop.set()
+
     def run(self) -> None:
         """Waits for initial weights, then acts until the run stops."""
-        cfg, task = self.ctx.cfg, self.ctx.task
+        cfg = self.ctx.cfg
         if not self.weights.wait_initialized(self.stop):
             return
+        rounds = self.algo.flow == "sync_rounds"
+        bodies = (self._sender,) if rounds else (self._sender, self._weight_sync)
         threads = [
-            threading.Thread(target=guarded, args=(f, self.stop), daemon=True)
-            for f in (self._sender, self._weight_sync)
+            threading.Thread(target=guarded, args=(f, self.stop), daemon=True) for f in bodies
         ]
         for thread in threads:
             thread.start()
-        seed = cfg.run.seed * 10_000 + task * cfg.env.num_envs
+        seed = cfg.run.seed * 10_000 + self.ctx.task * cfg.env.num_envs
         env = make_vector_env(
             cfg.env.id,
             cfg.env.num_envs,
@@ -122,58 +161,82 @@ class Actor:
             max_episode_steps=cfg.env.max_episode_steps,
             kwargs=cfg.env.kwargs,
         )
-        rng = np.random.default_rng(seed)
-        post = self.algo.postprocessor(cfg.env.num_envs)
-        episodes = EpisodeTracker(cfg.env.num_envs)
-        module = self.ctx.algorithm_module()
-        params = cfg.algorithm.params
-        ps0 = self.weights.clients[0]
-        obs, _ = env.reset(seed=seed)
-        parts, steps, reported = [], 0, 0
-        last_report = time.monotonic()
         try:
-            while not self.stop.is_set():
-                self.weights.swap_in()
-                epsilon = module.actor_epsilon(params, task, self.ctx.cluster.actor, steps)
-                actions = self.algo.act(obs, epsilon, rng)
-                next_obs, rewards, terminated, truncated, infos = env.step(actions)
-                done = terminated | truncated
-                real_next = final_observations(next_obs, infos, done)
-                out = post.add(obs, actions, rewards, real_next, terminated, truncated)
-                if out is not None:
-                    parts.append(out)
-                episodes.step(rewards, done)
-                obs = next_obs
-                steps += cfg.env.num_envs
-                vector_steps = steps // cfg.env.num_envs
-                if vector_steps % cfg.actor.weight_sync_every == 0:
-                    self.sync_requested.set()
-                if vector_steps % cfg.actor.send_every == 0 and parts:
-                    if not self._ship(parts):
-                        break
-                    parts = []
-                if time.monotonic() - last_report > 0.5:
-                    returns, lengths = episodes.take()
-                    reply = ps0.call(
-                        "Report",
-                        pb.ReportRequest(
-                            role="actor",
-                            task=task,
-                            env_steps=steps - reported,
-                            episode_returns=returns,
-                            episode_lengths=lengths,
-                            stats={"epsilon": epsilon, **self.counters},
-                        ),
-                    )
-                    reported, last_report = steps, time.monotonic()
-                    if reply.stopping:
-                        log.info("run is stopping")
-                        self.stop.set()
+            (self._rounds_loop if rounds else self._replay_loop)(env, seed)
         finally:
             self.stop.set()
             env.close()
             for thread in threads:
                 thread.join(timeout=5)
+
+    def _replay_loop(self, env, seed: int) -> None:
+        """Async replay: act, ship every `send_every` steps, refresh weights on the side."""
+        cfg, task = self.ctx.cfg, self.ctx.task
+        rng = np.random.default_rng(seed)
+        post = self.algo.postprocessor(cfg.env.num_envs)
+        module = self.ctx.algorithm_module()
+        params = cfg.algorithm.params
+        obs, _ = env.reset(seed=seed)
+        parts, steps = [], 0
+        while not self.stop.is_set():
+            self.weights.swap_in()
+            epsilon = module.actor_epsilon(params, task, self.ctx.cluster.actor, steps)
+            actions = self.algo.act(obs, epsilon, rng)
+            next_obs, rewards, terminated, truncated, infos = env.step(actions)
+            done = terminated | truncated
+            real_next = final_observations(next_obs, infos, done)
+            out = post.add(obs, actions, rewards, real_next, terminated, truncated)
+            if out is not None:
+                parts.append(out)
+            self.episodes.step(rewards, done)
+            obs = next_obs
+            steps += cfg.env.num_envs
+            vector_steps = steps // cfg.env.num_envs
+            if vector_steps % cfg.actor.weight_sync_every == 0:
+                self.sync_requested.set()
+            if vector_steps % cfg.actor.send_every == 0 and parts:
+                if not self._ship(parts):
+                    return
+                parts = []
+            self._report(steps, {"epsilon": epsilon})
+
+    def _rounds_loop(self, env, seed: int) -> None:
+        """Synchronous rounds: collect this actor's share of round r with the weights of
+        round r, ship it tagged with r, wait for round r + 1."""
+        cfg, task = self.ctx.cfg, self.ctx.task
+        rng = np.random.default_rng(seed)
+        share = self.ctx.algorithm_module().round_share(
+            cfg.algorithm.params, cfg.env.num_envs, task, self.ctx.cluster.actor
+        )
+        collector = self.algo.collector(cfg.env.num_envs, seed)
+        round_, steps = self.weights.round, 0
+        obs, _ = env.reset(seed=seed)
+        while not self.stop.is_set():
+            collector.start_round(share)
+            batch = None
+            while batch is None and not self.stop.is_set():
+                actions = collector.act(obs, rng)
+                next_obs, rewards, terminated, truncated, infos = env.step(actions)
+                done = terminated | truncated
+                real_next = final_observations(next_obs, infos, done)
+                batch = collector.observe(rewards, next_obs, real_next, terminated, truncated)
+                self.episodes.step(rewards, done)
+                obs = next_obs
+                steps += cfg.env.num_envs
+                self._report(steps, {"round": round_})
+            if batch is None:
+                return
+            request = pb.InsertRequest(tensors=codec.encode_batch(batch), actor=task, round=round_)
+            if not put_until_stopped(self.outbox, request, self.stop):
+                return
+            self._report(steps, {"round": round_}, force=True)
+            report = functools.partial(self._report, steps, {"round": round_}, True)
+            if not self.weights.wait_round(round_ + 1, self.stop, on_wait=report):
+                return
+            round_ = self.weights.round
+            if collector.resets_envs:
+                obs, _ = env.reset()
+                self.episodes.discard_open()
 
 
 def run(ctx) -> int:

@@ -153,6 +153,8 @@ class ShardedWeights:
 
         self._flat = [FlatVariables([variables[n] for n in names]) for names in self.shard_names]
         self.fetched_versions = [-1] * len(clients)
+        self.round = 0
+        """The newest weight round every shard has published (synchronous rounds)."""
         self.local_versions = [-1] * len(clients)
         self._latest: dict[int, tuple[int, np.ndarray]] = {}  # shard -> (version, flat values)
         self._lock = threading.Lock()
@@ -170,22 +172,49 @@ class ShardedWeights:
             assigned |= reply.assigned
         return assigned
 
-    def fetch(self) -> bool:
+    def fetch(self, min_round: int = 0, wait_s: float = 0.0) -> bool:
         """Pulls every shard whose version moved into the latest slot.
+
+        Args:
+            min_round: synchronous rounds: each shard waits up to `wait_s` seconds until it
+                has published at least this round before answering.
+            wait_s: the longest a shard waits for `min_round`.
 
         Returns:
             False when some shard is not initialized yet, else True.
         """
-        changed = {}
+        changed, rounds = {}, []
         for shard, client in enumerate(self.clients):
-            reply = client.call("Pull", pb.PullRequest(known_version=self.fetched_versions[shard]))
+            request = pb.PullRequest(
+                known_version=self.fetched_versions[shard], min_round=min_round, wait_s=wait_s
+            )
+            reply = client.call("Pull", request)
             if reply.version == 0:
                 return False
+            rounds.append(reply.round)
             if not reply.current:
                 changed[shard] = (reply.version, reply.tensors)
         for shard, (version, tensors) in changed.items():
             self.offer(shard, version, tensors)
+        self.round = min(rounds)
         return True
+
+    def wait_round(self, min_round: int, stop: threading.Event, on_wait=None) -> bool:
+        """Blocks (long-polling the shards) until every shard has published `min_round`,
+        then loads its values.
+
+        Args:
+            min_round: the round to wait for.
+            stop: returns False as soon as it is set.
+            on_wait: called after every unsuccessful wait of about a second (e.g. to report).
+        """
+        while not stop.is_set():
+            if self.fetch(min_round, wait_s=1.0) and self.round >= min_round:
+                self.swap_in()
+                return True
+            if on_wait is not None:
+                on_wait()
+        return False
 
     def offer(self, shard: int, version: int, tensors) -> None:
         """Puts values of `shard` at `version` (from a Pull or a Push reply) in the latest

@@ -1,12 +1,18 @@
 """Learner: samples from the memory shards, computes gradients, pushes them to the PS.
 
-Threads: one prefetch thread per memory shard (Sample -> batch queue), the main
-loop (one compiled gradient step per batch), a push thread (gradients to every PS
-shard in parallel, then pull the new values) and a priority thread (new
-priorities back to the shard that issued the keys). Bounded queues between them
-make back-pressure explicit.
+Async replay (DQN) threads: one prefetch thread per memory shard (Sample -> batch
+queue), the main loop (one compiled gradient step per batch), a push thread
+(gradients to every PS shard in parallel, then pull the new values) and a priority
+thread (new priorities back to the shard that issued the keys). Bounded queues
+between them make back-pressure explicit.
+
+Synchronous rounds (PPO, ES): take the whole of round r from every memory shard,
+run the algorithm's round of updates (each update's gradients pushed to every PS
+shard, the new values swapped in before the next), then publish round r + 1 on
+every PS shard, which releases the actors.
 """
 
+import collections
 import logging
 import queue
 import threading
@@ -62,6 +68,8 @@ class Learner:
             max_workers=len(self.weights.clients) * cfg.learner.push_threads
         )
         self.updates = 0
+        self._reported = 0
+        self._last_report = time.monotonic()
         self.counters = {"dropped_stale": 0, "dropped_nonfinite": 0}
 
     # --- threads ---------------------------------------------------------------------
@@ -100,20 +108,25 @@ class Learner:
                 grads, versions = self.pushes.get(timeout=0.1)
             except queue.Empty:
                 continue
-            replies = list(
-                self._pool.map(
-                    self._push_one, range(len(versions)), [grads] * len(versions), versions
-                )
-            )
-            for shard, reply in enumerate(replies):
-                if reply.applied:
-                    self.weights.offer(shard, reply.version, reply.tensors)
-                elif reply.reason == "stale":
-                    self.counters["dropped_stale"] += 1
-                elif reply.reason == "non-finite":
-                    self.counters["dropped_nonfinite"] += 1
-            if any(not reply.applied for reply in replies):
-                self.weights.fetch()
+            replies = self._push_all(grads, versions)
+            self._take_replies(replies)
+
+    def _push_all(self, grads: dict, versions: list[int]) -> list[pb.PushResponse]:
+        """Pushes `grads` to every PS shard in parallel."""
+        n = len(versions)
+        return list(self._pool.map(self._push_one, range(n), [grads] * n, versions))
+
+    def _take_replies(self, replies: list[pb.PushResponse]) -> None:
+        """Offers the new values of the applied pushes; counts and repairs the dropped."""
+        for shard, reply in enumerate(replies):
+            if reply.applied:
+                self.weights.offer(shard, reply.version, reply.tensors)
+            elif reply.reason == "stale":
+                self.counters["dropped_stale"] += 1
+            elif reply.reason == "non-finite":
+                self.counters["dropped_nonfinite"] += 1
+        if any(not reply.applied for reply in replies):
+            self.weights.fetch()
 
     def _priority_loop(self) -> None:
         while not self.stop.is_set():
@@ -133,13 +146,97 @@ class Learner:
                 )
                 self.memories[shard].call("UpdatePriorities", request)
 
+    def _report(self, stats: dict) -> None:
+        """Reports the updates since the last report and `stats` to PS shard 0; stops
+        the learner when the run is stopping."""
+        stats = {**stats, **{k: float(v) for k, v in self.counters.items()}}
+        reply = self.weights.clients[0].call(
+            "Report",
+            pb.ReportRequest(
+                role="learner",
+                task=self.ctx.task,
+                updates=self.updates - self._reported,
+                stats=stats,
+            ),
+        )
+        self._reported, self._last_report = self.updates, time.monotonic()
+        if reply.stopping:
+            log.info("run is stopping")
+            self.stop.set()
+
     def run(self) -> None:
         """Initializes (chief) or pulls the weights, then trains until stopped."""
-        cfg = self.ctx.cfg
         if self.ctx.task == 0 and self.weights.initialize():
             log.info("chief learner initialized the PS shards")
         if not self.weights.wait_initialized(self.stop):
             return
+        try:
+            if self.algo.flow == "sync_rounds":
+                self._rounds_loop()
+            else:
+                self._replay_loop()
+        finally:
+            self._pool.shutdown(wait=False)
+
+    def _take_round(self, round_: int) -> tuple[dict | None, int]:
+        """Takes round `round_` from every memory shard (waiting until each is complete).
+
+        Returns:
+            (the round's items from all shards, round_), or (None, newer round) when some
+            shard already collects a newer round (this learner resumed behind it).
+        """
+        request = pb.SampleRequest(round=round_, timeout_s=1.0)
+        parts: dict[int, dict] = {}
+        while not self.stop.is_set() and len(parts) < len(self.memories):
+            missing = [i for i in range(len(self.memories)) if i not in parts]
+            replies = self._pool.map(lambda i: self.memories[i].call("Sample", request), missing)
+            for shard, reply in zip(missing, replies, strict=True):
+                if reply.round > round_:
+                    return None, reply.round
+                if reply.ready:
+                    parts[shard] = codec.decode_batch(reply.tensors)
+            if time.monotonic() - self._last_report > 2.0:
+                self._report({"round": float(round_)})
+        if len(parts) < len(self.memories):
+            return None, round_
+        batch = {k: np.concatenate([parts[i][k] for i in sorted(parts)]) for k in parts[0]}
+        return batch, round_
+
+    def _publish(self, round_: int) -> None:
+        """Publishes the current values as round `round_` on every PS shard."""
+        request = pb.ReportRequest(publish_round=round_)
+        list(self._pool.map(lambda c: c.call("Report", request), self.weights.clients))
+
+    def _rounds_loop(self) -> None:
+        """Synchronous rounds: take round r, train on it, publish round r + 1."""
+        rng = np.random.default_rng(self.ctx.cfg.run.seed * 7919 + self.ctx.task)
+        round_ = self.weights.round
+        while not self.stop.is_set():
+            batch, found = self._take_round(round_)
+            if batch is None:
+                if found > round_:  # resumed behind the memories: skip to their round
+                    log.info("memory collects round %d; publishing it", found)
+                    round_ = found
+                    self._publish(round_)
+                continue
+            totals, steps = collections.Counter(), 0
+            for grads, stats in self.algo.learn_round(batch, rng):
+                named = dict(zip(self.algo.variables, grads, strict=True))
+                self._take_replies(self._push_all(named, list(self.weights.local_versions)))
+                self.weights.swap_in()
+                self.updates += 1
+                totals.update(stats)
+                steps += 1
+                if self.stop.is_set():
+                    return
+            round_ += 1
+            self._publish(round_)
+            means = {k: v / max(steps, 1) for k, v in totals.items()}  # the round's mean stats
+            self._report({**means, "round": float(round_), "updates_per_round": float(steps)})
+
+    def _replay_loop(self) -> None:
+        """Async replay: prefetch, compute, push and update priorities on separate threads."""
+        cfg = self.ctx.cfg
         self.algo.sync_target()
         threads = [
             threading.Thread(target=guarded, args=(self._prefetch, self.stop, i), daemon=True)
@@ -154,10 +251,8 @@ class Learner:
         )
         for thread in threads:
             thread.start()
-        ps0 = self.weights.clients[0]
         params = cfg.algorithm.params
-        reported, stats = 0, {}
-        last_report = time.monotonic()
+        stats = {}
         while not self.stop.is_set():
             try:
                 shard, batch, keys, is_weights = self.batches.get(timeout=0.1)
@@ -178,25 +273,11 @@ class Learner:
                 self.weights.swap_in()
                 self.algo.sync_target()
             if self.updates % cfg.learner.updates_per_report == 0 or (
-                time.monotonic() - last_report > 2.0
+                time.monotonic() - self._last_report > 2.0
             ):
-                stats = {**stats, **{k: float(v) for k, v in self.counters.items()}}
-                reply = ps0.call(
-                    "Report",
-                    pb.ReportRequest(
-                        role="learner",
-                        task=self.ctx.task,
-                        updates=self.updates - reported,
-                        stats=stats,
-                    ),
-                )
-                reported, last_report = self.updates, time.monotonic()
-                if reply.stopping:
-                    log.info("run is stopping")
-                    self.stop.set()
+                self._report(stats)
         for thread in threads:
             thread.join(timeout=5)
-        self._pool.shutdown(wait=False)
 
 
 def run(ctx) -> int:

@@ -7,6 +7,10 @@ wait in a pending list until they are legal or their deadline passes. The table
 thread also keeps a small queue of ready, already-encoded sample batches so a
 learner's Sample call usually returns without waiting for the table.
 
+An aggregate table (synchronous rounds) has no rate limiter and no prefetch: an
+Insert carries its weight round, and a Sample for round r waits until the round is
+complete, then takes all of it.
+
 This module does not import TensorFlow.
 """
 
@@ -22,6 +26,7 @@ import grpc
 import numpy as np
 
 from easyrl.errors import RateLimitTimeout, ReplayError
+from easyrl.replay.aggregate import AggregateTable
 from easyrl.replay.rate_limiter import RateLimiter
 from easyrl.replay.tables import PrioritizedTable, UniformTable, validate_batch
 from easyrl.transport import codec
@@ -36,7 +41,7 @@ log = logging.getLogger(__name__)
 class _Op:
     """One request for the table thread."""
 
-    kind: str  # "insert" | "sample" | "update"
+    kind: str  # "insert" | "sample" | "update" | "take_round"
     args: tuple
     deadline: float
     future: Future = field(default_factory=Future)
@@ -59,8 +64,8 @@ class MemoryServer(pb_grpc.ReplayMemoryServicer):
     """A replay shard.
 
     Args:
-        table: a `UniformTable` or `PrioritizedTable`.
-        limiter: the shard's rate limiter.
+        table: a `UniformTable`, `PrioritizedTable` or `AggregateTable`.
+        limiter: the shard's rate limiter (None for an aggregate table).
         batch_size: the learners' batch size (prefetched batches have this size).
         prefetch: how many ready batches to keep.
         beta: importance-sampling exponent schedule.
@@ -70,7 +75,7 @@ class MemoryServer(pb_grpc.ReplayMemoryServicer):
     def __init__(
         self,
         table,
-        limiter: RateLimiter,
+        limiter: RateLimiter | None,
         batch_size: int,
         prefetch: int,
         beta: BetaSchedule,
@@ -79,6 +84,9 @@ class MemoryServer(pb_grpc.ReplayMemoryServicer):
         if batch_size < 1 or prefetch < 1:
             raise ValueError("batch_size and prefetch must be >= 1")
         self.table = table
+        self.rounds = isinstance(table, AggregateTable)
+        if (limiter is None) != self.rounds:
+            raise ValueError("an aggregate table takes no rate limiter; other tables need one")
         self.limiter = limiter
         self.batch_size = batch_size
         self.shard = shard
@@ -135,6 +143,8 @@ class MemoryServer(pb_grpc.ReplayMemoryServicer):
 
     def _try(self, op: _Op):
         """Runs `op` if the rate limiter allows it now; returns its result or None."""
+        if self.rounds:
+            return self._try_round(op)
         if op.kind == "insert":
             batch, priorities, n = op.args
             if not self.limiter.can_insert(n):
@@ -154,6 +164,27 @@ class MemoryServer(pb_grpc.ReplayMemoryServicer):
         self.counters["stale_priority_keys"] += len(keys) - updated
         return pb.UpdatePrioritiesResponse(updated=updated)
 
+    def _try_round(self, op: _Op):
+        """Aggregate table: inserts always run; a round is taken once complete."""
+        table = self.table
+        if op.kind == "insert":
+            batch, round_, n = op.args
+            kept = table.insert(batch, round_)
+            self.counters["inserts" if kept else "refused_stale"] += n
+            return pb.InsertResponse(
+                size=table.size, inserted=table.inserted, refused=not kept, round=table.round
+            )
+        (round_,) = op.args
+        table.catch_up(round_)
+        if table.round > round_:  # the caller is behind: tell it which round is collected
+            return pb.SampleResponse(ready=False, round=table.round)
+        if not table.ready(round_):
+            return None
+        batch = table.take(round_)
+        self.counters["rounds_released"] += 1
+        self.counters["samples"] += len(next(iter(batch.values())))
+        return pb.SampleResponse(ready=True, tensors=codec.encode_batch(batch), round=round_)
+
     def _sample(self, batch_size: int) -> pb.SampleResponse:
         sample = self.table.sample(batch_size, self._beta(self.counters["sample_batches"]))
         self.limiter.on_sample(batch_size)
@@ -167,6 +198,8 @@ class MemoryServer(pb_grpc.ReplayMemoryServicer):
         )
 
     def _fill_prefetch(self) -> None:
+        if self.rounds:  # an aggregate table releases whole rounds on request only
+            return
         while not self._ready.full() and self.limiter.can_sample(self.batch_size):
             try:
                 response = self._sample(self.batch_size)
@@ -203,6 +236,10 @@ class MemoryServer(pb_grpc.ReplayMemoryServicer):
                 raise ReplayError("priorities must be >= 0")
         remaining = context.time_remaining()
         timeout = 5.0 if remaining is None else max(0.0, remaining - 0.05)
+        if self.rounds:
+            if priorities is not None or request.round < 0:
+                raise ReplayError("an aggregate table takes a round >= 0 and no priorities")
+            return self._submit("insert", (batch, request.round, n), timeout)
         try:
             return self._submit("insert", (batch, priorities, n), timeout)
         except RateLimitTimeout as err:
@@ -210,6 +247,8 @@ class MemoryServer(pb_grpc.ReplayMemoryServicer):
 
     @invalid_argument_on_error
     def Sample(self, request, context):
+        if self.rounds:
+            return self._take_round(request)
         if not 1 <= request.batch_size <= self.table.capacity:
             raise ReplayError(f"batch_size must be in [1, {self.table.capacity}]")
         if not 0 <= request.timeout_s <= 600:
@@ -226,8 +265,18 @@ class MemoryServer(pb_grpc.ReplayMemoryServicer):
         except RateLimitTimeout:
             return pb.SampleResponse(ready=False)
 
+    def _take_round(self, request) -> pb.SampleResponse:
+        if request.round < 0 or not 0 <= request.timeout_s <= 600:
+            raise ReplayError("round must be >= 0 and timeout_s in [0, 600]")
+        try:
+            return self._submit("take_round", (request.round,), request.timeout_s)
+        except RateLimitTimeout:
+            return pb.SampleResponse(ready=False, round=self.table.round)
+
     @invalid_argument_on_error
     def UpdatePriorities(self, request, context):
+        if self.rounds:
+            raise ReplayError("an aggregate table has no priorities")
         keys = codec.decode_array(request.keys)
         priorities = codec.decode_array(request.priorities)
         if keys.ndim != 1 or keys.dtype.kind not in "iu" or priorities.shape != keys.shape:
@@ -238,6 +287,8 @@ class MemoryServer(pb_grpc.ReplayMemoryServicer):
         snapshot = dict(self.counters)  # the table thread may add keys meanwhile
         counters = {f"memory/{self.shard}/{k}": float(v) for k, v in snapshot.items()}
         counters[f"memory/{self.shard}/size"] = float(self.table.size)
+        if self.rounds:
+            counters[f"memory/{self.shard}/round"] = float(self.table.round)
         counters[f"memory/{self.shard}/ready_batches"] = float(self._ready.qsize())
         return pb.StatusResponse(
             role="memory",
@@ -256,10 +307,34 @@ class MemoryServer(pb_grpc.ReplayMemoryServicer):
         self._thread.join(timeout=5)
 
 
-def build(cfg, spec, shard: int) -> MemoryServer:
-    """Builds a memory shard from the config's `replay` section and a table spec."""
+def round_size(cfg, module, num_actors: int, num_memory: int, shard: int) -> int:
+    """Items that complete a round on memory `shard`: the shares of the actors that ship
+    to it (actor i ships to shard i % num_memory)."""
+    params, num_envs = cfg.algorithm.params, cfg.env.num_envs
+    return sum(
+        module.round_share(params, num_envs, i, num_actors)
+        for i in range(shard, num_actors, num_memory)
+    )
+
+
+def build(cfg, spec, shard: int, cluster=None) -> MemoryServer:
+    """Builds a memory shard from the config's `replay` section and a table spec.
+
+    Args:
+        cfg: the run's config.
+        spec: the table's column spec (from the algorithm's `replay_spec`).
+        shard: this shard's index.
+        cluster: the cluster spec (needed by an aggregate table to size its rounds).
+    """
     r = cfg.replay
     seed = cfg.run.seed * 1000 + shard
+    if r.kind == "aggregate":
+        from easyrl.algorithms import registry
+
+        module = registry.module(cfg.algorithm.name)
+        size = round_size(cfg, module, cluster.actor, len(cluster.memory), shard)
+        table = AggregateTable(spec, r.capacity, size)
+        return MemoryServer(table, None, 1, 1, BetaSchedule(0, 0, 0), shard)
     if r.kind == "prioritized":
         table = PrioritizedTable(spec, r.capacity, alpha=r.alpha, seed=seed)
     else:
@@ -279,7 +354,7 @@ def run(ctx) -> int:
     stop = stop_event_on_signals()
     obs_space, action_space = ctx.spaces()
     spec = ctx.algorithm_module().replay_spec(ctx.cfg.algorithm.params, obs_space, action_space)
-    memory = build(ctx.cfg, spec, ctx.task)
+    memory = build(ctx.cfg, spec, ctx.task, ctx.cluster)
     server, _ = make_server(ctx.cluster.memory[ctx.task], ctx.token, tls=ctx.tls())
     pb_grpc.add_ReplayMemoryServicer_to_server(memory, server)
     server.start()

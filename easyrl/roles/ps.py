@@ -3,6 +3,10 @@
 Applies pushed gradients asynchronously (one at a time per shard), serves the
 newest values, counts staleness and drops what it must not apply. Shard 0 is also
 the run's metrics hub (see `easyrl.metrics`).
+
+Synchronous rounds (PPO, ES): the learner publishes round r+1 on every shard (a
+Report with `publish_round`) once round r's gradients are applied; actors long-poll
+with `Pull(min_round=r+1)`, which waits on a condition instead of spinning.
 """
 
 import json
@@ -54,9 +58,11 @@ class ParameterServer(pb_grpc.ParameterServerServicer):
         self._max_staleness = max_staleness
         self._checkpoint_path = checkpoint_path
         self._lock = threading.Lock()
+        self._round_published = threading.Condition(self._lock)
         self._variables: dict[str, tf.Variable] = {}
         self._optimizer: Optimizer | None = None
         self.version = 0
+        self.round = 0
         self.counters = {
             "pushes": 0,
             "applied": 0,
@@ -115,7 +121,7 @@ class ParameterServer(pb_grpc.ParameterServerServicer):
                 return
             arrays = {f"var/{n}": v.numpy() for n, v in self._variables.items()}
             arrays.update({f"opt/{k}": v for k, v in self._optimizer.state().items()})
-            meta = {"version": self.version, "counters": self.counters}
+            meta = {"version": self.version, "round": self.round, "counters": self.counters}
             if self.stats is not None:
                 meta["stats"] = self.stats.state()
         arrays["meta"] = np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8)
@@ -133,6 +139,7 @@ class ParameterServer(pb_grpc.ParameterServerServicer):
         self._create(values)
         self._optimizer.load_state(opt_state)
         self.version = int(meta["version"])
+        self.round = int(meta.get("round", 0))
         self.counters.update(meta["counters"])
         if self.stats is not None and "stats" in meta:
             self.stats.load_state(meta["stats"])
@@ -163,11 +170,25 @@ class ParameterServer(pb_grpc.ParameterServerServicer):
 
     @invalid_argument_on_error
     def Pull(self, request, context):
+        if request.min_round < 0 or not 0 <= request.wait_s <= 600:
+            raise ValueError("Pull: min_round must be >= 0 and wait_s in [0, 600]")
+        wait_s = request.wait_s
+        remaining = context.time_remaining() if context is not None else None
+        if remaining is not None:
+            wait_s = min(wait_s, max(0.0, remaining - 0.05))
         with self._lock:
+            if request.min_round > self.round and wait_s > 0:
+                self._round_published.wait_for(
+                    lambda: self.round >= request.min_round or self.stopping.is_set(), wait_s
+                )
             self.counters["pulls"] += 1
             if self.version == 0 or request.known_version == self.version:
-                return pb.PullResponse(version=self.version, current=self.version > 0)
-            return pb.PullResponse(version=self.version, tensors=self._encoded_values())
+                return pb.PullResponse(
+                    version=self.version, current=self.version > 0, round=self.round
+                )
+            return pb.PullResponse(
+                version=self.version, tensors=self._encoded_values(), round=self.round
+            )
 
     def _encoded_values(self) -> list[pb.Tensor]:
         """The current values as tensors, encoded once per version (caller holds the lock)."""
@@ -207,16 +228,34 @@ class ParameterServer(pb_grpc.ParameterServerServicer):
                 version=self.version, applied=True, staleness=staleness, tensors=tensors
             )
 
+    def publish(self, round_: int) -> None:
+        """Publishes the current values as round `round_` (rounds only move forward) and
+        wakes the actors waiting for it."""
+        with self._lock:
+            if round_ > self.round:
+                self.round = round_
+                self._round_published.notify_all()
+
     @invalid_argument_on_error
     def Report(self, request, context):
-        if self.stats is None:
-            raise ValueError(f"Report goes to PS shard 0, not shard {self.shard}")
+        if request.publish_round < 0:
+            raise ValueError("Report: publish_round must be >= 0")
+        only_publish = not (request.role or request.env_steps or request.updates)
+        if self.stats is None and not (request.publish_round and only_publish):
+            raise ValueError(
+                f"Report goes to PS shard 0, not shard {self.shard} (other shards only take "
+                "publish_round)"
+            )
         if request.env_steps < 0 or request.updates < 0:
             raise ValueError("Report: counts must be >= 0")
         if len(request.episode_lengths) not in (0, len(request.episode_returns)):
             raise ValueError("Report: episode_lengths must match episode_returns")
         if not np.all(np.isfinite(np.asarray(request.episode_returns, dtype=np.float64))):
             raise ValueError("Report: episode returns must be finite")
+        if request.publish_round:
+            self.publish(request.publish_round)
+        if self.stats is None:
+            return pb.ReportResponse(stopping=self.stopping.is_set())
         self.stats.report(
             request.role,
             request.task,
@@ -232,6 +271,7 @@ class ParameterServer(pb_grpc.ParameterServerServicer):
         with self._lock:
             counters = {f"ps/{self.shard}/{k}": float(v) for k, v in self.counters.items()}
             counters[f"ps/{self.shard}/version"] = float(self.version)
+            counters[f"ps/{self.shard}/round"] = float(self.round)
             initialized = bool(self._variables)
         returns = []
         if self.stats is not None:
@@ -249,8 +289,10 @@ class ParameterServer(pb_grpc.ParameterServerServicer):
         )
 
     def Shutdown(self, request, context):
-        self.stopping.set()
-        self.shutdown_requested.set()
+        with self._lock:
+            self.stopping.set()
+            self.shutdown_requested.set()
+            self._round_published.notify_all()  # long-polling Pulls answer at once
         return pb.ShutdownResponse()
 
 
@@ -288,7 +330,9 @@ def run(ctx) -> int:
         ctx.run_dir / "checkpoints" / f"ps-{ctx.task}.npz",
         stats,
     )
-    server, _ = make_server(ctx.cluster.ps[ctx.task], ctx.token, tls=ctx.tls())
+    # Every actor may hold a handler thread in a long-polling Pull (synchronous rounds).
+    workers = 16 + ctx.cluster.actor
+    server, _ = make_server(ctx.cluster.ps[ctx.task], ctx.token, max_workers=workers, tls=ctx.tls())
     pb_grpc.add_ParameterServerServicer_to_server(ps, server)
     server.start()
     log.info("PS shard %d listening on %s", ctx.task, ctx.cluster.ps[ctx.task])

@@ -5,6 +5,11 @@ from typing import Literal
 
 import numpy as np
 
+FLOW = "async_replay"
+"""Execution flow: actors ship transitions, learners sample asynchronously."""
+REPLAY_KINDS = ("prioritized", "uniform")
+"""Replay tables DQN works with; the first is the default."""
+
 
 @dataclass(frozen=True)
 class Params:

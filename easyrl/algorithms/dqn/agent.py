@@ -10,7 +10,7 @@ import gymnasium as gym
 import numpy as np
 import tensorflow as tf
 
-from easyrl.algorithms.dqn import Params
+from easyrl.algorithms.dqn import FLOW, Params
 from easyrl.algorithms.nstep import NStepAccumulator
 from easyrl.errors import ConfigError
 from easyrl.models import MLP, Dense, FlatVariables, named_variables
@@ -49,7 +49,7 @@ class DQN:
         seed: initialisation seed (every role builds identical initial values).
     """
 
-    flow = "async_replay"
+    flow = FLOW
 
     def __init__(self, params: Params, obs_space, action_space, model, seed: int = 0):
         if not isinstance(action_space, gym.spaces.Discrete):

@@ -1,0 +1,115 @@
+"""The aggregate table of synchronous rounds (PPO, ES).
+
+A round is everything the actors produce under one published weight round ``r``. The
+table collects round ``r`` until it holds at least ``round_size`` items, then releases the
+whole round to the learner at once and starts collecting ``r + 1``. Items tagged with an
+older round than the one being collected are refused and counted, never mixed in.
+"""
+
+import numpy as np
+
+from easyrl.errors import ReplayError
+from easyrl.replay.tables import TableSpec, validate_batch, validate_spec
+
+
+class AggregateTable:
+    """Collects one round of items and releases it whole.
+
+    Args:
+        spec: column name -> (item shape, dtype).
+        capacity: most items held at once; an insert beyond it is refused with an error.
+        round_size: items that complete a round (what this shard's actors ship per round).
+
+    Raises:
+        ReplayError: a malformed spec, or sizes that are not positive or cannot hold a round.
+    """
+
+    def __init__(self, spec: TableSpec, capacity: int, round_size: int) -> None:
+        self._spec = validate_spec(spec)
+        if not 1 <= round_size <= capacity:
+            raise ReplayError(
+                f"round_size must be in [1, capacity={capacity}], got {round_size}; "
+                "raise replay.capacity to hold a whole round"
+            )
+        self.capacity = capacity
+        self.round_size = round_size
+        self.round = 0
+        """The round being collected."""
+        self._parts: list[dict[str, np.ndarray]] = []
+        self._size = 0
+        self.inserted = 0
+        self.refused = 0
+        """Items dropped because their round was already released (or superseded)."""
+        self.released_rounds = 0
+
+    @property
+    def spec(self) -> TableSpec:
+        """The table's column spec."""
+        return dict(self._spec)
+
+    @property
+    def size(self) -> int:
+        """Items held for the round being collected."""
+        return self._size
+
+    def insert(self, batch: dict[str, np.ndarray], round_: int) -> bool:
+        """Adds items collected under weight round `round_`.
+
+        A newer round than the one being collected means this shard fell behind (it was
+        restarted, or a learner released a round elsewhere): what it holds is dropped and
+        counted, and the table collects the newer round.
+
+        Returns:
+            True when the items were kept, False when they were refused as stale.
+
+        Raises:
+            ReplayError: the batch does not match the spec, the round is negative, or the
+                table would exceed its capacity (nothing is changed then).
+        """
+        n = validate_batch(self._spec, batch)
+        if isinstance(round_, bool) or not isinstance(round_, int | np.integer) or round_ < 0:
+            raise ReplayError(f"round must be an int >= 0, got {round_!r}")
+        if round_ < self.round:
+            self.refused += n
+            return False
+        if round_ > self.round:
+            self._advance(int(round_))
+        if self._size + n > self.capacity:
+            raise ReplayError(
+                f"aggregate table full: holds {self._size} of {self.capacity} items, cannot add {n}"
+            )
+        self._parts.append({k: np.array(v, copy=True) for k, v in batch.items()})
+        self._size += n
+        self.inserted += n
+        return True
+
+    def ready(self, round_: int) -> bool:
+        """Whether round `round_` is complete and can be released."""
+        return round_ == self.round and self._size >= self.round_size
+
+    def take(self, round_: int) -> dict[str, np.ndarray]:
+        """Releases every item of the complete round `round_` and starts the next round.
+
+        Raises:
+            ReplayError: round `round_` is not being collected or is not complete.
+        """
+        if not self.ready(round_):
+            raise ReplayError(
+                f"round {round_} is not ready (collecting round {self.round}, "
+                f"{self._size} of {self.round_size} items)"
+            )
+        batch = {k: np.concatenate([p[k] for p in self._parts]) for k in self._spec}
+        self._parts, self._size = [], 0
+        self.round += 1
+        self.released_rounds += 1
+        return batch
+
+    def catch_up(self, round_: int) -> None:
+        """Starts collecting `round_` when it is newer (a learner resumed at that round)."""
+        if round_ > self.round:
+            self._advance(round_)
+
+    def _advance(self, round_: int) -> None:
+        self.refused += self._size
+        self._parts, self._size = [], 0
+        self.round = round_
