@@ -1,0 +1,193 @@
+"""OpenAI evolution strategies (Salimans et al. 2017) on the "sync_rounds" flow.
+
+A round: the learner publishes theta; each actor evaluates its share of antithetic pairs
+theta +- sigma * eps(seed) and ships one record (seed, return_pos, return_neg, steps) per pair;
+the learner turns the whole round into one gradient (`es_gradient`) that the PS applies with
+its optimizer. Only seeds and returns travel: eps is regenerated from the seed (`noise`).
+"""
+
+from dataclasses import dataclass
+from typing import Literal
+
+import numpy as np
+
+from easyrl.errors import ConfigError
+
+FLOW = "sync_rounds"
+"""Execution flow: actors evaluate a round of perturbations of one weight round."""
+REPLAY_KINDS = ("aggregate",)
+"""Replay tables ES works with: rounds of (seed, returns) records."""
+
+
+@dataclass(frozen=True)
+class Params:
+    """Hyper-parameters of OpenAI-ES."""
+
+    sigma: float = 0.02
+    """Standard deviation of the parameter noise."""
+    population: int = 32
+    """Antithetic perturbation PAIRS evaluated per round, split across the actors."""
+    episodes_per_perturbation: int = 1
+    """Episodes run (and averaged) per perturbation and sign."""
+    weight_decay: float = 0.005
+    """L2 coefficient added to the gradient: g += weight_decay * theta."""
+    optimizer: Literal["adam", "rmsprop", "sgd"] = "adam"
+    """Optimizer the PS shards apply the ES gradient with."""
+    lr: float = 0.01
+    """Learning rate."""
+    lr_decay_rate: float = 1.0
+    """Multiply the learning rate by this every `lr_decay_steps` updates (1.0: constant)."""
+    lr_decay_steps: int = 1000
+    """Updates between learning-rate decays."""
+    max_staleness: int = 1_000_000
+    """PS shards drop gradients computed against a version older than this many updates."""
+
+    def __post_init__(self):
+        # Written so that NaN fails every check.
+        checks = {
+            "sigma": self.sigma > 0,
+            "population": self.population >= 1,
+            "episodes_per_perturbation": self.episodes_per_perturbation >= 1,
+            "weight_decay": self.weight_decay >= 0,
+        }
+        for name, ok in checks.items():
+            if not ok:
+                bound = {"sigma": "> 0", "weight_decay": ">= 0"}.get(name, ">= 1")
+                raise ConfigError(f"algorithm.{name} must be {bound}, got {getattr(self, name)!r}")
+
+
+def optimizer(params: Params):
+    """The optimizer the PS shards apply this algorithm's gradients with."""
+    from easyrl.algorithms.optimizers import OptimizerSpec
+
+    return OptimizerSpec(
+        kind=params.optimizer,
+        lr=params.lr,
+        decay_rate=params.lr_decay_rate,
+        decay_steps=params.lr_decay_steps,
+    )
+
+
+def actor_epsilon(params: Params, actor_index: int, num_actors: int, env_steps: int) -> float:
+    """No epsilon-greedy exploration in ES (the parameter noise explores): always 0.0."""
+    return 0.0
+
+
+def replay_spec(params: Params, obs_space, action_space) -> dict:
+    """Columns of one perturbation-pair record, as {name: (per-item shape, dtype)}."""
+    return {
+        "seed": ((), np.dtype(np.int64)),
+        "return_pos": ((), np.dtype(np.float32)),
+        "return_neg": ((), np.dtype(np.float32)),
+        "steps": ((), np.dtype(np.int64)),
+    }
+
+
+def round_share(params: Params, num_envs: int, actor_index: int, num_actors: int) -> int:
+    """Perturbation pairs actor `actor_index` of `num_actors` evaluates per round.
+
+    `population // num_actors`, plus one for the first `population % num_actors` actors, so
+    the shares sum to `population` (an actor may get 0 when actors outnumber pairs).
+
+    Raises:
+        ValueError: `num_actors < 1` or `actor_index` is not in [0, num_actors).
+    """
+    if num_actors < 1 or not 0 <= actor_index < num_actors:
+        raise ValueError(f"need 0 <= actor_index < num_actors, got {actor_index}, {num_actors}")
+    base, extra = divmod(params.population, num_actors)
+    return base + (1 if actor_index < extra else 0)
+
+
+def centered_ranks(x: np.ndarray) -> np.ndarray:
+    """Ranks of all entries of `x` mapped to [-0.5, 0.5]: rank / (n - 1) - 0.5.
+
+    As OpenAI's `compute_centered_ranks`, except for ties: tied entries get the mean of the
+    ranks they span (OpenAI's argsort breaks ties by position, which gives two equal returns
+    different utilities). Without ties the two agree exactly.
+
+    Args:
+        x: returns of any shape (all entries are ranked jointly).
+
+    Returns:
+        float32 array shaped like `x`; all zeros when `x` has a single entry.
+    """
+    x = np.asarray(x)
+    flat = x.ravel()  # [n]
+    n = flat.size
+    if n <= 1:
+        return np.zeros(x.shape, np.float32)
+    order = np.argsort(flat, kind="stable")  # [n]
+    ordered = flat[order]
+    starts_group = np.r_[True, ordered[1:] != ordered[:-1]]  # [n]
+    group = np.cumsum(starts_group) - 1  # [n] group index of each sorted entry
+    first = np.flatnonzero(starts_group)  # [G] first sorted position of each group
+    last = np.r_[first[1:], n] - 1  # [G]
+    ranks = np.empty(n, np.float64)
+    ranks[order] = (0.5 * (first + last))[group]
+    return (ranks / (n - 1) - 0.5).reshape(x.shape).astype(np.float32)
+
+
+def noise(seed: int, size: int) -> np.ndarray:
+    """The perturbation direction of `seed`: `size` standard normals, float32 `[size]`."""
+    return np.random.default_rng(int(seed)).standard_normal(size).astype(np.float32)
+
+
+def es_gradient(
+    theta: np.ndarray,
+    seeds: np.ndarray,
+    returns_pos: np.ndarray,
+    returns_neg: np.ndarray,
+    sigma: float,
+    weight_decay: float,
+) -> np.ndarray:
+    """The ES gradient of one round, to MINIMIZE (the PS does theta -= lr * opt(g)).
+
+    g = -(1 / (n sigma)) sum_i (r+_i - r-_i) eps(seed_i) + weight_decay * theta,
+    where r+/r- are the centered ranks of all 2n returns jointly.
+
+    Args:
+        theta: the flat parameters the round was run with, `[P]`.
+        seeds: `[n]` perturbation seeds.
+        returns_pos: `[n]` returns of theta + sigma * eps.
+        returns_neg: `[n]` returns of theta - sigma * eps.
+        sigma: noise standard deviation.
+        weight_decay: L2 coefficient.
+
+    Returns:
+        float32 `[P]`.
+
+    Raises:
+        ValueError: no pairs, mismatched lengths, or a NaN return.
+    """
+    theta = np.asarray(theta, np.float32).reshape(-1)  # [P]
+    seeds = np.asarray(seeds, np.int64).reshape(-1)  # [n]
+    pos = np.asarray(returns_pos, np.float64).reshape(-1)  # [n]
+    neg = np.asarray(returns_neg, np.float64).reshape(-1)  # [n]
+    n = seeds.size
+    if n == 0 or pos.size != n or neg.size != n:
+        raise ValueError(
+            f"need n >= 1 seeds and as many returns, got {n} seeds, {pos.size} and {neg.size}"
+        )
+    returns = np.stack([pos, neg])  # [2, n]
+    if np.isnan(returns).any():
+        raise ValueError("ES returns must not be NaN")
+    ranks = centered_ranks(returns).astype(np.float64)  # [2, n]
+    weights = ranks[0] - ranks[1]  # [n]
+    total = np.zeros(theta.size, np.float64)  # [P]
+    for seed, weight in zip(seeds, weights, strict=True):
+        if weight != 0.0:
+            total += weight * noise(seed, theta.size)
+    grad = -total / (n * sigma) + weight_decay * theta.astype(np.float64)
+    return grad.astype(np.float32)
+
+
+def build(params: Params, obs_space, action_space, model, seed: int = 0):
+    """Builds the TF side of ES (imports TensorFlow; see `agent.ES`).
+
+    Raises:
+        ConfigError: the model is not an mlp, the observation is not a flat Box, or the action
+            space is neither Discrete nor a flat Box with finite bounds.
+    """
+    from easyrl.algorithms.es.agent import ES
+
+    return ES(params, obs_space, action_space, model, seed)
