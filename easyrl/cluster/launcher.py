@@ -294,11 +294,11 @@ def train(cfg, out=sys.stdout) -> int:
     reason, exit_code, ps_stopping = None, 1, False
     print(f"run directory: {run_dir}", file=out, flush=True)
     try:
-        cluster.start_role("ps", cfg.cluster.ps)
-        cluster.start_role("memory", cfg.cluster.memory)
+        # Every role starts at once: importing TensorFlow costs each process ~2 s of CPU,
+        # and workers retry their first calls until the servers listen.
+        for role in ("ps", "memory", "learner", "actor"):
+            cluster.start_role(role, getattr(cfg.cluster, role))
         cluster.wait_ready()
-        cluster.start_role("learner", cfg.cluster.learner)
-        cluster.start_role("actor", cfg.cluster.actor)
         next_log = time.monotonic()
         while reason is None:
             time.sleep(0.5)

@@ -69,11 +69,14 @@ class RoleContext:
         """The module of the configured algorithm (from the registry)."""
         return registry.module(self.cfg.algorithm.name)
 
-    def build_algorithm(self):
-        """Builds the algorithm's TF side (networks, act, loss) for this run."""
+    def build_algorithm(self, learner: bool = False):
+        """Builds the algorithm's TF side (networks, act, loss) for this run; `learner` lets
+        an algorithm spread its updates over several GPUs."""
         obs_space, action_space = self.spaces()
-        return self.algorithm_module().build(
-            self.cfg.algorithm.params, obs_space, action_space, self.cfg.model, self.cfg.run.seed
+        module = self.algorithm_module()
+        cfg = self.cfg
+        return module.build(
+            cfg.algorithm.params, obs_space, action_space, cfg.model, cfg.run.seed, learner
         )
 
 

@@ -286,6 +286,6 @@ def run(ctx) -> int:
     device = pick_device(ctx.cfg.learner.device)
     log.info("learner %d computes on %s", ctx.task, device)
     with tf.device(device):
-        algo = ctx.build_algorithm()
+        algo = ctx.build_algorithm(learner=True)
         Learner(ctx, algo, stop).run()
     return 1 if stop.error else 0

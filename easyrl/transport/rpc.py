@@ -74,6 +74,18 @@ def _channel_options() -> list[tuple[str, int]]:
     ]
 
 
+def _client_options() -> list[tuple[str, int]]:
+    # gRPC's default reconnect backoff starts at 1 s and grows to 120 s: a worker started
+    # next to its servers, or whose server restarted, would sit idle long after the server
+    # is back. Reconnect quickly instead (capped at 2 s, like Client's own retries).
+    return [
+        *_channel_options(),
+        ("grpc.initial_reconnect_backoff_ms", 100),
+        ("grpc.min_reconnect_backoff_ms", 100),
+        ("grpc.max_reconnect_backoff_ms", 2000),
+    ]
+
+
 def _server_options() -> list[tuple[str, int]]:
     # gRPC sets SO_REUSEPORT by default on Linux, which would let a second server
     # bind a port another one already listens on (the kernel then splits
@@ -198,9 +210,9 @@ class Client:
         self.retry_s = retry_s
         if tls_ca:
             creds = grpc.ssl_channel_credentials(root_certificates=Path(tls_ca).read_bytes())
-            self._channel = grpc.secure_channel(address, creds, options=_channel_options())
+            self._channel = grpc.secure_channel(address, creds, options=_client_options())
         else:
-            self._channel = grpc.insecure_channel(address, options=_channel_options())
+            self._channel = grpc.insecure_channel(address, options=_client_options())
         self._stub = stub_class(self._channel)
         self._metadata = ((_AUTH_KEY, f"Bearer {token}"),) if token else ()
 

@@ -87,8 +87,9 @@ def replay_spec(params: Params, obs_space, action_space) -> dict:
     }
 
 
-def build(params: Params, obs_space, action_space, model, seed: int = 0):
-    """Builds the TF side of DQN (imports TensorFlow; see `agent.DQN`)."""
+def build(params: Params, obs_space, action_space, model, seed: int = 0, learner: bool = False):
+    """Builds the TF side of DQN (imports TensorFlow; see `agent.DQN`); every role builds
+    the same networks, whatever `learner` says."""
     from easyrl.algorithms.dqn.agent import DQN
 
     return DQN(params, obs_space, action_space, model, seed)

@@ -181,8 +181,9 @@ def es_gradient(
     return grad.astype(np.float32)
 
 
-def build(params: Params, obs_space, action_space, model, seed: int = 0):
-    """Builds the TF side of ES (imports TensorFlow; see `agent.ES`).
+def build(params: Params, obs_space, action_space, model, seed: int = 0, learner: bool = False):
+    """Builds the TF side of ES (imports TensorFlow; see `agent.ES`); every role builds the
+    same policy, whatever `learner` says.
 
     Raises:
         ConfigError: the model is not an mlp, the observation is not a flat Box, or the action

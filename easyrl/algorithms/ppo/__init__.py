@@ -1,0 +1,227 @@
+"""PPO: clipped surrogate, GAE, synchronous rounds (actors collect, learners run epochs).
+
+This module holds the hyper-parameters and the numpy side (GAE, the replay columns, the
+runtime's hooks); `agent.PPO` holds the TensorFlow side and is imported lazily by `build`.
+
+GAE (Schulman et al. 2016), per env, backwards in time:
+    delta_t = r_t + gamma * (1 - terminated_t) * V(s_{t+1}) - V(s_t)
+    A_t     = delta_t + gamma * lam * (1 - done_t) * A_{t+1}
+    value_target_t = A_t + V(s_t)
+where `done = terminated | truncated`: a truncated step still bootstraps from V(final obs),
+but neither kind of episode end lets the advantage flow across it.
+"""
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Literal
+
+import gymnasium as gym
+import numpy as np
+
+from easyrl.errors import ConfigError
+
+FLOW = "sync_rounds"
+"""Execution flow: actors collect a round under one weight round; one learner trains on it."""
+REPLAY_KINDS = ("aggregate",)
+"""Replay tables PPO works with: whole rounds of steps."""
+
+
+@dataclass(frozen=True)
+class Params:
+    """Hyper-parameters of PPO (clipped surrogate, GAE, synchronous rounds)."""
+
+    gamma: float = 0.99
+    """Discount factor."""
+    lam: float = 0.95
+    """GAE lambda (0: one-step TD advantages, 1: Monte-Carlo returns minus the value)."""
+    rollout_length: int = 128
+    """Vector steps each actor collects per round."""
+    num_epochs: int = 10
+    """Passes over the round's batch."""
+    minibatch_size: int = 256
+    """Items per gradient step (the batch is split into ceil(n / size) near-equal parts)."""
+    clip: float = 0.2
+    """Surrogate clip: the ratio is clipped to [1 - clip, 1 + clip]."""
+    value_clip: float = 0.0
+    """Clip the value prediction to old value +- this in a second squared error and take the
+    larger of the two (0 disables: plain squared error)."""
+    vf_coef: float = 0.5
+    """Weight of the value loss."""
+    ent_coef: float = 0.0
+    """Weight of the entropy bonus."""
+    normalize_advantages: bool = True
+    """Normalize advantages per minibatch: (A - mean) / (std + 1e-8)."""
+    kl_target: float = 0.0
+    """Early stop (0 disables): after an epoch whose minibatches' mean approximate KL exceeds
+    1.5 * kl_target, the round's remaining epochs are skipped."""
+    optimizer: Literal["adam", "rmsprop", "sgd"] = "adam"
+    """Optimizer the PS shards apply gradients with."""
+    lr: float = 3e-4
+    """Learning rate."""
+    lr_decay_rate: float = 1.0
+    """Multiply the learning rate by this every `lr_decay_steps` updates (1.0: constant)."""
+    lr_decay_steps: int = 1000
+    """Updates between learning-rate decays."""
+    grad_clip: float = 0.5
+    """Global-norm gradient clip (0 disables)."""
+    max_staleness: int = 1_000_000
+    """PS shards drop gradients older than this many updates (rounds are synchronous, so
+    effectively off)."""
+    log_std_init: float = 0.0
+    """Initial log standard deviation of the Gaussian policy (Box actions only)."""
+    multi_gpu: bool = True
+    """Split each minibatch over all visible GPUs with a MirroredStrategy when there are >1."""
+
+    def __post_init__(self):
+        # (holds, valid range); written so that NaN fails every check.
+        checks = {
+            "gamma": (0.0 <= self.gamma <= 1.0, "in [0, 1]"),
+            "lam": (0.0 <= self.lam <= 1.0, "in [0, 1]"),
+            "rollout_length": (self.rollout_length >= 1, ">= 1"),
+            "num_epochs": (self.num_epochs >= 1, ">= 1"),
+            "minibatch_size": (self.minibatch_size >= 1, ">= 1"),
+            "clip": (self.clip > 0.0, "> 0"),
+            "value_clip": (self.value_clip >= 0.0, ">= 0"),
+            "vf_coef": (self.vf_coef >= 0.0, ">= 0"),
+            "ent_coef": (self.ent_coef >= 0.0, ">= 0"),
+            "kl_target": (self.kl_target >= 0.0, ">= 0"),
+            "grad_clip": (self.grad_clip >= 0.0, ">= 0"),
+            "max_staleness": (self.max_staleness >= 0, ">= 0"),
+            "log_std_init": (bool(np.isfinite(self.log_std_init)), "finite"),
+        }
+        for name, (holds, valid) in checks.items():
+            if not holds:
+                raise ConfigError(f"ppo: {name} must be {valid}, got {getattr(self, name)!r}")
+
+
+def optimizer(params: Params):
+    """The optimizer the PS shards apply this algorithm's gradients with."""
+    from easyrl.algorithms.optimizers import OptimizerSpec
+
+    return OptimizerSpec(
+        kind=params.optimizer,
+        lr=params.lr,
+        decay_rate=params.lr_decay_rate,
+        decay_steps=params.lr_decay_steps,
+    )
+
+
+def actor_epsilon(params: Params, actor_index: int, num_actors: int, env_steps: int) -> float:
+    """PPO explores by sampling its stochastic policy: always 0.0 (asked by the runtime)."""
+    return 0.0
+
+
+def round_share(params: Params, num_envs: int, actor_index: int, num_actors: int) -> int:
+    """Items one actor ships per round: `rollout_length * num_envs` env steps."""
+    return params.rollout_length * num_envs
+
+
+def check_spaces(obs_space, action_space) -> None:
+    """Checks that PPO with an MLP can handle these spaces.
+
+    Raises:
+        ConfigError: the observation is not a flat Box, or the action space is neither
+            Discrete nor a flat bounded Box.
+    """
+    if not isinstance(obs_space, gym.spaces.Box) or len(obs_space.shape) != 1:
+        raise ConfigError(f"ppo with an mlp needs a flat Box observation, got {obs_space}")
+    if isinstance(action_space, gym.spaces.Discrete):
+        return
+    if isinstance(action_space, gym.spaces.Box) and len(action_space.shape) == 1:
+        if not (np.all(np.isfinite(action_space.low)) and np.all(np.isfinite(action_space.high))):
+            raise ConfigError(f"ppo needs finite Box action bounds, got {action_space}")
+        return
+    raise ConfigError(f"ppo needs a Discrete or a flat Box action space, got {action_space}")
+
+
+def replay_spec(params: Params, obs_space, action_space) -> dict:
+    """Columns of one env step of a round, as {name: (per-item shape, dtype)}.
+
+    `action` is the int64 index (Discrete) or the unclipped float32 sample (Box) that `logp`
+    refers to; `value` is the old value prediction and `value_target = advantage + value`.
+
+    Raises:
+        ConfigError: unsupported spaces (see `check_spaces`).
+    """
+    check_spaces(obs_space, action_space)
+    if isinstance(action_space, gym.spaces.Discrete):
+        action = ((), np.dtype(np.int64))
+    else:
+        action = (tuple(action_space.shape), np.dtype(np.float32))
+    scalar = ((), np.dtype(np.float32))
+    return {
+        "obs": (tuple(obs_space.shape), np.dtype(np.float32)),
+        "action": action,
+        "logp": scalar,
+        "advantage": scalar,
+        "value_target": scalar,
+        "value": scalar,
+    }
+
+
+def gae(
+    rewards: np.ndarray,
+    values: np.ndarray,
+    next_values: np.ndarray,
+    terminated: np.ndarray,
+    done: np.ndarray,
+    gamma: float,
+    lam: float,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Generalized advantage estimates over a `[T, N]` rollout (see the module docstring).
+
+    Args:
+        rewards: r_t, `[T, N]`.
+        values: V(s_t), `[T, N]`.
+        next_values: V of the true successor s_{t+1}, `[T, N]`: V(final observation) for a
+            truncated step, anything for a terminated step (not used: the bootstrap is 0),
+            otherwise V(next observation).
+        terminated: `[T, N]` bool, the episode ended in a terminal state at step t.
+        done: `[T, N]` bool, `terminated | truncated`: the lambda recursion is cut here
+            (terminated steps cut it even when `done` misses them).
+        gamma: discount.
+        lam: GAE lambda.
+
+    Returns:
+        (advantages, value_targets), both `[T, N]` float32; computed in float64, and
+        `value_targets = advantages + values` in float32 (equal to the float32 sum exactly).
+
+    Raises:
+        ValueError: the inputs are not all `[T, N]` of the same shape.
+    """
+    r = np.asarray(rewards, np.float64)  # [T, N]
+    v = np.asarray(values, np.float64)
+    nv = np.asarray(next_values, np.float64)
+    term = np.asarray(terminated, bool)
+    cut = np.asarray(done, bool) | term
+    if r.ndim != 2 or any(x.shape != r.shape for x in (v, nv, term, cut)):
+        shapes = [np.shape(x) for x in (rewards, values, next_values, terminated, done)]
+        raise ValueError(f"gae needs five [T, N] arrays of one shape, got shapes {shapes}")
+    # Terminated: no bootstrap (np.where, so a NaN in an unused next value cannot leak).
+    bootstrap = np.where(term, 0.0, gamma * nv)  # [T, N]
+    deltas = r + bootstrap - v  # [T, N]
+    carry = gamma * lam * (~cut)  # [T, N]
+    advantages = np.zeros_like(r)
+    running = np.zeros(r.shape[1])  # [N]
+    for t in reversed(range(r.shape[0])):
+        running = deltas[t] + carry[t] * running
+        advantages[t] = running
+    advantages = advantages.astype(np.float32)
+    return advantages, advantages + np.asarray(values, np.float32)
+
+
+def build(params: Params, obs_space, action_space, model, seed: int = 0, learner: bool = False):
+    """Builds the TF side of PPO (imports TensorFlow; see `agent.PPO`). Only a learner
+    (`learner=True`) splits minibatches over several GPUs; actors never do.
+
+    Raises:
+        ConfigError: `model.kind` is not "mlp", or the spaces are unsupported.
+    """
+    if model.kind != "mlp":
+        raise ConfigError(f"ppo supports model.kind 'mlp' only, got {model.kind!r}")
+    check_spaces(obs_space, action_space)
+    from easyrl.algorithms.ppo.agent import PPO
+
+    if not learner:
+        params = dataclasses.replace(params, multi_gpu=False)
+    return PPO(params, obs_space, action_space, model, seed)

@@ -1,0 +1,445 @@
+"""The TensorFlow side of PPO: policy and value MLPs, acting, rollout collection, the loss.
+
+Loss to minimize on a minibatch (ratio = exp(logp - logp_old), A normalized when asked):
+    policy_loss = -mean(min(ratio * A, clip(ratio, 1 - eps, 1 + eps) * A))
+    value_loss  = 0.5 * mean((V - Vt)^2)
+                  or, with value_clip c > 0, 0.5 * mean(max((V - Vt)^2, (V_c - Vt)^2)),
+                  V_c = V_old + clip(V - V_old, -c, c)
+    loss        = policy_loss + vf_coef * value_loss - ent_coef * entropy
+    approx_kl   = mean((ratio - 1) - log(ratio))   (k3 estimator: unbiased, never negative)
+"""
+
+import contextlib
+import math
+from collections.abc import Iterator
+
+import gymnasium as gym
+import numpy as np
+import tensorflow as tf
+
+from easyrl.algorithms.ppo import FLOW, Params, check_spaces, gae
+from easyrl.errors import EasyRLError
+from easyrl.models import MLP, Dense, FlatVariables, named_variables
+
+STAT_NAMES = ("policy_loss", "value_loss", "entropy", "approx_kl", "clip_frac")
+"""Keys of the stats `learn_round` yields with every minibatch gradient."""
+
+_LOG_2PI = math.log(2.0 * math.pi)
+
+
+class PolicyNet(tf.Module):
+    """pi(.|s): an MLP torso and a linear head giving logits (Discrete) or the Gaussian mean
+    (Box, with a state-independent `pi/log_std`)."""
+
+    def __init__(self, obs_dim, action_space, model, log_std_init, rng):
+        super().__init__(name=None)
+        self.torso = MLP(obs_dim, model.hidden, model.activation, "pi/torso", rng)
+        width = model.hidden[-1] if model.hidden else obs_dim
+        if isinstance(action_space, gym.spaces.Discrete):
+            # Small output scale: the initial policy is close to uniform / zero-mean.
+            self.head = Dense(width, int(action_space.n), "pi/logits", rng, scale=0.01)
+        else:
+            dim = int(action_space.shape[0])
+            self.head = Dense(width, dim, "pi/mean", rng, scale=0.01)
+            self.log_std = tf.Variable(np.full(dim, log_std_init, np.float32), name="pi/log_std")
+
+    def __call__(self, obs):
+        return self.head(self.torso(obs))  # [B, A] logits or means
+
+
+class ValueNet(tf.Module):
+    """V(s): an MLP torso and a linear head."""
+
+    def __init__(self, obs_dim, model, rng):
+        super().__init__(name=None)
+        self.torso = MLP(obs_dim, model.hidden, model.activation, "vf/torso", rng)
+        width = model.hidden[-1] if model.hidden else obs_dim
+        self.head = Dense(width, 1, "vf/out", rng, scale=1.0)
+
+    def __call__(self, obs):
+        return self.head(self.torso(obs))[:, 0]  # [B]
+
+
+def _strategy(params: Params, devices):
+    """A MirroredStrategy over `devices`, over all GPUs when >1 is visible, else None."""
+    if devices is not None:
+        return tf.distribute.MirroredStrategy(devices=list(devices))
+    if params.multi_gpu and len(tf.config.list_physical_devices("GPU")) > 1:
+        return tf.distribute.MirroredStrategy()
+    return None
+
+
+class PPO:
+    """PPO's pieces for the runtime: networks, rollout collection and the round's gradients.
+
+    Args:
+        params: hyper-parameters.
+        obs_space: a flat gymnasium Box observation space.
+        action_space: a Discrete or flat bounded Box action space.
+        model: the config's `model` section (an MLP).
+        seed: initialisation seed (every role builds identical initial values).
+        devices: force a MirroredStrategy over these devices (each minibatch is split over
+            them); None: one over all GPUs when `params.multi_gpu` and >1 GPU is visible.
+
+    Raises:
+        ConfigError: unsupported spaces.
+    """
+
+    flow = FLOW
+
+    def __init__(
+        self,
+        params: Params,
+        obs_space,
+        action_space,
+        model,
+        seed: int = 0,
+        devices: list[str] | None = None,
+    ):
+        check_spaces(obs_space, action_space)
+        self.params = params
+        self.obs_dim = int(obs_space.shape[0])
+        self.action_space = action_space
+        self.discrete = isinstance(action_space, gym.spaces.Discrete)
+        self.action_dim = int(action_space.n) if self.discrete else int(action_space.shape[0])
+        self.strategy = _strategy(params, devices)
+        scope = self.strategy.scope() if self.strategy else contextlib.nullcontext()
+        with scope:
+            rng = np.random.default_rng(seed)  # policy first, then value: one fixed stream
+            self.pi = PolicyNet(self.obs_dim, action_space, model, params.log_std_init, rng)
+            self.vf = ValueNet(self.obs_dim, model, rng)
+        self.variables = dict(
+            sorted({**named_variables(self.pi), **named_variables(self.vf)}.items())
+        )
+        self._flat = FlatVariables(list(self.variables.values()))
+        if not self.discrete:
+            self._low = tf.constant(action_space.low, tf.float32)  # [A]
+            self._high = tf.constant(action_space.high, tf.float32)
+        # Fixed input signatures: no retracing, and AutoGraph stays off.
+        obs = tf.TensorSpec([None, self.obs_dim], tf.float32)
+        vec = tf.TensorSpec([None], tf.float32)
+        act = self.action_spec()
+        noise = tf.TensorSpec([None, self.action_dim], tf.float32)
+        self._act = tf.function(self._act_fn, autograph=False, input_signature=[obs, noise])
+        self._value = tf.function(self._value_fn, autograph=False, input_signature=[obs])
+        self._greedy = tf.function(self._greedy_fn, autograph=False, input_signature=[obs])
+        self._step = tf.function(
+            self._step_fn, autograph=False, input_signature=[obs, act, vec, vec, vec, vec]
+        )
+
+    def action_spec(self) -> tf.TensorSpec:
+        """Batched stored action: int64 `[B]` (Discrete) or float32 `[B, A]` (Box)."""
+        if self.discrete:
+            return tf.TensorSpec([None], tf.int64)
+        return tf.TensorSpec([None, self.action_dim], tf.float32)
+
+    def collector(self, num_envs: int, seed: int = 0) -> "RolloutCollector":
+        """The actor-side rollout collector for `num_envs` envs (see `RolloutCollector`)."""
+        return RolloutCollector(self, num_envs, seed)
+
+    def value(self, obs: np.ndarray) -> np.ndarray:
+        """V(obs) for a batch `[N, obs]` -> `[N]` float32."""
+        return self._value(np.asarray(obs, np.float32)).numpy()
+
+    def greedy(self, obs: np.ndarray) -> np.ndarray:
+        """Deterministic actions for evaluation: argmax of the logits `[N]` int64, or the
+        Gaussian mean clipped to the action bounds `[N, A]` float32."""
+        return self._greedy(np.asarray(obs, np.float32)).numpy()
+
+    def learn_minibatch(self, minibatch: dict) -> tuple[list[np.ndarray], dict[str, float]]:
+        """One gradient computation on a minibatch holding the `replay_spec` columns.
+
+        Returns:
+            (gradients of the loss in the order of `self.variables`, stats with the
+            `STAT_NAMES` keys). The variables are not changed (the PS applies gradients).
+        """
+        flat_grads, stats = self._step(
+            np.asarray(minibatch["obs"], np.float32),
+            np.asarray(minibatch["action"], self.action_spec().dtype.as_numpy_dtype),
+            np.asarray(minibatch["logp"], np.float32),
+            np.asarray(minibatch["advantage"], np.float32),
+            np.asarray(minibatch["value_target"], np.float32),
+            np.asarray(minibatch["value"], np.float32),
+        )
+        stats = dict(zip(STAT_NAMES, stats.numpy().tolist(), strict=True))
+        return self._flat.split(flat_grads.numpy()), stats
+
+    def learn_round(
+        self, batch: dict, rng: np.random.Generator
+    ) -> Iterator[tuple[list[np.ndarray], dict[str, float]]]:
+        """The round's gradient steps: `num_epochs` shuffled passes over `batch`.
+
+        Each epoch splits a permutation (from `rng`) of the n items into ceil(n /
+        minibatch_size) parts of near-equal size (sizes differ by at most one; nothing is
+        dropped) and yields one `(grads, stats)` per part (see `learn_minibatch`). Between
+        two yields the caller may assign new values to `self.variables`: every step reads
+        them afresh. With `kl_target > 0`, the remaining epochs are skipped after an epoch
+        whose minibatches' mean `approx_kl` exceeds 1.5 * kl_target.
+
+        Raises:
+            EasyRLError: `batch` lacks a column or its columns differ in length.
+        """
+        columns = ("obs", "action", "logp", "advantage", "value_target", "value")
+        missing = [c for c in columns if c not in batch]
+        if missing:
+            raise EasyRLError(f"ppo batch lacks columns {missing}; got {sorted(batch)}")
+        n = len(batch["obs"])
+        if n == 0 or any(len(batch[c]) != n for c in columns):
+            lengths = {c: len(batch[c]) for c in columns}
+            raise EasyRLError(f"ppo batch columns must share one non-zero length: {lengths}")
+        num_minibatches = math.ceil(n / self.params.minibatch_size)
+        for _ in range(self.params.num_epochs):
+            kls = []
+            for idx in np.array_split(rng.permutation(n), num_minibatches):
+                grads, stats = self.learn_minibatch({c: batch[c][idx] for c in columns})
+                kls.append(stats["approx_kl"])
+                yield grads, stats
+            if self.params.kl_target > 0 and np.mean(kls) > 1.5 * self.params.kl_target:
+                return
+
+    # --- compiled functions ---------------------------------------------------------------
+
+    def _log_prob_entropy(self, obs, action):
+        """log pi(action | obs) `[B]` and the policy's entropy `[B]`, exactly."""
+        out = self.pi(obs)  # [B, A]
+        if self.discrete:
+            log_p = tf.nn.log_softmax(out)  # [B, A]
+            logp = tf.gather(log_p, action, axis=1, batch_dims=1)  # [B]
+            entropy = -tf.reduce_sum(tf.exp(log_p) * log_p, axis=1)  # [B]
+            return logp, entropy
+        log_std = self.pi.log_std  # [A]
+        z = (action - out) * tf.exp(-log_std)  # [B, A]
+        # log N(a; mu, sigma^2) = -0.5 * sum(z^2 + 2 log sigma + log 2 pi)
+        logp = -0.5 * tf.reduce_sum(tf.square(z) + 2.0 * log_std + _LOG_2PI, axis=1)  # [B]
+        # H = sum(log sigma + 0.5 (1 + log 2 pi)), the same for every state.
+        entropy = tf.reduce_sum(log_std + 0.5 * (1.0 + _LOG_2PI)) * tf.ones_like(logp)  # [B]
+        return logp, entropy
+
+    def _act_fn(self, obs, noise):
+        out = self.pi(obs)  # [N, A]
+        if self.discrete:
+            # Gumbel-max: argmax(logits + Gumbel noise) ~ softmax(logits).
+            action = tf.argmax(out + noise, axis=1)  # [N]
+        else:
+            action = out + tf.exp(self.pi.log_std) * noise  # [N, A], unclipped
+        logp, _ = self._log_prob_entropy(obs, action)
+        return action, logp, self.vf(obs)
+
+    def _value_fn(self, obs):
+        return self.vf(obs)  # [N]
+
+    def _greedy_fn(self, obs):
+        out = self.pi(obs)  # [N, A]
+        if self.discrete:
+            return tf.argmax(out, axis=1)  # [N]
+        return tf.clip_by_value(out, self._low, self._high)  # [N, A]
+
+    def _replica_grads(self, inputs, size):
+        """Gradients and stat sums of one replica's slice of the minibatch, divided by the
+        whole minibatch size `size`: the replicas' SUM is the whole minibatch's mean."""
+        ctx = tf.distribute.get_replica_context()
+        replica = tf.cast(ctx.replica_id_in_sync_group, tf.int32)
+        n = tf.shape(inputs[0])[0]
+        lo = n * replica // ctx.num_replicas_in_sync
+        hi = n * (replica + 1) // ctx.num_replicas_in_sync
+        return self._grads([x[lo:hi] for x in inputs], size)
+
+    def _grads(self, inputs, size):
+        obs, action, logp_old, advantage, value_target, value_old = inputs
+        p = self.params
+        variables = list(self.variables.values())
+        with tf.GradientTape() as tape:
+            logp, entropy = self._log_prob_entropy(obs, action)  # [B], [B]
+            ratio = tf.exp(logp - logp_old)  # [B]
+            clipped_ratio = tf.clip_by_value(ratio, 1.0 - p.clip, 1.0 + p.clip)
+            surrogate = tf.minimum(ratio * advantage, clipped_ratio * advantage)  # [B]
+            value = self.vf(obs)  # [B]
+            value_err = tf.square(value - value_target)  # [B]
+            if p.value_clip > 0:
+                value_c = value_old + tf.clip_by_value(
+                    value - value_old, -p.value_clip, p.value_clip
+                )
+                value_err = tf.maximum(value_err, tf.square(value_c - value_target))
+            # Sums over this slice divided by the whole minibatch size (see _replica_grads).
+            policy_loss = -tf.reduce_sum(surrogate) / size
+            value_loss = 0.5 * tf.reduce_sum(value_err) / size
+            mean_entropy = tf.reduce_sum(entropy) / size
+            loss = policy_loss + p.vf_coef * value_loss - p.ent_coef * mean_entropy
+        grads = tape.gradient(loss, variables)
+        grads = [tf.zeros_like(v) if g is None else g for g, v in zip(grads, variables)]
+        approx_kl = tf.reduce_sum(ratio - 1.0 - (logp - logp_old)) / size
+        clip_frac = tf.reduce_sum(tf.cast(tf.abs(ratio - 1.0) > p.clip, tf.float32)) / size
+        stats = tf.stack([policy_loss, value_loss, mean_entropy, approx_kl, clip_frac])  # [5]
+        return grads, stats
+
+    def _step_fn(self, obs, action, logp_old, advantage, value_target, value_old):
+        if self.params.normalize_advantages:
+            # Over the whole minibatch, before any split across replicas.
+            mean, variance = tf.nn.moments(advantage, axes=[0])
+            advantage = (advantage - mean) / (tf.sqrt(variance) + 1e-8)  # [B]
+        inputs = (obs, action, logp_old, advantage, value_target, value_old)
+        size = tf.cast(tf.shape(obs)[0], tf.float32)
+        if self.strategy is None:
+            grads, stats = self._grads(inputs, size)
+        else:
+            per_replica = self.strategy.run(self._replica_grads, args=(inputs, size))
+            grads, stats = self.strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica, axis=None)
+        if self.params.grad_clip > 0:
+            grads, _ = tf.clip_by_global_norm(grads, self.params.grad_clip)
+        return tf.concat([tf.reshape(g, [-1]) for g in grads], axis=0), stats
+
+
+class RolloutCollector:
+    """Collects one round of `rollout_length` vector steps on an actor and turns it into the
+    round batch (GAE advantages and value targets).
+
+    Protocol per round: `start_round()`, then `rollout_length` times `act(obs, rng)` and
+    `observe(...)`; the last `observe` returns the batch. The envs are not reset between
+    rounds (`resets_envs = False`): the next round continues the same episodes.
+
+    Args:
+        algo: the actor's PPO (its variables hold the round's weights).
+        num_envs: envs in the vector env.
+        seed: seed of the collector's own rng, used when `act` gets no rng.
+    """
+
+    resets_envs = False
+
+    def __init__(self, algo: PPO, num_envs: int, seed: int = 0):
+        if num_envs < 1:
+            raise EasyRLError(f"num_envs must be positive, got {num_envs}")
+        self.algo = algo
+        self.num_envs = num_envs
+        self.rollout_length = algo.params.rollout_length
+        self._rng = np.random.default_rng(seed)
+        t, n = self.rollout_length, num_envs
+        self._obs = np.zeros((t, n, algo.obs_dim), np.float32)
+        if algo.discrete:
+            self._action = np.zeros((t, n), np.int64)
+        else:
+            self._action = np.zeros((t, n, algo.action_dim), np.float32)
+        self._logp = np.zeros((t, n), np.float32)
+        self._value = np.zeros((t, n), np.float32)
+        self._reward = np.zeros((t, n), np.float32)
+        self._terminated = np.zeros((t, n), bool)
+        self._truncated = np.zeros((t, n), bool)
+        self._truncated_value = np.zeros((t, n), np.float32)  # V(final obs) of truncated rows
+        self.start_round()
+
+    def start_round(self, share: int | None = None) -> None:
+        """Starts a new round (after the round's weights were swapped in): clears the buffers,
+        dropping any partial round. `share` (items per round) is fixed by `rollout_length`
+        for PPO and only checked when given."""
+        expected = self.algo.params.rollout_length * self.num_envs
+        if share is not None and share != expected:
+            raise EasyRLError(f"PPO collects {expected} steps per round, asked for {share}")
+        self._t = 0
+        self._acted = False
+        for buffer in (self._obs, self._action, self._logp, self._value, self._reward):
+            buffer.fill(0)
+        for buffer in (self._terminated, self._truncated, self._truncated_value):
+            buffer.fill(0)
+
+    def act(self, obs: np.ndarray, rng: np.random.Generator | None = None) -> np.ndarray:
+        """Samples actions for `obs` `[N, obs]` with one compiled call and remembers them.
+
+        The sampling noise is drawn from `rng` (the collector's own when None), so acting
+        is reproducible. Returns the env action: `[N]` int64, or `[N, A]` float32 clipped to
+        the bounds (the stored action and its log-prob are the unclipped sample).
+
+        Raises:
+            EasyRLError: `act` was already called for this step, or `obs` has a wrong shape.
+        """
+        if self._acted:
+            raise EasyRLError("act called twice without observe")
+        obs = np.asarray(obs, np.float32)
+        if obs.shape != (self.num_envs, self.algo.obs_dim):
+            raise EasyRLError(
+                f"obs must be [{self.num_envs}, {self.algo.obs_dim}], got {obs.shape}"
+            )
+        rng = self._rng if rng is None else rng
+        shape = (self.num_envs, self.algo.action_dim)
+        noise = rng.gumbel(size=shape) if self.algo.discrete else rng.standard_normal(shape)
+        action, logp, value = self.algo._act(obs, noise.astype(np.float32))
+        t = self._t
+        self._obs[t] = obs
+        self._action[t] = action.numpy()
+        self._logp[t] = logp.numpy()
+        self._value[t] = value.numpy()
+        self._acted = True
+        if self.algo.discrete:
+            return self._action[t].copy()
+        space = self.algo.action_space
+        return np.clip(self._action[t], space.low, space.high).astype(np.float32)
+
+    def observe(
+        self,
+        rewards: np.ndarray,
+        next_obs: np.ndarray,
+        real_next_obs: np.ndarray,
+        terminated: np.ndarray,
+        truncated: np.ndarray,
+    ) -> dict[str, np.ndarray] | None:
+        """Stores the outcome of the step `act` chose; returns the round batch after
+        `rollout_length` steps, else None.
+
+        Args:
+            rewards: `[N]`.
+            next_obs: what the vector env returned, `[N, obs]` (reset rows for done envs).
+            real_next_obs: the true successors, `[N, obs]` (final observation for done envs).
+            terminated: `[N]` bool.
+            truncated: `[N]` bool.
+
+        Returns:
+            None, or the `replay_spec` columns flattened time-major to
+            `[rollout_length * num_envs, ...]` (item `t * N + i` is step t of env i).
+            Bootstraps: V(next state) is the next `act`'s value, except V(real_next_obs) for
+            truncated rows and for the round's last step; 0 for terminated rows.
+
+        Raises:
+            EasyRLError: no `act` preceded this call, or an argument has a wrong shape.
+        """
+        if not self._acted:
+            raise EasyRLError("observe called without a preceding act")
+        n, t = self.num_envs, self._t
+        rewards = np.asarray(rewards, np.float32).reshape(-1)
+        terminated = np.asarray(terminated, bool).reshape(-1)
+        truncated = np.asarray(truncated, bool).reshape(-1)
+        real_next_obs = np.asarray(real_next_obs, np.float32)
+        if any(len(x) != n for x in (rewards, terminated, truncated, real_next_obs)):
+            raise EasyRLError(f"observe needs {n} rows per argument")
+        if real_next_obs.shape != (n, self.algo.obs_dim) or np.shape(next_obs)[0] != n:
+            raise EasyRLError(f"observations must be [{n}, {self.algo.obs_dim}]")
+        self._reward[t], self._terminated[t], self._truncated[t] = rewards, terminated, truncated
+        self._acted = False
+        self._t += 1
+        if self._t < self.rollout_length:
+            rows = np.flatnonzero(truncated & ~terminated)
+            if rows.size:
+                self._truncated_value[t, rows] = self.algo.value(real_next_obs[rows])
+            return None
+        # Last step: real_next_obs equals next_obs except on done rows, where it is the
+        # needed successor (truncated) or unused (terminated): one value call covers all.
+        next_values = np.concatenate([self._value[1:], self.algo.value(real_next_obs)[None]])
+        head = self._truncated[:-1]  # [T-1, N]
+        next_values[:-1][head] = self._truncated_value[:-1][head]
+        advantage, value_target = gae(
+            self._reward,
+            self._value,
+            next_values,
+            self._terminated,
+            self._terminated | self._truncated,
+            self.algo.params.gamma,
+            self.algo.params.lam,
+        )
+        size = self.rollout_length * n
+        batch = {
+            "obs": self._obs.reshape(size, -1).copy(),
+            "action": self._action.reshape(size, *self._action.shape[2:]).copy(),
+            "logp": self._logp.reshape(size).copy(),
+            "advantage": advantage.reshape(size),
+            "value_target": value_target.reshape(size),
+            "value": self._value.reshape(size).copy(),
+        }
+        self._t = 0
+        return batch
