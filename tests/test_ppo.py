@@ -747,3 +747,36 @@ def test_multi_device_gradient_equals_single_device():
     )
     assert result.returncode == 0, result.stderr[-3000:]
     assert "MULTI-DEVICE OK" in result.stdout
+
+
+# --- observation normalization ---------------------------------------------------------
+
+
+def test_observation_statistics_merge_to_the_moments_of_everything_seen():
+    algo = build(normalize_observations=True, obs_clip=3.0)
+    assert {"obs_norm/mean", "obs_norm/var", "obs_norm/count"} <= set(algo.variables)
+    rng = np.random.default_rng(5)
+    rounds = [rng.normal([1.0, -2.0, 0.5], [0.5, 2.0, 1.0], size=(n, 3)) for n in (7, 40, 13)]
+    for obs in rounds:
+        changed = algo.end_round({"obs": obs.astype(np.float32)})
+        assert changed == ["obs_norm/count", "obs_norm/mean", "obs_norm/var"]
+    seen = np.concatenate(rounds)
+    # The 1e-4 prior count barely moves the result.
+    np.testing.assert_allclose(algo.variables["obs_norm/mean"].numpy(), seen.mean(0), atol=1e-4)
+    np.testing.assert_allclose(algo.variables["obs_norm/var"].numpy(), seen.var(0), rtol=1e-3)
+    assert algo.variables["obs_norm/count"].numpy() == pytest.approx(60, abs=1e-3)
+    # The networks see clip((obs - mean) / std, -3, 3), and no gradient reaches the statistics.
+    obs = np.array([[1.0, -2.0, 0.5], [100.0, 0.0, 0.0]], np.float32)
+    z = algo.obs_norm(obs).numpy()
+    expected = (obs - seen.mean(0)) / np.sqrt(seen.var(0) + 1e-8)
+    np.testing.assert_allclose(z, np.clip(expected, -3, 3), atol=1e-3)
+    grads, _ = algo.learn_minibatch(make_batch(discrete=True))
+    for name, grad in zip(algo.variables, grads, strict=True):
+        if name.startswith("obs_norm/"):
+            assert not np.any(grad), name
+
+
+def test_without_normalization_end_round_changes_nothing():
+    algo = build()
+    assert not any(n.startswith("obs_norm/") for n in algo.variables)
+    assert algo.end_round({"obs": np.ones((4, 3), np.float32)}) == []

@@ -219,6 +219,17 @@ class ShardedWeights:
                 on_wait()
         return False
 
+    def assign_local(self, names: list[str]) -> None:
+        """Writes the local values of the shards holding `names` to the PS (state the
+        learner changed outside gradients, e.g. observation statistics)."""
+        for shard in sorted({self.assignment[n] for n in names}):
+            values = {n: self.variables[n].numpy() for n in self.shard_names[shard]}
+            request = pb.AssignRequest(tensors=codec.encode_named(values), only_if_empty=False)
+            reply = self.clients[shard].call("Assign", request)
+            with self._lock:
+                self.fetched_versions[shard] = max(self.fetched_versions[shard], reply.version)
+                self.local_versions[shard] = reply.version
+
     def offer(self, shard: int, version: int, tensors) -> None:
         """Puts values of `shard` at `version` (from a Pull or a Push reply) in the latest
         slot, unless a newer version is already there (several threads may fetch)."""

@@ -229,6 +229,9 @@ class Learner:
                 steps += 1
                 if self.stop.is_set():
                     return
+            changed = self.algo.end_round(batch)  # e.g. observation statistics
+            if changed:
+                self.weights.assign_local(changed)
             round_ += 1
             self._publish(round_)
             means = {k: v / max(steps, 1) for k, v in totals.items()}  # the round's mean stats

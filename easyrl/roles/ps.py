@@ -240,8 +240,11 @@ class ParameterServer(pb_grpc.ParameterServerServicer):
     def Report(self, request, context):
         if request.publish_round < 0:
             raise ValueError("Report: publish_round must be >= 0")
-        only_publish = not (request.role or request.env_steps or request.updates)
-        if self.stats is None and not (request.publish_round and only_publish):
+        counts = request.env_steps or request.updates or request.episode_returns
+        publish_only = request.publish_round > 0 and not request.role
+        if publish_only and (counts or request.stats):
+            raise ValueError("Report: a publish-only report (no role) carries no counts")
+        if self.stats is None and not publish_only:
             raise ValueError(
                 f"Report goes to PS shard 0, not shard {self.shard} (other shards only take "
                 "publish_round)"
@@ -254,17 +257,16 @@ class ParameterServer(pb_grpc.ParameterServerServicer):
             raise ValueError("Report: episode returns must be finite")
         if request.publish_round:
             self.publish(request.publish_round)
-        if self.stats is None:
-            return pb.ReportResponse(stopping=self.stopping.is_set())
-        self.stats.report(
-            request.role,
-            request.task,
-            request.env_steps,
-            request.updates,
-            list(request.episode_returns),
-            list(request.episode_lengths),
-            dict(request.stats),
-        )
+        if not publish_only:
+            self.stats.report(
+                request.role,
+                request.task,
+                request.env_steps,
+                request.updates,
+                list(request.episode_returns),
+                list(request.episode_lengths),
+                dict(request.stats),
+            )
         return pb.ReportResponse(stopping=self.stopping.is_set())
 
     def Status(self, request, context):

@@ -100,6 +100,10 @@ class ES:
         """The actor-side round collector for `num_envs` envs; `seed` seeds its seed draws."""
         return PerturbationCollector(self, num_envs, seed)
 
+    def end_round(self, batch: dict) -> list[str]:
+        """ES keeps no state outside its weights: nothing changes after a round."""
+        return []
+
     def greedy(self, obs: np.ndarray) -> np.ndarray:
         """Actions of the unperturbed policy theta for observations `[N, obs]`."""
         return self._greedy(np.asarray(obs, np.float32)).numpy()

@@ -71,6 +71,11 @@ class Params:
     """Initial log standard deviation of the Gaussian policy (Box actions only)."""
     multi_gpu: bool = True
     """Split each minibatch over all visible GPUs with a MirroredStrategy when there are >1."""
+    normalize_observations: bool = False
+    """Feed the networks (obs - mean) / std, clipped to +-obs_clip; the running mean/std is
+    updated by the learner after every round and kept on the PS, so all actors share it."""
+    obs_clip: float = 10.0
+    """Clip of the normalized observations."""
 
     def __post_init__(self):
         # (holds, valid range); written so that NaN fails every check.
@@ -88,6 +93,7 @@ class Params:
             "grad_clip": (self.grad_clip >= 0.0, ">= 0"),
             "max_staleness": (self.max_staleness >= 0, ">= 0"),
             "log_std_init": (bool(np.isfinite(self.log_std_init)), "finite"),
+            "obs_clip": (self.obs_clip > 0.0, "> 0"),
         }
         for name, (holds, valid) in checks.items():
             if not holds:

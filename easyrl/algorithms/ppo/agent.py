@@ -27,12 +27,55 @@ STAT_NAMES = ("policy_loss", "value_loss", "entropy", "approx_kl", "clip_frac")
 _LOG_2PI = math.log(2.0 * math.pi)
 
 
+class ObsNorm(tf.Module):
+    """Running observation statistics `obs_norm/{mean,var,count}` and the normalization
+    clip((obs - mean) / sqrt(var + 1e-8), -c, c). They are variables like the weights, so
+    they live on the PS and reach every actor with the weights; no gradient moves them
+    (their gradient is zero), only `update` on the learner does.
+
+    Args:
+        obs_dim: observation size.
+        clip: the clip c; None disables normalization (the identity, no variables).
+    """
+
+    def __init__(self, obs_dim: int, clip: float | None):
+        super().__init__(name=None)
+        self.clip = clip
+        if clip is not None:
+            self.mean = tf.Variable(np.zeros(obs_dim, np.float32), name="obs_norm/mean")
+            self.var = tf.Variable(np.ones(obs_dim, np.float32), name="obs_norm/var")
+            # A tiny prior count, as Stable-Baselines3 does: the first update dominates it.
+            self.count = tf.Variable(np.float32(1e-4), name="obs_norm/count")
+
+    def __call__(self, obs):
+        if self.clip is None:
+            return obs
+        # Statistics, not parameters: no gradient flows into them.
+        mean, var = tf.stop_gradient(self.mean), tf.stop_gradient(self.var)
+        z = (obs - mean) / tf.sqrt(var + 1e-8)  # [B, obs]
+        return tf.clip_by_value(z, -self.clip, self.clip)
+
+    def update(self, obs: np.ndarray) -> None:
+        """Merges the moments of `obs` `[n, obs]` into the running ones (Chan et al.):
+        the result equals the mean/variance of all observations seen so far."""
+        obs = np.asarray(obs, np.float64)
+        count, mean, var = float(self.count.numpy()), self.mean.numpy(), self.var.numpy()
+        n, batch_mean, batch_var = len(obs), obs.mean(axis=0), obs.var(axis=0)
+        total = count + n
+        delta = batch_mean - mean
+        m2 = var * count + batch_var * n + np.square(delta) * count * n / total
+        self.mean.assign((mean + delta * n / total).astype(np.float32))
+        self.var.assign((m2 / total).astype(np.float32))
+        self.count.assign(np.float32(total))
+
+
 class PolicyNet(tf.Module):
     """pi(.|s): an MLP torso and a linear head giving logits (Discrete) or the Gaussian mean
-    (Box, with a state-independent `pi/log_std`)."""
+    (Box, with a state-independent `pi/log_std`), on normalized observations."""
 
-    def __init__(self, obs_dim, action_space, model, log_std_init, rng):
+    def __init__(self, obs_dim, action_space, model, log_std_init, rng, norm):
         super().__init__(name=None)
+        self.norm = norm
         self.torso = MLP(obs_dim, model.hidden, model.activation, "pi/torso", rng)
         width = model.hidden[-1] if model.hidden else obs_dim
         if isinstance(action_space, gym.spaces.Discrete):
@@ -44,20 +87,21 @@ class PolicyNet(tf.Module):
             self.log_std = tf.Variable(np.full(dim, log_std_init, np.float32), name="pi/log_std")
 
     def __call__(self, obs):
-        return self.head(self.torso(obs))  # [B, A] logits or means
+        return self.head(self.torso(self.norm(obs)))  # [B, A] logits or means
 
 
 class ValueNet(tf.Module):
-    """V(s): an MLP torso and a linear head."""
+    """V(s): an MLP torso and a linear head, on normalized observations."""
 
-    def __init__(self, obs_dim, model, rng):
+    def __init__(self, obs_dim, model, rng, norm):
         super().__init__(name=None)
+        self.norm = norm
         self.torso = MLP(obs_dim, model.hidden, model.activation, "vf/torso", rng)
         width = model.hidden[-1] if model.hidden else obs_dim
         self.head = Dense(width, 1, "vf/out", rng, scale=1.0)
 
     def __call__(self, obs):
-        return self.head(self.torso(obs))[:, 0]  # [B]
+        return self.head(self.torso(self.norm(obs)))[:, 0]  # [B]
 
 
 def _strategy(params: Params, devices):
@@ -106,8 +150,12 @@ class PPO:
         scope = self.strategy.scope() if self.strategy else contextlib.nullcontext()
         with scope:
             rng = np.random.default_rng(seed)  # policy first, then value: one fixed stream
-            self.pi = PolicyNet(self.obs_dim, action_space, model, params.log_std_init, rng)
-            self.vf = ValueNet(self.obs_dim, model, rng)
+            clip = params.obs_clip if params.normalize_observations else None
+            self.obs_norm = ObsNorm(self.obs_dim, clip)
+            self.pi = PolicyNet(
+                self.obs_dim, action_space, model, params.log_std_init, rng, self.obs_norm
+            )
+            self.vf = ValueNet(self.obs_dim, model, rng, self.obs_norm)
         self.variables = dict(
             sorted({**named_variables(self.pi), **named_variables(self.vf)}.items())
         )
@@ -196,6 +244,18 @@ class PPO:
                 yield grads, stats
             if self.params.kl_target > 0 and np.mean(kls) > 1.5 * self.params.kl_target:
                 return
+
+    def end_round(self, batch: dict) -> list[str]:
+        """After the round's updates, on the learner: folds the round's observations into
+        the running statistics when normalizing (the next round uses them).
+
+        Returns:
+            The names of the variables changed here (the learner assigns them to the PS).
+        """
+        if not self.params.normalize_observations:
+            return []
+        self.obs_norm.update(batch["obs"])
+        return [n for n in self.variables if n.startswith("obs_norm/")]
 
     # --- compiled functions ---------------------------------------------------------------
 
