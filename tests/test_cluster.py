@@ -127,12 +127,12 @@ def _read_jsonl(path: Path) -> list[dict]:
 class Run:
     """One `easyrl train` launcher process, its output in a file, its run directory."""
 
-    def __init__(self, tmp_path: Path, overrides):
+    def __init__(self, tmp_path: Path, overrides, config: Path = CONFIG, base=BASE_OVERRIDES):
         self.run_dir = (tmp_path / "run").resolve()
         self.config_path = self.run_dir / "config.yaml"
         self.out_path = tmp_path / "launcher.out"
-        command = [sys.executable, "-m", "easyrl.cli", "train", str(CONFIG)]
-        for override in (*BASE_OVERRIDES, f"run.dir={self.run_dir}", *overrides):
+        command = [sys.executable, "-m", "easyrl.cli", "train", str(config)]
+        for override in (*base, f"run.dir={self.run_dir}", *overrides):
             command += ["--set", override]
         self.started = time.monotonic()
         with self.out_path.open("wb") as out:
@@ -205,11 +205,12 @@ class Run:
 
 @pytest.fixture
 def launch(tmp_path):
-    """`launch(*overrides)` starts `easyrl train` in the background; cleaned up afterwards."""
+    """`launch(*overrides, config=..., base=...)` starts `easyrl train` in the background;
+    cleaned up afterwards."""
     runs = []
 
-    def start(*overrides) -> Run:
-        run = Run(tmp_path, overrides)
+    def start(*overrides, config: Path = CONFIG, base=BASE_OVERRIDES) -> Run:
+        run = Run(tmp_path, overrides, config, base)
         runs.append(run)
         return run
 
@@ -342,6 +343,72 @@ def test_two_shards_each(launch):
         assert memory[f"memory/{shard}/samples"] > 0, memory
     for shard in (0, 1):
         assert (run.run_dir / "checkpoints" / f"ps-{shard}.npz").exists()
+    _assert_no_processes_left(run.run_dir)
+
+
+ROUNDS = {
+    # PPO: 2 actors x 4 envs x 16 steps = 128 steps a round; observation statistics on, so
+    # the learner also assigns them to the PS after every round.
+    "ppo": (
+        ROOT / "configs" / "cartpole_ppo.yaml",
+        (
+            "algorithm.rollout_length=16",
+            "algorithm.num_epochs=2",
+            "algorithm.minibatch_size=64",
+            "algorithm.normalize_observations=true",
+            "stop.max_env_steps=1500",
+        ),
+    ),
+    # ES: 8 perturbation pairs a round, episodes cut at 40 steps.
+    "es": (
+        ROOT / "configs" / "cartpole_es.yaml",
+        ("algorithm.population=8", "env.max_episode_steps=40", "stop.max_env_steps=4000"),
+    ),
+}
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("algorithm", sorted(ROUNDS))
+def test_synchronous_rounds_two_shards_each(launch, algorithm):
+    config, overrides = ROUNDS[algorithm]
+    run = launch(
+        *overrides,
+        "stop.max_seconds=90",
+        "env.num_envs=4",
+        "cluster.ps=2",
+        "cluster.memory=2",
+        "cluster.actor=2",
+        config=config,
+        base=("stop.episode_return_mean=null", "run.log_interval_s=0.5"),
+    )
+    code = run.wait(150)
+    assert code == 0, f"exit code {code}:\n{run.output()}\n{run.logs()}"
+    summary = run.summary()
+    assert "max_env_steps" in summary["reason"], summary["reason"]
+    assert all(n == 0 for n in summary["restarts"].values()), summary["restarts"]
+    ps0, ps1 = _counters(summary, "ps/0"), _counters(summary, "ps/1")
+    rounds = ps0["ps/0/round"]
+    assert rounds >= 3, ps0
+    # The learner publishes every round on every shard, after that round's pushes.
+    assert ps1["ps/1/round"] == rounds
+    assert ps0["ps/0/applied"] >= rounds - 1 and ps1["ps/1/applied"] >= rounds - 1
+    assert ps0["learner/0/updates"] > 0
+    for shard in (0, 1):
+        memory = _counters(summary, f"memory/{shard}")
+        # Each shard released whole rounds of its one actor, and is now collecting the
+        # next round (or already holds part of it).
+        released = memory[f"memory/{shard}/rounds_released"]
+        assert rounds - 1 <= released <= rounds, (rounds, memory)
+        assert memory[f"memory/{shard}/round"] == released, memory
+        assert memory[f"memory/{shard}/samples"] > 0
+        assert memory.get(f"memory/{shard}/refused_stale", 0) == 0, memory
+    if algorithm == "ppo":
+        with (
+            np.load(run.run_dir / "checkpoints" / "ps-0.npz") as data0,
+            np.load(run.run_dir / "checkpoints" / "ps-1.npz") as data1,
+        ):
+            counts = [d[k] for d in (data0, data1) for k in d.files if k.endswith("obs_norm/count")]
+        assert len(counts) == 1 and counts[0] >= 128, counts  # updated by every round
     _assert_no_processes_left(run.run_dir)
 
 
