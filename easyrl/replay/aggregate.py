@@ -39,7 +39,8 @@ class AggregateTable:
         self._size = 0
         self.inserted = 0
         self.refused = 0
-        """Items dropped because their round was already released (or superseded)."""
+        """Items dropped: inserted for a round already released, or held for a round a
+        newer one superseded."""
         self.released_rounds = 0
 
     @property
@@ -72,12 +73,13 @@ class AggregateTable:
         if round_ < self.round:
             self.refused += n
             return False
+        held = self._size if round_ == self.round else 0  # a newer round drops what is held
+        if held + n > self.capacity:
+            raise ReplayError(
+                f"aggregate table full: holds {held} of {self.capacity} items, cannot add {n}"
+            )
         if round_ > self.round:
             self._advance(int(round_))
-        if self._size + n > self.capacity:
-            raise ReplayError(
-                f"aggregate table full: holds {self._size} of {self.capacity} items, cannot add {n}"
-            )
         self._parts.append({k: np.array(v, copy=True) for k, v in batch.items()})
         self._size += n
         self.inserted += n

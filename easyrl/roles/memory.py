@@ -174,7 +174,9 @@ class MemoryServer(pb_grpc.ReplayMemoryServicer):
             return pb.InsertResponse(
                 size=table.size, inserted=table.inserted, refused=not kept, round=table.round
             )
-        (round_,) = op.args
+        round_, caller_active = op.args
+        if not caller_active():  # the caller gave up (deadline, crash): keep the round
+            raise ReplayError("the caller is gone")
         table.catch_up(round_)
         if table.round > round_:  # the caller is behind: tell it which round is collected
             return pb.SampleResponse(ready=False, round=table.round)
@@ -248,7 +250,7 @@ class MemoryServer(pb_grpc.ReplayMemoryServicer):
     @invalid_argument_on_error
     def Sample(self, request, context):
         if self.rounds:
-            return self._take_round(request)
+            return self._take_round(request, context)
         if not 1 <= request.batch_size <= self.table.capacity:
             raise ReplayError(f"batch_size must be in [1, {self.table.capacity}]")
         if not 0 <= request.timeout_s <= 600:
@@ -265,11 +267,18 @@ class MemoryServer(pb_grpc.ReplayMemoryServicer):
         except RateLimitTimeout:
             return pb.SampleResponse(ready=False)
 
-    def _take_round(self, request) -> pb.SampleResponse:
+    def _take_round(self, request, context) -> pb.SampleResponse:
         if request.round < 0 or not 0 <= request.timeout_s <= 600:
             raise ReplayError("round must be >= 0 and timeout_s in [0, 600]")
+        # Give up before the caller's deadline does, and never release a round to a caller
+        # that is gone: its items would be lost.
+        timeout = request.timeout_s
+        remaining = context.time_remaining() if context is not None else None
+        if remaining is not None:
+            timeout = min(timeout, max(0.0, remaining - 0.05))
+        active = context.is_active if context is not None else (lambda: True)
         try:
-            return self._submit("take_round", (request.round,), request.timeout_s)
+            return self._submit("take_round", (request.round, active), timeout)
         except RateLimitTimeout:
             return pb.SampleResponse(ready=False, round=self.table.round)
 
@@ -289,6 +298,7 @@ class MemoryServer(pb_grpc.ReplayMemoryServicer):
         counters[f"memory/{self.shard}/size"] = float(self.table.size)
         if self.rounds:
             counters[f"memory/{self.shard}/round"] = float(self.table.round)
+            counters[f"memory/{self.shard}/dropped_items"] = float(self.table.refused)
         counters[f"memory/{self.shard}/ready_batches"] = float(self._ready.qsize())
         return pb.StatusResponse(
             role="memory",
