@@ -21,8 +21,17 @@ setup(
         "tensorboard>=2.21,<2.22",
     ],
     extras_require={
-        "test": ["pytest>=8", "pytest-timeout>=2.3", "grpcio-tools==1.85.1", "ruff==0.17.6"],
+        # The tests run Atari smoke runs too, so they install the Atari extra.
+        "test": [
+            "pytest>=8",
+            "pytest-timeout>=2.3",
+            "grpcio-tools==1.85.1",
+            "ruff==0.17.6",
+            "ale-py>=0.11,<0.12",
+            "opencv-python-headless>=4.9",
+        ],
         "gpu": ["tensorflow[and-cuda]>=2.21,<2.22"],
+        "atari": ["ale-py>=0.11,<0.12", "opencv-python-headless>=4.9"],
     },
     entry_points={"console_scripts": ["easyrl=easyrl.cli:main"]},
 )

@@ -57,42 +57,44 @@ def raw_config(num_envs: int) -> dict:
 
 
 def plain_loop(cfg, algo, duration_s: float, post: bool) -> common.Rate:
-    """Steps `cfg.env.num_envs` envs with `algo.act` for `duration_s` (after a warm-up)."""
-    from easyrl.algorithms import registry
-    from easyrl.envs import final_observations, make_vector_env
+    """Steps `cfg.env.num_envs` envs for `duration_s` (after a warm-up): with `post`, through
+    the algorithm's collector and the encoding of each shipment, as an actor does (without
+    gRPC); without, greedy actions from one inference call per vector step and env.step only.
+    """
+    from easyrl.envs import env_options, final_observations, make_vector_env
     from easyrl.roles.actor import EpisodeTracker
 
     n = cfg.env.num_envs
-    module = registry.module(cfg.algorithm.name)
-    params = cfg.algorithm.params
     seed = cfg.run.seed * 10_000
-    env = make_vector_env(cfg.env.id, n, vector=cfg.env.vector, seed=seed)
+    env = make_vector_env(cfg.env.id, n, vector=cfg.env.vector, seed=seed, **env_options(cfg.env))
     rng = np.random.default_rng(seed)
-    accumulator = algo.postprocessor(n)
+    collector = algo.collector(n, seed, 0, 1)
     episodes = EpisodeTracker(n)
     obs, _ = env.reset(seed=seed)
     state = {"obs": obs, "steps": 0, "parts": []}
 
     def vector_step():
-        epsilon = module.actor_epsilon(params, 0, 1, state["steps"])
-        actions = algo.act(state["obs"], epsilon, rng)
+        if not post:
+            state["obs"] = env.step(algo.greedy(state["obs"]))[0]
+            return n, 0
+        actions = collector.act(state["obs"], rng)
         next_obs, rewards, terminated, truncated, infos = env.step(actions)
         state["steps"] += n
-        if post:
-            done = terminated | truncated
-            real_next = final_observations(next_obs, infos, done)
-            out = accumulator.add(state["obs"], actions, rewards, real_next, terminated, truncated)
-            if out is not None:
-                state["parts"].append(out)
-            episodes.step(rewards, done)
-            episodes.take()
-            if (state["steps"] // n) % cfg.actor.send_every == 0 and state["parts"]:
-                parts = state["parts"]
-                batch = {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
-                request = pb.InsertRequest(tensors=codec.encode_batch(batch), actor=0)
+        done = terminated | truncated
+        real_next = final_observations(next_obs, infos, done)
+        out = collector.observe(rewards, next_obs, real_next, terminated, truncated)
+        if out is not None:
+            state["parts"].append(out)
+        episodes.step(rewards, done)
+        episodes.take()
+        if (state["steps"] // n) % cfg.actor.send_every == 0 and state["parts"]:
+            parts = state["parts"]
+            batch = {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
+            request = pb.InsertRequest(tensors=codec.encode_batch(batch), actor=0)
+            if cfg.replay.kind == "prioritized":
                 priorities = algo.initial_priorities(batch).astype(np.float32)
                 request.priorities.CopyFrom(codec.encode_array("priorities", priorities))
-                state["parts"] = []
+            state["parts"] = []
         state["obs"] = next_obs
         return n, 0
 

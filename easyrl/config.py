@@ -38,6 +38,7 @@ __all__ = [
     "LearnerConfig",
     "ModelConfig",
     "ReplayConfig",
+    "AtariConfig",
     "RunConfig",
     "SecurityConfig",
     "StopConfig",
@@ -60,6 +61,28 @@ class _Section:
 
 
 @dataclass(frozen=True)
+class AtariConfig(_Section):
+    """Atari preprocessing (ale-py envs such as ALE/Pong-v5; install easyrl[atari])."""
+
+    SECTION: ClassVar[str] = "env.atari"
+
+    noop_max: int = 30
+    """Up to this many no-op actions after each reset (random start states)."""
+    frame_skip: int = 4
+    """Each action repeats this many frames; the observation is the max of the last two."""
+    screen_size: int = 84
+    """Frames are resized to screen_size x screen_size (84: Nature DQN; 42: EasyRL)."""
+    grayscale: bool = True
+    """Grey-scale frames (one channel per stacked frame)."""
+    frame_stack: int = 4
+    """Observations stack the last frame_stack frames as channels: [H, W, frame_stack]."""
+    episodic_life: bool = True
+    """Training episodes end when a life is lost (reported returns are then per life)."""
+    clip_rewards: bool = True
+    """Training rewards are clipped to their sign (reported returns are then clipped)."""
+
+
+@dataclass(frozen=True)
 class EnvConfig(_Section):
     """The environments each actor steps."""
 
@@ -75,6 +98,8 @@ class EnvConfig(_Section):
     """Truncate episodes after this many steps (None: the environment's own limit)."""
     kwargs: dict[str, Any] = field(default_factory=dict)
     """Free-form keyword arguments passed to gymnasium.make."""
+    atari: AtariConfig | None = None
+    """Atari preprocessing; None: the environment as registered."""
 
 
 @dataclass(frozen=True)
@@ -83,12 +108,18 @@ class ModelConfig(_Section):
 
     SECTION: ClassVar[str] = "model"
 
-    kind: Literal["mlp"] = "mlp"
-    """Network family."""
+    kind: Literal["mlp", "conv"] = "mlp"
+    """Network family: mlp (flat observations) or conv (image frames [H, W, C], e.g. Atari)."""
     hidden: tuple[int, ...] = (64, 64)
-    """Units of each hidden layer."""
+    """Units of each hidden dense layer (for conv: the dense layers after the convolutions)."""
     activation: Literal["relu", "tanh", "elu"] = "relu"
     """Activation of the hidden layers."""
+    conv: tuple[tuple[int, int, int], ...] = ((32, 8, 4), (64, 4, 2), (64, 3, 1))
+    """conv only: (filters, kernel, stride) of each convolution. The default is the Nature-DQN
+    torso for 84x84x4 frames (valid padding, hidden [512]); EasyRL's 42x42x4 shape is
+    [[32, 3, 2], [32, 3, 2], [32, 3, 2], [32, 3, 2]] with same padding and hidden [256]."""
+    padding: Literal["valid", "same"] = "valid"
+    """conv only: padding of the convolutions."""
 
 
 @dataclass(frozen=True)
@@ -97,10 +128,11 @@ class ReplayConfig(_Section):
 
     SECTION: ClassVar[str] = "replay"
 
-    kind: Literal["uniform", "prioritized", "aggregate"] | None = None
-    """Table kind (None: the algorithm's own; aggregate = whole rounds for PPO and ES)."""
+    kind: Literal["uniform", "prioritized", "trajectory", "aggregate"] | None = None
+    """Table kind (None: the algorithm's own): uniform/prioritized replay (DQN), trajectory =
+    a FIFO of unrolls (IMPALA), aggregate = whole rounds (PPO, ES)."""
     capacity: int = 100_000
-    """Transitions kept per memory shard."""
+    """Items kept per memory shard (transitions; unrolls for a trajectory table)."""
     alpha: float = 0.6
     """Priority exponent (0: uniform)."""
     beta: float = 0.4
@@ -127,10 +159,10 @@ class ClusterConfig(_Section):
 
     ps: int = 1
     """Parameter-server shards."""
-    memory: int = 1
-    """Replay memory shards."""
-    learner: int = 1
-    """Learners."""
+    memory: int | None = None
+    """Replay memory shards (None: 1, or 0 for an algorithm whose actors push gradients)."""
+    learner: int | None = None
+    """Learners (None: 1, or 0 for an algorithm whose actors push gradients)."""
     actor: int = 2
     """Actors."""
     host: str = "127.0.0.1"
@@ -292,7 +324,16 @@ def _each(check: _Check) -> _Check:
 
 _RULES: dict[type, tuple[tuple[str, _Check], ...]] = {
     EnvConfig: (("num_envs", _ge(1)), ("max_episode_steps", _opt(_ge(1)))),
-    ModelConfig: (("hidden", _each(_ge(1))),),
+    AtariConfig: (
+        ("noop_max", _ge(0)),
+        ("frame_skip", _ge(1)),
+        ("screen_size", _ge(8)),
+        ("frame_stack", _ge(1)),
+    ),
+    ModelConfig: (
+        ("hidden", _each(_ge(1))),
+        ("conv", _Check(lambda v: all(min(layer) >= 1 for layer in v), "all >= 1")),
+    ),
     ReplayConfig: (
         ("capacity", _ge(1)),
         ("alpha", _ge(0)),
@@ -304,7 +345,12 @@ _RULES: dict[type, tuple[tuple[str, _Check], ...]] = {
         ("error_buffer", _opt(_gt(0))),
         ("prefetch", _ge(1)),
     ),
-    ClusterConfig: (("ps", _ge(1)), ("memory", _ge(1)), ("learner", _ge(1)), ("actor", _ge(1))),
+    ClusterConfig: (
+        ("ps", _ge(1)),
+        ("memory", _opt(_ge(0))),
+        ("learner", _opt(_ge(0))),
+        ("actor", _ge(1)),
+    ),
     ActorConfig: (("send_every", _ge(1)), ("weight_sync_every", _ge(1)), ("queue_size", _ge(1))),
     LearnerConfig: (
         ("batch_queue", _ge(1)),
@@ -326,7 +372,10 @@ _RULES: dict[type, tuple[tuple[str, _Check], ...]] = {
 
 _CROSS_RULES: dict[type, tuple[tuple[Callable[[Any], bool], str], ...]] = {
     ReplayConfig: (
-        (lambda r: r.min_size_to_sample <= r.capacity, "min_size_to_sample must be <= capacity"),
+        (
+            lambda r: r.kind in ("trajectory", "aggregate") or r.min_size_to_sample <= r.capacity,
+            "min_size_to_sample must be <= capacity",
+        ),
     ),
     SecurityConfig: (
         (lambda s: (s.tls_cert is None) == (s.tls_key is None), "tls_cert and tls_key go together"),
@@ -617,11 +666,12 @@ def _resolve(cfg: Config) -> Config:
     """
     module = registry.module(cfg.algorithm.name)
     kinds = module.REPLAY_KINDS
-    kind = cfg.replay.kind or kinds[0]
-    if kind not in kinds:
-        raise ConfigError(
-            f"replay.kind: {cfg.algorithm.name} works with {' or '.join(kinds)}, got {kind!r}"
-        )
+    kind = cfg.replay.kind or (kinds[0] if kinds else None)
+    if kind not in kinds and kind is not None:
+        works = f"works with {' or '.join(kinds)}" if kinds else "uses no replay memory"
+        raise ConfigError(f"replay.kind: {cfg.algorithm.name} {works}, got {kind!r}")
+    cluster = _resolve_cluster(cfg.algorithm.name, module.FLOW, cfg.cluster)
+    cfg = dataclasses.replace(cfg, cluster=cluster)
     if module.FLOW == "sync_rounds":
         if cfg.cluster.learner != 1:
             raise ConfigError(
@@ -634,6 +684,31 @@ def _resolve(cfg: Config) -> Config:
                 f"{cfg.cluster.actor} actors; every shard needs an actor to fill its rounds"
             )
     return dataclasses.replace(cfg, replay=dataclasses.replace(cfg.replay, kind=kind))
+
+
+def _resolve_cluster(name: str, flow: str, cluster: ClusterConfig) -> ClusterConfig:
+    """Fills in the memory and learner counts the flow implies and checks the given ones.
+
+    Raises:
+        ConfigError: an actor-gradients algorithm given memories or learners, or another
+            algorithm given none.
+    """
+    if flow == "actor_gradients":
+        for role in ("memory", "learner"):
+            if getattr(cluster, role):
+                raise ConfigError(
+                    f"cluster.{role}: {name} runs only ps and actor roles (actors push "
+                    f"gradients to the PS themselves); set cluster.{role}: 0 or leave it out"
+                )
+        return dataclasses.replace(cluster, memory=0, learner=0)
+    for role in ("memory", "learner"):
+        if getattr(cluster, role) == 0:
+            raise ConfigError(f"cluster.{role}: {name} needs at least one {role}")
+    return dataclasses.replace(
+        cluster,
+        memory=1 if cluster.memory is None else cluster.memory,
+        learner=1 if cluster.learner is None else cluster.learner,
+    )
 
 
 def load(path: str | Path, overrides: Sequence[str] = ()) -> Config:

@@ -158,11 +158,17 @@ def test_validation_also_applies_to_direct_construction():
         ClusterSpec(ps=("h:1",), memory=("m:\u0661",), learner=1, actor=1)
 
 
-@pytest.mark.parametrize("role", ["ps", "memory"])
 @pytest.mark.parametrize("value", [[], "", ","])
-def test_empty_address_list(role, value):
+def test_empty_ps_address_list(value):
     with pytest.raises(ConfigError, match="at least one address"):
-        ClusterSpec.from_mapping(with_changes(**{role: value}))
+        ClusterSpec.from_mapping(with_changes(ps=value))
+
+
+@pytest.mark.parametrize("value", [[], "", ","])
+def test_no_memory_and_no_learner_is_a_valid_shape(value):
+    # A3C's cluster: PS shards and actors only.
+    spec = ClusterSpec.from_mapping(with_changes(memory=value, learner=0))
+    assert spec.memory == () and spec.learner == 0
 
 
 @pytest.mark.parametrize("value", [7000, ["h0:1", 7000], {"h0:1": 1}, b"h0:1", None])
@@ -171,10 +177,11 @@ def test_address_list_of_wrong_type(value):
         ClusterSpec.from_mapping(with_changes(ps=value))
 
 
-@pytest.mark.parametrize("role", ["learner", "actor"])
-@pytest.mark.parametrize("count", [0, -1])
-def test_zero_or_negative_counts(role, count):
-    with pytest.raises(ConfigError, match=f"cluster.{role}: must be >= 1"):
+@pytest.mark.parametrize(
+    "role, count, minimum", [("actor", 0, 1), ("actor", -1, 1), ("learner", -1, 0)]
+)
+def test_counts_below_the_minimum(role, count, minimum):
+    with pytest.raises(ConfigError, match=f"cluster.{role}: must be >= {minimum}"):
         ClusterSpec.from_mapping(with_changes(**{role: count}))
 
 

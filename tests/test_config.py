@@ -251,7 +251,7 @@ def test_algorithm_name_required():
 
 
 def test_unknown_algorithm_lists_known():
-    with pytest.raises(ConfigError, match=r"unknown algorithm 'ppg'.*dqn, es, ppo"):
+    with pytest.raises(ConfigError, match=r"unknown algorithm 'ppg'.*a3c, dqn, es, impala, ppo"):
         load({"algorithm": {"name": "ppg"}})
 
 
@@ -341,7 +341,7 @@ def test_override_type_errors_are_checked():
         ("cluster.actor=0", "cluster.actor"),
         ("cluster.ps=0", "cluster.ps"),
         ("cluster.memory=-1", "cluster.memory"),
-        ("cluster.learner=0", "cluster.learner"),
+        ("cluster.learner=-1", "cluster.learner"),
         ("env.num_envs=0", "env.num_envs"),
         ("replay.capacity=0", "replay.capacity"),
         ("replay.alpha=-0.1", "replay.alpha"),
@@ -398,3 +398,30 @@ def test_every_section_field_type_is_loadable():
 def test_import_does_not_pull_tensorflow():
     code = "import sys, easyrl.config; assert 'tensorflow' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+@pytest.mark.parametrize(
+    "algorithm, cluster, message",
+    [
+        ("dqn", {"learner": 0}, "cluster.learner: dqn needs at least one learner"),
+        ("dqn", {"memory": 0}, "cluster.memory: dqn needs at least one memory"),
+        ("ppo", {"learner": 2}, "cluster.learner: ppo trains synchronous rounds on one"),
+        ("ppo", {"memory": 3, "actor": 2}, "cluster.memory: 3 memory shards but only 2"),
+        ("dqn", {}, None),
+    ],
+)
+def test_cluster_shape_must_suit_the_flow(algorithm, cluster, message):
+    raw = {"algorithm": {"name": algorithm}, "cluster": cluster}
+    if message is None:
+        cfg = load(raw)
+        assert (cfg.cluster.memory, cfg.cluster.learner) == (1, 1)
+        return
+    with pytest.raises(ConfigError, match=message):
+        load(raw)
+
+
+def test_replay_kind_defaults_to_the_algorithms_and_must_suit_it():
+    assert load({"algorithm": {"name": "dqn"}}).replay.kind == "prioritized"
+    assert load({"algorithm": {"name": "ppo"}}).replay.kind == "aggregate"
+    with pytest.raises(ConfigError, match="replay.kind: ppo works with aggregate, got 'uniform'"):
+        load({"algorithm": {"name": "ppo"}, "replay": {"kind": "uniform"}})

@@ -393,17 +393,38 @@ def test_build_refuses_non_discrete_actions(action_space):
 
 
 @pytest.mark.parametrize(
-    "obs_space",
+    "obs_space, match",
     [
-        gym.spaces.Box(0, 255, shape=(84, 84, 3), dtype=np.uint8),
-        gym.spaces.Box(0.0, 1.0, shape=(4, 4)),
-        gym.spaces.Discrete(5),
+        (gym.spaces.Box(0, 255, shape=(84, 84, 3), dtype=np.uint8), "mlp.*needs flat"),
+        (gym.spaces.Box(0.0, 1.0, shape=(4, 4)), "mlp.*needs flat"),
+        (gym.spaces.Discrete(5), "Box observation space"),
     ],
     ids=["image", "matrix", "discrete"],
 )
-def test_build_refuses_non_flat_observations(obs_space):
-    with pytest.raises(ConfigError, match="flat Box observation"):
+def test_build_refuses_observations_the_model_cannot_take(obs_space, match):
+    with pytest.raises(ConfigError, match=match):
         dqn.build(Params(), obs_space, ACTION_SPACE, MODEL)
+
+
+def test_conv_dqn_keeps_frames_uint8():
+    frames = gym.spaces.Box(0, 255, shape=(42, 42, 4), dtype=np.uint8)
+    conv = ModelConfig(kind="conv", conv=((8, 4, 2), (8, 3, 2)), hidden=(16,))
+    spec = dqn.replay_spec(Params(), frames, ACTION_SPACE)
+    assert spec["obs"] == ((42, 42, 4), np.dtype(np.uint8)) == spec["next_obs"]
+    algo = dqn.build(Params(), frames, ACTION_SPACE, conv)
+    assert "q/torso/conv0/w" in algo.variables
+    rng = np.random.default_rng(0)
+    batch = {
+        "obs": rng.integers(0, 256, (5, 42, 42, 4), dtype=np.uint8),
+        "action": rng.integers(0, 2, 5),
+        "reward": rng.normal(size=5).astype(np.float32),
+        "next_obs": rng.integers(0, 256, (5, 42, 42, 4), dtype=np.uint8),
+        "discount": np.full(5, 0.9, np.float32),
+    }
+    grads, stats, priorities = algo.learn(batch, np.ones(5, np.float32))
+    assert [g.shape for g in grads] == [tuple(v.shape) for v in algo.variables.values()]
+    assert all(np.all(np.isfinite(g)) for g in grads) and priorities.shape == (5,)
+    assert algo.act(batch["obs"], 0.0, rng).shape == (5,)
 
 
 def test_build_gives_identical_networks_for_the_same_seed():

@@ -189,6 +189,23 @@ def test_staircase_decay_halves_every_two_steps():
     assert_close(values(variables), ref_sgd(spec, X0, GRADS))
 
 
+def test_polynomial_decay_falls_linearly_to_end_lr_then_stays():
+    # EasyRL's IMPALA schedule: lr -> end_lr over decay_steps updates (power 1: linear).
+    spec = OptimizerSpec(kind="sgd", lr=0.4, schedule="polynomial", decay_steps=4, end_lr=0.1)
+    opt, variables = make(spec)
+    expected_lrs = [0.4, 0.325, 0.25, 0.175, 0.1, 0.1]  # 0.3 * (1 - t / 4) + 0.1
+    for step, grads in enumerate(GRADS):
+        assert float(opt.learning_rate()) == pytest.approx(expected_lrs[step], rel=1e-6)
+        before = values(variables)
+        apply(opt, grads)
+        for b, a, g in zip(before, values(variables), grads, strict=True):
+            np.testing.assert_allclose(b - a, expected_lrs[step] * g, rtol=1e-5, atol=1e-6)
+    squared = OptimizerSpec(kind="sgd", lr=1.0, schedule="polynomial", decay_steps=4, power=2.0)
+    opt, _ = make(squared)
+    apply(opt, GRADS[0])
+    assert float(opt.learning_rate()) == pytest.approx(0.75**2, rel=1e-6)
+
+
 def test_decay_applies_to_adam_too():
     spec = OptimizerSpec(kind="adam", lr=0.05, decay_rate=0.5, decay_steps=2)
     opt, variables = make(spec)

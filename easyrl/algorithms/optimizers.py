@@ -19,8 +19,14 @@ class OptimizerSpec:
     kind: Literal["adam", "rmsprop", "sgd"] = "adam"
     lr: float = 1e-3
     decay_rate: float = 1.0
-    """lr is multiplied by decay_rate every decay_steps applied updates (staircase)."""
+    """schedule "exponential": lr is multiplied by decay_rate every decay_steps applied
+    updates (staircase)."""
     decay_steps: int = 1000
+    schedule: Literal["exponential", "polynomial"] = "exponential"
+    """"polynomial": lr falls from lr to end_lr over decay_steps updates as
+    (lr - end_lr) * (1 - t / decay_steps) ** power + end_lr, then stays at end_lr."""
+    end_lr: float = 0.0
+    power: float = 1.0
     beta1: float = 0.9
     beta2: float = 0.999
     epsilon: float = 1e-8
@@ -28,6 +34,8 @@ class OptimizerSpec:
     def __post_init__(self):
         if self.kind not in ("adam", "rmsprop", "sgd"):
             raise ValueError(f"unknown optimizer {self.kind!r}; known: adam, rmsprop, sgd")
+        if self.schedule not in ("exponential", "polynomial"):
+            raise ValueError(f"unknown schedule {self.schedule!r}; known: exponential, polynomial")
         # Written so that NaN fails every check.
         valid = (
             self.lr > 0
@@ -36,6 +44,8 @@ class OptimizerSpec:
             and 0 <= self.beta1 < 1
             and 0 <= self.beta2 < 1
             and self.epsilon > 0
+            and 0 <= self.end_lr <= self.lr
+            and self.power > 0
         )
         if not valid:
             raise ValueError(f"invalid optimizer settings {self}")
@@ -63,8 +73,12 @@ class Optimizer(tf.Module):
 
     def learning_rate(self) -> tf.Tensor:
         """The current (decayed) learning rate."""
-        exponent = tf.cast(self.step // self.spec.decay_steps, tf.float32)
-        return self.spec.lr * tf.pow(self.spec.decay_rate, exponent)
+        s = self.spec
+        if s.schedule == "polynomial":
+            done = tf.minimum(tf.cast(self.step, tf.float32) / s.decay_steps, 1.0)
+            return (s.lr - s.end_lr) * tf.pow(1.0 - done, s.power) + s.end_lr
+        exponent = tf.cast(self.step // s.decay_steps, tf.float32)
+        return s.lr * tf.pow(s.decay_rate, exponent)
 
     @tf.function(autograph=False)  # plain Python loops over variables, unrolled
     def apply(self, grads: Sequence[tf.Tensor]) -> None:

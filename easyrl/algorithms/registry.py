@@ -11,8 +11,10 @@ from types import ModuleType
 from easyrl.errors import ConfigError
 
 _MODULES = {
+    "a3c": "easyrl.algorithms.a3c",
     "dqn": "easyrl.algorithms.dqn",
     "es": "easyrl.algorithms.es",
+    "impala": "easyrl.algorithms.impala",
     "ppo": "easyrl.algorithms.ppo",
 }
 

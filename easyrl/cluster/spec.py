@@ -24,7 +24,8 @@ ROLES = ("ps", "memory", "learner", "actor")
 
 @dataclass(frozen=True)
 class ClusterSpec:
-    """Addresses of the PS and memory shards, and the worker counts."""
+    """Addresses of the PS and memory shards, and the worker counts. Memory shards and
+    learners may be absent (A3C: actors push gradients to the PS themselves)."""
 
     ps: tuple[str, ...]
     memory: tuple[str, ...]
@@ -37,7 +38,7 @@ class ClusterSpec:
         seen: dict[tuple[str, int], tuple[str, str]] = {}
         for role in ("ps", "memory"):
             addresses = getattr(self, role)
-            if not addresses:
+            if role == "ps" and not addresses:
                 raise ConfigError(f"cluster.{role}: at least one address is required")
             for address in addresses:
                 host, sep, port = address.rpartition(":")
@@ -57,9 +58,10 @@ class ClusterSpec:
                         f"(also as {where}{first!r})"
                     )
                 seen[key] = (role, address)
-        for role in ("learner", "actor"):
-            if getattr(self, role) < 1:
-                raise ConfigError(f"cluster.{role}: must be >= 1")
+        if self.actor < 1:
+            raise ConfigError("cluster.actor: must be >= 1")
+        if self.learner < 0:
+            raise ConfigError("cluster.learner: must be >= 0")
 
     def to_json(self) -> str:
         """Serializes the spec as the JSON the EASYRL_CLUSTER variable holds."""

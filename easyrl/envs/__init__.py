@@ -27,7 +27,14 @@ import numpy as np
 
 from easyrl.errors import ConfigError, EasyRLError
 
-__all__ = ["ASYNC_CONTEXT", "VECTOR_MODES", "env_spaces", "final_observations", "make_vector_env"]
+__all__ = [
+    "ASYNC_CONTEXT",
+    "VECTOR_MODES",
+    "env_options",
+    "env_spaces",
+    "final_observations",
+    "make_vector_env",
+]
 
 ASYNC_CONTEXT = "spawn"
 """Multiprocessing start method of ``AsyncVectorEnv`` workers (safe with TF/gRPC threads)."""
@@ -57,6 +64,10 @@ def _resolve_spec(env_id: str) -> gymnasium.envs.registration.EnvSpec:
     if not isinstance(env_id, str) or not env_id:
         raise ConfigError(f"env_id must be a non-empty string, got {env_id!r}")
     name = env_id
+    if env_id.startswith("ALE/"):
+        from easyrl.envs.atari import register_ale
+
+        register_ale()
     if ":" in env_id:
         module, name = env_id.split(":", 1)
         try:
@@ -107,6 +118,30 @@ def _check_make_args(max_episode_steps: int | None, kwargs: dict | None) -> dict
     return dict(kwargs)
 
 
+def env_options(env_cfg) -> dict[str, Any]:
+    """The keyword arguments of `make_vector_env` and `env_spaces` that the config's `env`
+    section gives (besides the id): step limit, constructor kwargs, Atari preprocessing."""
+    return {
+        "max_episode_steps": env_cfg.max_episode_steps,
+        "kwargs": env_cfg.kwargs,
+        "atari": env_cfg.atari,
+    }
+
+
+def _make_one(spec, max_episode_steps, env_kwargs, atari) -> gymnasium.Env:
+    """One environment (a module-level function, so that ``spawn``-ed workers can unpickle
+    it): ``gymnasium.make`` plus the Atari preprocessing when `atari` is given."""
+    if atari is None:
+        return gymnasium.make(spec, max_episode_steps=max_episode_steps, **env_kwargs)
+    from easyrl.envs.atari import register_ale, wrap
+
+    register_ale()
+    # Frame skipping happens in the preprocessing, so the ALE env must not skip frames too.
+    env_kwargs = {"frameskip": 1, **env_kwargs}
+    env = gymnasium.make(spec, max_episode_steps=max_episode_steps, **env_kwargs)
+    return wrap(env, atari)
+
+
 def make_vector_env(
     env_id: str,
     num_envs: int,
@@ -115,6 +150,7 @@ def make_vector_env(
     seed: int = 0,
     max_episode_steps: int | None = None,
     kwargs: dict | None = None,
+    atari=None,
 ) -> gymnasium.vector.VectorEnv:
     """Builds a vector of `num_envs` copies of one environment with same-step autoreset.
 
@@ -138,6 +174,8 @@ def make_vector_env(
         max_episode_steps: Step limit of each episode (a ``TimeLimit`` wrapper, truncating);
             None keeps the registered limit.
         kwargs: Extra keyword arguments of the environment constructor.
+        atari: An `easyrl.config.AtariConfig`: apply the Atari preprocessing of
+            `easyrl.envs.atari` (the raw env is made with ``frameskip=1``); None: none.
 
     Returns:
         The vector environment, not yet reset. Close it with ``env.close()``.
@@ -155,9 +193,7 @@ def make_vector_env(
         raise ConfigError(f"seed must be an int, got {seed!r}")
     env_kwargs = _check_make_args(max_episode_steps, kwargs)
     spec = _resolve_spec(env_id)
-    env_fn = functools.partial(
-        gymnasium.make, spec, max_episode_steps=max_episode_steps, **env_kwargs
-    )
+    env_fn = functools.partial(_make_one, spec, max_episode_steps, env_kwargs, atari)
     env_fns = [env_fn] * int(num_envs)
     autoreset = gymnasium.vector.AutoresetMode.SAME_STEP
     if vector == "sync":
@@ -176,7 +212,7 @@ def make_vector_env(
 
 
 def env_spaces(
-    env_id: str, max_episode_steps: int | None = None, kwargs: dict | None = None
+    env_id: str, max_episode_steps: int | None = None, kwargs: dict | None = None, atari=None
 ) -> tuple[gymnasium.Space, gymnasium.Space]:
     """Reads the observation and action spaces of a single environment.
 
@@ -186,6 +222,7 @@ def env_spaces(
         env_id: A registered gymnasium id, optionally ``"module:Id-v0"``.
         max_episode_steps: As in :func:`make_vector_env`.
         kwargs: Extra keyword arguments of the environment constructor.
+        atari: As in :func:`make_vector_env`.
 
     Returns:
         ``(observation_space, action_space)`` of one (non-vectorized) environment.
@@ -195,7 +232,7 @@ def env_spaces(
     """
     env_kwargs = _check_make_args(max_episode_steps, kwargs)
     spec = _resolve_spec(env_id)
-    env = gymnasium.make(spec, max_episode_steps=max_episode_steps, **env_kwargs)
+    env = _make_one(spec, max_episode_steps, env_kwargs, atari)
     try:
         return env.observation_space, env.action_space
     finally:

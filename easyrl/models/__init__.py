@@ -63,6 +63,89 @@ class MLP(tf.Module):
         return tuple(n for layer in self.layers for n in layer.var_names)
 
 
+class ConvTorso(tf.Module):
+    """Convolutions then dense layers, on image frames `[B, H, W, C]`.
+
+    Frames arrive as uint8 (they travel and are stored that way) and are scaled to [0, 1]
+    here, inside the network.
+
+    Args:
+        obs_shape: (H, W, C).
+        conv: (filters, kernel, stride) per convolution.
+        hidden: units of the dense layers after the convolutions.
+        activation: activation after every layer.
+        name: variable name prefix.
+        rng: initialisation stream.
+        padding: "valid" or "same".
+    """
+
+    def __init__(self, obs_shape, conv, hidden, activation, name, rng, padding="valid"):
+        super().__init__(name=None)
+        if len(obs_shape) != 3:
+            raise ValueError(f"a conv torso needs [H, W, C] observations, got {obs_shape}")
+        height, width, channels = obs_shape
+        self.kernels, self.biases, self.strides = [], [], []
+        for i, (filters, kernel, stride) in enumerate(conv):
+            fan_in, fan_out = kernel * kernel * channels, kernel * kernel * filters
+            limit = np.sqrt(6.0 / (fan_in + fan_out))
+            init = rng.uniform(-limit, limit, size=(kernel, kernel, channels, filters))
+            self.kernels.append(tf.Variable(init.astype(np.float32), name=f"{name}/conv{i}/w"))
+            self.biases.append(tf.Variable(tf.zeros([filters]), name=f"{name}/conv{i}/b"))
+            self.strides.append(stride)
+            if padding == "same":
+                height, width = -(-height // stride), -(-width // stride)
+            else:
+                height, width = (height - kernel) // stride + 1, (width - kernel) // stride + 1
+            if height < 1 or width < 1:
+                raise ValueError(f"convolutions {conv} do not fit frames of shape {obs_shape}")
+            channels = filters
+        self.padding = padding.upper()
+        self.flat_dim = height * width * channels
+        self.dense = MLP(self.flat_dim, hidden, activation, f"{name}/fc", rng)
+        self._activation = ACTIVATIONS[activation]
+        self.out_dim = hidden[-1] if hidden else self.flat_dim
+
+    def __call__(self, obs: tf.Tensor) -> tf.Tensor:
+        x = tf.cast(obs, tf.float32) / 255.0  # [B, H, W, C]
+        for kernel, bias, stride in zip(self.kernels, self.biases, self.strides, strict=True):
+            x = self._activation(tf.nn.conv2d(x, kernel, stride, self.padding) + bias)
+        x = tf.reshape(x, [-1, self.flat_dim])  # [B, features]
+        return self.dense(x)  # [B, out_dim]
+
+
+class FlatTorso(tf.Module):
+    """An MLP on flat observations (any numeric dtype, cast to float32)."""
+
+    def __init__(self, obs_dim, hidden, activation, name, rng):
+        super().__init__(name=None)
+        self.mlp = MLP(obs_dim, hidden, activation, name, rng)
+        self.out_dim = hidden[-1] if hidden else obs_dim
+
+    def __call__(self, obs: tf.Tensor) -> tf.Tensor:
+        return self.mlp(tf.cast(obs, tf.float32))  # [B, out_dim]
+
+
+def build_torso(model, obs_shape: tuple[int, ...], name: str, rng: np.random.Generator):
+    """The torso the config's `model` section describes, for observations of `obs_shape`.
+
+    Returns:
+        A module mapping `[B, *obs_shape]` to features `[B, out_dim]` (its `out_dim`).
+
+    Raises:
+        ValueError: an mlp on non-flat observations, or a conv on non-image ones.
+    """
+    if model.kind == "conv":
+        return ConvTorso(
+            obs_shape, model.conv, model.hidden, model.activation, name, rng, model.padding
+        )
+    if len(obs_shape) != 1:
+        raise ValueError(
+            f"model.kind 'mlp' needs flat observations, got shape {obs_shape}; "
+            "use model.kind: conv for image frames"
+        )
+    return FlatTorso(obs_shape[0], model.hidden, model.activation, name, rng)
+
+
 def named_variables(module: tf.Module) -> dict[str, tf.Variable]:
     """Returns {explicit name: variable} for every variable of `module`, sorted by name."""
     found = {v.name.removesuffix(":0"): v for v in module.trainable_variables}

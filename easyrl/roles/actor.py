@@ -5,12 +5,16 @@ Threads: the main loop (inference + env step + post-processing), a sender thread
 thread (PS shards -> a "latest weights" slot the main loop swaps in between
 steps).
 
-Two loops, by the algorithm's flow:
-- async replay (DQN): act, ship every `send_every` steps, sync weights every
+The algorithm supplies a collector (`act`, then `observe`, per vector step); the
+loop around it depends on the algorithm's flow:
+- async replay (DQN, IMPALA): act, ship every `send_every` steps, sync weights every
   `weight_sync_every` steps, never wait.
 - synchronous rounds (PPO, ES): collect this actor's share of round r with the
   weights of round r, ship it tagged with r, then wait (long-poll, no spinning) for
   the learner to publish round r + 1.
+- actor gradients (A3C): no memory and no learner: compute gradients on each
+  collected unroll, push them to every PS shard, continue with the values the push
+  returns. Actor 0 initializes the PS shards.
 """
 
 import functools
@@ -18,11 +22,12 @@ import logging
 import queue
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import grpc
 import numpy as np
 
-from easyrl.envs import final_observations, make_vector_env
+from easyrl.envs import env_options, final_observations, make_vector_env
 from easyrl.errors import TransportError
 from easyrl.roles.common import (
     ShardedWeights,
@@ -76,12 +81,19 @@ class Actor:
         self.algo = algo
         self.stop = stop
         self.weights = ShardedWeights(ctx.clients("ps"), algo.variables)
-        self.memory = ctx.client("memory", ctx.task % len(ctx.cluster.memory))
+        memories = len(ctx.cluster.memory)
+        self.memory = ctx.client("memory", ctx.task % memories) if memories else None
         self.outbox: queue.Queue = queue.Queue(maxsize=ctx.cfg.actor.queue_size)
         self.sync_requested = threading.Event()
-        self.counters = {"sent": 0, "rate_limited": 0, "refused_stale": 0}
+        self.counters = {
+            "sent": 0,
+            "rate_limited": 0,
+            "refused_stale": 0,
+            "dropped_stale": 0,
+            "dropped_nonfinite": 0,
+        }
         self.episodes = EpisodeTracker(ctx.cfg.env.num_envs)
-        self._reported_steps = 0
+        self._reported_steps = self._reported_updates = 0
         self._last_report = time.monotonic()
 
     def _sender(self) -> None:
@@ -118,9 +130,10 @@ class Actor:
             request.priorities.CopyFrom(codec.encode_array("priorities", priorities))
         return put_until_stopped(self.outbox, request, self.stop)
 
-    def _report(self, steps: int, stats: dict, force: bool = False) -> None:
-        """Reports env steps, finished episodes and stats to PS shard 0 every half second
-        (or now when `force`); stops the actor when the run is stopping."""
+    def _report(self, steps: int, stats: dict, force: bool = False, updates: int = 0) -> None:
+        """Reports env steps (and, for actor gradients, updates), finished episodes and stats
+        to PS shard 0 every half second (or now when `force`); stops the actor when the run
+        is stopping."""
         if not force and time.monotonic() - self._last_report < 0.5:
             return
         returns, lengths = self.episodes.take()
@@ -130,23 +143,35 @@ class Actor:
                 role="actor",
                 task=self.ctx.task,
                 env_steps=steps - self._reported_steps,
+                updates=updates - self._reported_updates,
                 episode_returns=returns,
                 episode_lengths=lengths,
                 stats={**stats, **self.counters},
             ),
         )
-        self._reported_steps, self._last_report = steps, time.monotonic()
+        self._reported_steps, self._reported_updates = steps, updates
+        self._last_report = time.monotonic()
         if reply.stopping:
             log.info("run is stopping")
             self.stop.set()
 
     def run(self) -> None:
         """Waits for initial weights, then acts until the run stops."""
-        cfg = self.ctx.cfg
+        cfg, flow = self.ctx.cfg, self.algo.flow
+        if self.ctx.cluster.learner == 0 and self.ctx.task == 0 and self.weights.initialize():
+            log.info("actor 0 initialized the PS shards (no learner in this cluster)")
         if not self.weights.wait_initialized(self.stop):
             return
-        rounds = self.algo.flow == "sync_rounds"
-        bodies = (self._sender,) if rounds else (self._sender, self._weight_sync)
+        bodies = {
+            "async_replay": (self._sender, self._weight_sync),
+            "sync_rounds": (self._sender,),
+            "actor_gradients": (),
+        }[flow]
+        loop = {
+            "async_replay": self._replay_loop,
+            "sync_rounds": self._rounds_loop,
+            "actor_gradients": self._gradients_loop,
+        }[flow]
         threads = [
             threading.Thread(target=guarded, args=(f, self.stop), daemon=True) for f in bodies
         ]
@@ -154,42 +179,46 @@ class Actor:
             thread.start()
         seed = cfg.run.seed * 10_000 + self.ctx.task * cfg.env.num_envs
         env = make_vector_env(
-            cfg.env.id,
-            cfg.env.num_envs,
-            vector=cfg.env.vector,
-            seed=seed,
-            max_episode_steps=cfg.env.max_episode_steps,
-            kwargs=cfg.env.kwargs,
+            cfg.env.id, cfg.env.num_envs, vector=cfg.env.vector, seed=seed, **env_options(cfg.env)
         )
         try:
-            (self._rounds_loop if rounds else self._replay_loop)(env, seed)
+            loop(env, seed)
         finally:
             self.stop.set()
             env.close()
             for thread in threads:
                 thread.join(timeout=5)
 
+    def _collector(self, seed: int):
+        cfg = self.ctx.cfg
+        return self.algo.collector(cfg.env.num_envs, seed, self.ctx.task, self.ctx.cluster.actor)
+
+    def _step(self, env, collector, obs, rng) -> tuple[np.ndarray, dict | None]:
+        """One vector step: act, step the envs, observe, count episodes.
+
+        Returns:
+            (the observations to act on next, what the collector completed or None).
+        """
+        actions = collector.act(obs, rng)
+        next_obs, rewards, terminated, truncated, infos = env.step(actions)
+        done = terminated | truncated
+        real_next = final_observations(next_obs, infos, done)
+        out = collector.observe(rewards, next_obs, real_next, terminated, truncated)
+        self.episodes.step(rewards, done)
+        return next_obs, out
+
     def _replay_loop(self, env, seed: int) -> None:
         """Async replay: act, ship every `send_every` steps, refresh weights on the side."""
-        cfg, task = self.ctx.cfg, self.ctx.task
+        cfg = self.ctx.cfg
         rng = np.random.default_rng(seed)
-        post = self.algo.postprocessor(cfg.env.num_envs)
-        module = self.ctx.algorithm_module()
-        params = cfg.algorithm.params
+        collector = self._collector(seed)
         obs, _ = env.reset(seed=seed)
         parts, steps = [], 0
         while not self.stop.is_set():
             self.weights.swap_in()
-            epsilon = module.actor_epsilon(params, task, self.ctx.cluster.actor, steps)
-            actions = self.algo.act(obs, epsilon, rng)
-            next_obs, rewards, terminated, truncated, infos = env.step(actions)
-            done = terminated | truncated
-            real_next = final_observations(next_obs, infos, done)
-            out = post.add(obs, actions, rewards, real_next, terminated, truncated)
+            obs, out = self._step(env, collector, obs, rng)
             if out is not None:
                 parts.append(out)
-            self.episodes.step(rewards, done)
-            obs = next_obs
             steps += cfg.env.num_envs
             vector_steps = steps // cfg.env.num_envs
             if vector_steps % cfg.actor.weight_sync_every == 0:
@@ -198,7 +227,28 @@ class Actor:
                 if not self._ship(parts):
                     return
                 parts = []
-            self._report(steps, {"epsilon": epsilon})
+            self._report(steps, collector.stats())
+
+    def _gradients_loop(self, env, seed: int) -> None:
+        """Actor gradients (A3C): gradients of every collected unroll go straight to the PS;
+        the push replies carry the new values."""
+        cfg = self.ctx.cfg
+        rng = np.random.default_rng(seed)
+        collector = self._collector(seed)
+        obs, _ = env.reset(seed=seed)
+        steps, updates, stats = 0, 0, {}
+        with ThreadPoolExecutor(max_workers=len(self.weights.clients)) as pool:
+            while not self.stop.is_set():
+                obs, out = self._step(env, collector, obs, rng)
+                steps += cfg.env.num_envs
+                if out is not None:
+                    grads, stats, _ = self.algo.learn(out, None)
+                    named = dict(zip(self.algo.variables, grads, strict=True))
+                    versions = list(self.weights.local_versions)
+                    self.weights.push(named, versions, self.ctx.task, pool, self.counters)
+                    self.weights.swap_in()
+                    updates += 1
+                self._report(steps, {**collector.stats(), **stats}, updates=updates)
 
     def _rounds_loop(self, env, seed: int) -> None:
         """Synchronous rounds: collect this actor's share of round r with the weights of
@@ -208,20 +258,14 @@ class Actor:
         share = self.ctx.algorithm_module().round_share(
             cfg.algorithm.params, cfg.env.num_envs, task, self.ctx.cluster.actor
         )
-        collector = self.algo.collector(cfg.env.num_envs, seed)
+        collector = self._collector(seed)
         round_, steps = self.weights.round, 0
         obs, _ = env.reset(seed=seed)
         while not self.stop.is_set():
             collector.start_round(share)
             batch = None
             while batch is None and not self.stop.is_set():
-                actions = collector.act(obs, rng)
-                next_obs, rewards, terminated, truncated, infos = env.step(actions)
-                done = terminated | truncated
-                real_next = final_observations(next_obs, infos, done)
-                batch = collector.observe(rewards, next_obs, real_next, terminated, truncated)
-                self.episodes.step(rewards, done)
-                obs = next_obs
+                obs, batch = self._step(env, collector, obs, rng)
                 steps += cfg.env.num_envs
                 self._report(steps, {"round": round_})
             if batch is None:

@@ -12,7 +12,7 @@ import numpy as np
 from easyrl.algorithms import registry
 from easyrl.cluster.spec import ClusterSpec, assign_shards
 from easyrl.config import Config
-from easyrl.envs import env_spaces
+from easyrl.envs import env_options, env_spaces
 from easyrl.errors import TransportError
 from easyrl.transport import codec, rpc
 from easyrl.transport import easyrl_pb2 as pb
@@ -63,7 +63,7 @@ class RoleContext:
     def spaces(self):
         """(observation space, action space) of one environment."""
         env = self.cfg.env
-        return env_spaces(env.id, env.max_episode_steps, env.kwargs)
+        return env_spaces(env.id, **env_options(env))
 
     def algorithm_module(self):
         """The module of the configured algorithm (from the registry)."""
@@ -218,6 +218,37 @@ class ShardedWeights:
             if on_wait is not None:
                 on_wait()
         return False
+
+    def push(self, grads: dict, versions: list[int], sender: int, pool, counters: dict) -> None:
+        """Pushes `grads` ({name: array}) to every PS shard in parallel, each computed against
+        its shard's version in `versions`; offers the values the shards return. A dropped
+        push (stale, non-finite) is counted in `counters` and the newest values are pulled.
+
+        Args:
+            sender: the pushing worker's index (for the PS's logs).
+            pool: an executor with a thread per shard.
+        """
+
+        def push_one(shard: int) -> pb.PushResponse:
+            names = self.shard_names[shard]
+            request = pb.PushRequest(
+                version=versions[shard],
+                gradients=codec.encode_named({n: grads[n] for n in names}),
+                learner=sender,
+                return_values=True,
+            )
+            return self.clients[shard].call("Push", request)
+
+        replies = list(pool.map(push_one, range(len(self.clients))))
+        for shard, reply in enumerate(replies):
+            if reply.applied:
+                self.offer(shard, reply.version, reply.tensors)
+            elif reply.reason == "stale":
+                counters["dropped_stale"] += 1
+            elif reply.reason == "non-finite":
+                counters["dropped_nonfinite"] += 1
+        if any(not reply.applied for reply in replies):
+            self.fetch()
 
     def assign_local(self, names: list[str]) -> None:
         """Writes the local values of the shards holding `names` to the PS (state the

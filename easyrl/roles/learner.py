@@ -34,6 +34,13 @@ from easyrl.transport import easyrl_pb2 as pb
 log = logging.getLogger(__name__)
 
 
+def log_columns(batch: dict) -> None:
+    """Logs the dtype and shape of every column of a batch (once, at the first batch: what
+    the actors' data looks like when it reaches the learner)."""
+    columns = ", ".join(f"{k} {v.dtype}{list(v.shape)}" for k, v in sorted(batch.items()))
+    log.info("first batch: %s", columns)
+
+
 def pick_device(preference: str) -> str:
     """The TF device the learner computes on: the first GPU when one is visible
     (and allowed), else the CPU."""
@@ -92,41 +99,13 @@ class Learner:
             if not put_until_stopped(self.batches, item, self.stop):
                 return
 
-    def _push_one(self, shard: int, grads: dict, version: int) -> pb.PushResponse:
-        names = self.weights.shard_names[shard]
-        request = pb.PushRequest(
-            version=version,
-            gradients=codec.encode_named({n: grads[n] for n in names}),
-            learner=self.ctx.task,
-            return_values=True,
-        )
-        return self.weights.clients[shard].call("Push", request)
-
     def _push_loop(self) -> None:
         while not self.stop.is_set():
             try:
                 grads, versions = self.pushes.get(timeout=0.1)
             except queue.Empty:
                 continue
-            replies = self._push_all(grads, versions)
-            self._take_replies(replies)
-
-    def _push_all(self, grads: dict, versions: list[int]) -> list[pb.PushResponse]:
-        """Pushes `grads` to every PS shard in parallel."""
-        n = len(versions)
-        return list(self._pool.map(self._push_one, range(n), [grads] * n, versions))
-
-    def _take_replies(self, replies: list[pb.PushResponse]) -> None:
-        """Offers the new values of the applied pushes; counts and repairs the dropped."""
-        for shard, reply in enumerate(replies):
-            if reply.applied:
-                self.weights.offer(shard, reply.version, reply.tensors)
-            elif reply.reason == "stale":
-                self.counters["dropped_stale"] += 1
-            elif reply.reason == "non-finite":
-                self.counters["dropped_nonfinite"] += 1
-        if any(not reply.applied for reply in replies):
-            self.weights.fetch()
+            self.weights.push(grads, versions, self.ctx.task, self._pool, self.counters)
 
     def _priority_loop(self) -> None:
         while not self.stop.is_set():
@@ -219,10 +198,13 @@ class Learner:
                     round_ = found
                     self._publish(round_)
                 continue
+            if not self.updates:
+                log_columns(batch)
             totals, steps = collections.Counter(), 0
             for grads, stats in self.algo.learn_round(batch, rng):
                 named = dict(zip(self.algo.variables, grads, strict=True))
-                self._take_replies(self._push_all(named, list(self.weights.local_versions)))
+                versions = list(self.weights.local_versions)
+                self.weights.push(named, versions, self.ctx.task, self._pool, self.counters)
                 self.weights.swap_in()
                 self.updates += 1
                 totals.update(stats)
@@ -240,7 +222,9 @@ class Learner:
     def _replay_loop(self) -> None:
         """Async replay: prefetch, compute, push and update priorities on separate threads."""
         cfg = self.ctx.cfg
-        self.algo.sync_target()
+        period = self.algo.target_update_period  # 0: no target network
+        if period:
+            self.algo.sync_target()
         threads = [
             threading.Thread(target=guarded, args=(self._prefetch, self.stop, i), daemon=True)
             for i in range(len(self.memories))
@@ -254,13 +238,14 @@ class Learner:
         )
         for thread in threads:
             thread.start()
-        params = cfg.algorithm.params
         stats = {}
         while not self.stop.is_set():
             try:
                 shard, batch, keys, is_weights = self.batches.get(timeout=0.1)
             except queue.Empty:
                 continue
+            if not self.updates:
+                log_columns(batch)
             self.weights.swap_in()
             versions = list(self.weights.local_versions)
             grads, stats, priorities = self.algo.learn(batch, is_weights)
@@ -272,7 +257,7 @@ class Learner:
                     self.priorities, (shard, keys, priorities.astype(np.float64)), self.stop
                 )
             self.updates += 1
-            if self.updates % params.target_update_period == 0:
+            if period and self.updates % period == 0:
                 self.weights.swap_in()
                 self.algo.sync_target()
             if self.updates % cfg.learner.updates_per_report == 0 or (

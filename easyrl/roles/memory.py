@@ -29,6 +29,7 @@ from easyrl.errors import RateLimitTimeout, ReplayError
 from easyrl.replay.aggregate import AggregateTable
 from easyrl.replay.rate_limiter import RateLimiter
 from easyrl.replay.tables import PrioritizedTable, UniformTable, validate_batch
+from easyrl.replay.trajectory import FifoLimiter, FifoTable
 from easyrl.transport import codec
 from easyrl.transport import easyrl_pb2 as pb
 from easyrl.transport import easyrl_pb2_grpc as pb_grpc
@@ -64,8 +65,9 @@ class MemoryServer(pb_grpc.ReplayMemoryServicer):
     """A replay shard.
 
     Args:
-        table: a `UniformTable`, `PrioritizedTable` or `AggregateTable`.
-        limiter: the shard's rate limiter (None for an aggregate table).
+        table: a `UniformTable`, `PrioritizedTable`, `FifoTable` or `AggregateTable`.
+        limiter: the shard's rate limiter (a `FifoLimiter` for a FIFO; None for an
+            aggregate table).
         batch_size: the learners' batch size (prefetched batches have this size).
         prefetch: how many ready batches to keep.
         beta: importance-sampling exponent schedule.
@@ -345,12 +347,17 @@ def build(cfg, spec, shard: int, cluster=None) -> MemoryServer:
         size = round_size(cfg, module, cluster.actor, len(cluster.memory), shard)
         table = AggregateTable(spec, r.capacity, size)
         return MemoryServer(table, None, 1, 1, BetaSchedule(0, 0, 0), shard)
+    batch_size = cfg.algorithm.params.batch_size
+    if r.kind == "trajectory":  # items are unrolls; one shipment is one unroll per env
+        table = FifoTable(spec, r.capacity)
+        limiter = FifoLimiter(table)
+        limiter.check_batch_sizes(cfg.env.num_envs, batch_size)
+        return MemoryServer(table, limiter, batch_size, r.prefetch, BetaSchedule(0, 0, 0), shard)
     if r.kind == "prioritized":
         table = PrioritizedTable(spec, r.capacity, alpha=r.alpha, seed=seed)
     else:
         table = UniformTable(spec, r.capacity, seed=seed)
     limiter = RateLimiter(r.min_size_to_sample, r.samples_per_insert, r.error_buffer)
-    batch_size = cfg.algorithm.params.batch_size
     limiter.check_batch_sizes(cfg.actor.send_every * cfg.env.num_envs, batch_size)
     beta = BetaSchedule(r.beta, r.beta_final, r.beta_anneal_steps)
     return MemoryServer(table, limiter, batch_size, r.prefetch, beta, shard)

@@ -76,13 +76,14 @@ def actor_epsilon(params: Params, actor_index: int, num_actors: int, env_steps: 
 
 
 def replay_spec(params: Params, obs_space, action_space) -> dict:
-    """Columns of one n-step transition, as {name: (per-item shape, dtype)}."""
-    obs_shape = tuple(obs_space.shape)
+    """Columns of one n-step transition, as {name: (per-item shape, dtype)}; observations
+    keep the space's dtype (uint8 Atari frames stay uint8)."""
+    obs_shape, obs_dtype = tuple(obs_space.shape), np.dtype(obs_space.dtype)
     return {
-        "obs": (obs_shape, np.dtype(np.float32)),
+        "obs": (obs_shape, obs_dtype),
         "action": ((), np.dtype(np.int64)),
         "reward": ((), np.dtype(np.float32)),
-        "next_obs": (obs_shape, np.dtype(np.float32)),
+        "next_obs": (obs_shape, obs_dtype),
         "discount": ((), np.dtype(np.float32)),
     }
 

@@ -10,21 +10,21 @@ import gymnasium as gym
 import numpy as np
 import tensorflow as tf
 
-from easyrl.algorithms.dqn import FLOW, Params
+from easyrl.algorithms.dqn import FLOW, Params, actor_epsilon
 from easyrl.algorithms.nstep import NStepAccumulator
 from easyrl.errors import ConfigError
-from easyrl.models import MLP, Dense, FlatVariables, named_variables
+from easyrl.models import Dense, FlatVariables, build_torso, named_variables
 
 
 class QNetwork(tf.Module):
-    """Q(s, .) from an MLP torso, with dueling value/advantage heads when asked:
-    Q = V + A - mean(A)."""
+    """Q(s, .) from the configured torso (MLP, or conv on frames), with dueling
+    value/advantage heads when asked: Q = V + A - mean(A)."""
 
-    def __init__(self, obs_dim, num_actions, model, dueling, seed, name):
+    def __init__(self, obs_shape, num_actions, model, dueling, seed, name):
         super().__init__(name=None)
         rng = np.random.default_rng(seed)
-        self.torso = MLP(obs_dim, model.hidden, model.activation, f"{name}/torso", rng)
-        width = model.hidden[-1] if model.hidden else obs_dim
+        self.torso = build_torso(model, obs_shape, f"{name}/torso", rng)
+        width = self.torso.out_dim
         self.dueling = dueling
         self.advantage = Dense(width, num_actions, f"{name}/advantage", rng, scale=0.1)
         if dueling:
@@ -54,20 +54,25 @@ class DQN:
     def __init__(self, params: Params, obs_space, action_space, model, seed: int = 0):
         if not isinstance(action_space, gym.spaces.Discrete):
             raise ConfigError(f"dqn needs a Discrete action space, got {action_space}")
-        if not isinstance(obs_space, gym.spaces.Box) or len(obs_space.shape) != 1:
-            raise ConfigError(f"dqn with an mlp needs a flat Box observation, got {obs_space}")
+        if not isinstance(obs_space, gym.spaces.Box):
+            raise ConfigError(f"dqn needs a Box observation space, got {obs_space}")
         self.params = params
+        self.target_update_period = params.target_update_period
         self.obs_shape = tuple(obs_space.shape)
         self.num_actions = int(action_space.n)
-        self.q = QNetwork(self.obs_shape[0], self.num_actions, model, params.dueling, seed, "q")
-        self.target = QNetwork(
-            self.obs_shape[0], self.num_actions, model, params.dueling, seed, "target"
-        )
+        self.obs_dtype = np.dtype(obs_space.dtype)
+        try:
+            self.q = QNetwork(self.obs_shape, self.num_actions, model, params.dueling, seed, "q")
+            self.target = QNetwork(
+                self.obs_shape, self.num_actions, model, params.dueling, seed, "target"
+            )
+        except ValueError as err:
+            raise ConfigError(f"model: {err}") from err
         self.variables = named_variables(self.q)
         self._flat = FlatVariables(list(self.variables.values()))
         self._target_flat = FlatVariables(list(named_variables(self.target).values()))
         # Fixed input signatures: converting numpy inputs is then cheap and nothing retraces.
-        obs = tf.TensorSpec([None, *self.obs_shape], tf.float32)
+        obs = tf.TensorSpec([None, *self.obs_shape], tf.as_dtype(self.obs_dtype))
         vec = tf.TensorSpec([None], tf.float32)
         act = tf.TensorSpec([None], tf.int64)
         self._greedy = tf.function(self._greedy_fn, autograph=False, input_signature=[obs])
@@ -82,14 +87,24 @@ class DQN:
     def postprocessor(self, num_envs: int) -> NStepAccumulator:
         """The actor-side n-step accumulator for `num_envs` envs."""
         return NStepAccumulator(
-            num_envs, self.params.n_step, self.params.gamma, self.obs_shape, np.float32
+            num_envs, self.params.n_step, self.params.gamma, self.obs_shape, self.obs_dtype
         )
+
+    def collector(
+        self, num_envs: int, seed: int = 0, actor_index: int = 0, num_actors: int = 1
+    ) -> "EpsilonGreedyCollector":
+        """The actor-side collector: Ape-X epsilon-greedy acting and n-step transitions."""
+        return EpsilonGreedyCollector(self, num_envs, actor_index, num_actors)
 
     def act(self, obs: np.ndarray, epsilon: float, rng: np.random.Generator) -> np.ndarray:
         """Epsilon-greedy actions for a batch of observations `[N, obs]` -> `[N]`."""
-        greedy = self._greedy(obs.astype(np.float32)).numpy()
+        greedy = self._greedy(np.asarray(obs, self.obs_dtype)).numpy()
         explore = rng.random(len(obs)) < epsilon
         return np.where(explore, rng.integers(self.num_actions, size=len(obs)), greedy)
+
+    def greedy(self, obs: np.ndarray) -> np.ndarray:
+        """Greedy actions `[N]` (evaluation)."""
+        return self._greedy(np.asarray(obs, self.obs_dtype)).numpy()
 
     def initial_priorities(self, batch: dict) -> np.ndarray:
         """Ape-X initial priorities |TD| computed with the actor's copy of the network."""
@@ -104,10 +119,10 @@ class DQN:
             (gradients in the order of `self.variables`, stats, new priorities [B]).
         """
         flat_grads, loss, q_mean, td_abs = self._step(
-            np.asarray(batch["obs"], np.float32),
+            np.asarray(batch["obs"], self.obs_dtype),
             np.asarray(batch["action"], np.int64),
             np.asarray(batch["reward"], np.float32),
-            np.asarray(batch["next_obs"], np.float32),
+            np.asarray(batch["next_obs"], self.obs_dtype),
             np.asarray(batch["discount"], np.float32),
             np.asarray(weights, np.float32),
         )
@@ -150,3 +165,40 @@ class DQN:
             grads, _ = tf.clip_by_global_norm(grads, self.params.grad_clip)
         flat = tf.concat([tf.reshape(g, [-1]) for g in grads], axis=0)
         return flat, loss, tf.reduce_mean(q_sa), tf.abs(td)
+
+
+class EpsilonGreedyCollector:
+    """An actor's side of DQN: epsilon-greedy actions with the Ape-X schedule of actor
+    `actor_index` of `num_actors`, and n-step transitions out of the env steps.
+
+    Protocol per vector step: `act(obs, rng)`, then `observe(...)`, which returns the
+    transitions completed by that step (or None).
+    """
+
+    def __init__(self, dqn: DQN, num_envs: int, actor_index: int, num_actors: int):
+        self.dqn = dqn
+        self.num_envs = num_envs
+        self.actor_index, self.num_actors = actor_index, num_actors
+        self.nstep = dqn.postprocessor(num_envs)
+        self.env_steps = 0
+        self.epsilon = actor_epsilon(dqn.params, actor_index, num_actors, 0)
+        self._obs = self._actions = None
+
+    def act(self, obs: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+        """Epsilon-greedy actions `[N]` for `obs` `[N, obs]`."""
+        self.epsilon = actor_epsilon(
+            self.dqn.params, self.actor_index, self.num_actors, self.env_steps
+        )
+        self._obs, self._actions = obs, self.dqn.act(obs, self.epsilon, rng)
+        return self._actions
+
+    def observe(self, rewards, next_obs, real_next_obs, terminated, truncated) -> dict | None:
+        """Feeds the step to the n-step accumulator; returns the completed transitions."""
+        self.env_steps += self.num_envs
+        return self.nstep.add(
+            self._obs, self._actions, rewards, real_next_obs, terminated, truncated
+        )
+
+    def stats(self) -> dict[str, float]:
+        """The current exploration rate."""
+        return {"epsilon": self.epsilon}

@@ -68,11 +68,6 @@ def optimizer(params: Params):
     )
 
 
-def actor_epsilon(params: Params, actor_index: int, num_actors: int, env_steps: int) -> float:
-    """No epsilon-greedy exploration in ES (the parameter noise explores): always 0.0."""
-    return 0.0
-
-
 def replay_spec(params: Params, obs_space, action_space) -> dict:
     """Columns of one perturbation-pair record, as {name: (per-item shape, dtype)}."""
     return {

@@ -96,7 +96,9 @@ class ES:
             self.per_env_outputs, autograph=False, input_signature=[obs, flat]
         )
 
-    def collector(self, num_envs: int, seed: int) -> "PerturbationCollector":
+    def collector(
+        self, num_envs: int, seed: int, actor_index: int = 0, num_actors: int = 1
+    ) -> "PerturbationCollector":
         """The actor-side round collector for `num_envs` envs; `seed` seeds its seed draws."""
         return PerturbationCollector(self, num_envs, seed)
 

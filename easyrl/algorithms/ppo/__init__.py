@@ -112,11 +112,6 @@ def optimizer(params: Params):
     )
 
 
-def actor_epsilon(params: Params, actor_index: int, num_actors: int, env_steps: int) -> float:
-    """PPO explores by sampling its stochastic policy: always 0.0 (asked by the runtime)."""
-    return 0.0
-
-
 def round_share(params: Params, num_envs: int, actor_index: int, num_actors: int) -> int:
     """Items one actor ships per round: `rollout_length * num_envs` env steps."""
     return params.rollout_length * num_envs

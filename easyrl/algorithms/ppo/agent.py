@@ -181,8 +181,11 @@ class PPO:
             return tf.TensorSpec([None], tf.int64)
         return tf.TensorSpec([None, self.action_dim], tf.float32)
 
-    def collector(self, num_envs: int, seed: int = 0) -> "RolloutCollector":
-        """The actor-side rollout collector for `num_envs` envs (see `RolloutCollector`)."""
+    def collector(
+        self, num_envs: int, seed: int = 0, actor_index: int = 0, num_actors: int = 1
+    ) -> "RolloutCollector":
+        """The actor-side rollout collector for `num_envs` envs (see `RolloutCollector`);
+        every actor collects the same way, whatever its index."""
         return RolloutCollector(self, num_envs, seed)
 
     def value(self, obs: np.ndarray) -> np.ndarray:

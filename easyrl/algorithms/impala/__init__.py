@@ -1,0 +1,235 @@
+"""IMPALA (Espeholt et al. 2018): actor-critic with V-trace off-policy correction.
+
+Actors sample their (possibly stale) policy mu and ship unrolls of T steps of one env; learners
+sample batches of unrolls from a FIFO trajectory table and compute gradients of the current
+policy pi against V-trace targets. This module holds the hyper-parameters and the numpy side
+(the replay columns, the runtime's hooks); `agent.IMPALA` holds the TensorFlow side and is
+imported lazily by `build`.
+
+V-trace (time-major, V(x_T) = bootstrap value, vs_T = bootstrap value):
+    rho_t   = pi(a_t|x_t) / mu(a_t|x_t)
+    delta_t = min(rho_bar, rho_t) * (r_t + discount_t * V(x_{t+1}) - V(x_t))
+    c_t     = lam * min(c_bar, rho_t)
+    vs_t    = V(x_t) + delta_t + discount_t * c_t * (vs_{t+1} - V(x_{t+1}))
+    pg_advantage_t = min(rho_bar, rho_t) * (r_t + discount_t * vs_{t+1} - V(x_t))
+
+Episode ends: `discount_t = gamma * (1 - done_t)` with `done = terminated | truncated`, so a
+truncated episode end is treated as terminal: nothing is bootstrapped across an episode end,
+neither from the reset observation nor from the final one (the common IMPALA practice; the
+unroll stores no final observation). Unrolls continue episodes across unroll boundaries.
+"""
+
+from dataclasses import dataclass
+from typing import Literal
+
+import gymnasium as gym
+import numpy as np
+
+from easyrl.errors import ConfigError
+
+FLOW = "async_replay"
+"""Execution flow: actors ship unrolls, learners sample batches of them asynchronously."""
+REPLAY_KINDS = ("trajectory",)
+"""Replay tables IMPALA works with: a FIFO table of whole unrolls."""
+
+OPTIMIZERS = ("adam", "rmsprop", "sgd")
+"""Optimizer kinds the PS shards know."""
+
+
+@dataclass(frozen=True)
+class Params:
+    """Hyper-parameters of IMPALA (V-trace actor-critic on a FIFO of unrolls)."""
+
+    unroll_length: int = 20
+    """T: env steps per unroll (each unroll also stores the bootstrap observation x_T)."""
+    batch_size: int = 32
+    """Unrolls per learner batch."""
+    gamma: float = 0.99
+    """Discount factor."""
+    rho_bar: float = 1.0
+    """V-trace clip of the importance weights in the TD errors and the policy gradient."""
+    c_bar: float = 1.0
+    """V-trace clip of the trace-cutting coefficients c_t."""
+    lam: float = 1.0
+    """V-trace lambda: c_t = lam * min(c_bar, rho_t) (1: the paper's V-trace)."""
+    baseline_cost: float = 0.5
+    """Weight of the baseline (value) loss."""
+    entropy_cost: float = 0.01
+    """Weight of the entropy bonus."""
+    optimizer: Literal["adam", "rmsprop", "sgd"] = "adam"
+    """Optimizer the PS shards apply gradients with."""
+    lr: float = 6e-4
+    """(Initial) learning rate."""
+    lr_decay_steps: int = 0
+    """0: constant learning rate; else it decays linearly from `lr` to `lr_end` over this
+    many PS updates, then stays at `lr_end` (EasyRL's Pong: 6e-4 to 0 over 100k)."""
+    lr_end: float = 0.0
+    """Final learning rate of the linear decay (unused when `lr_decay_steps` is 0)."""
+    grad_clip: float = 40.0
+    """Global-norm gradient clip (0 disables)."""
+    max_staleness: int = 1000
+    """PS shards drop gradients computed against a version older than this many updates."""
+
+    def __post_init__(self):
+        # (holds, valid range); written so that NaN fails every check.
+        checks = {
+            "unroll_length": (self.unroll_length >= 1, ">= 1"),
+            "batch_size": (self.batch_size >= 1, ">= 1"),
+            "gamma": (0.0 <= self.gamma <= 1.0, "in [0, 1]"),
+            "rho_bar": (self.rho_bar > 0.0, "> 0"),
+            "c_bar": (self.c_bar > 0.0, "> 0"),
+            "lam": (0.0 <= self.lam <= 1.0, "in [0, 1]"),
+            **shared_checks(self),
+        }
+        raise_first_failure("impala", self, checks)
+
+
+def shared_checks(params) -> dict[str, tuple[bool, str]]:
+    """Checks of the fields IMPALA and A3C share: {field: (holds, valid range)}."""
+    return {
+        "baseline_cost": (params.baseline_cost >= 0.0, ">= 0"),
+        "entropy_cost": (params.entropy_cost >= 0.0, ">= 0"),
+        "optimizer": (params.optimizer in OPTIMIZERS, f"one of {OPTIMIZERS}"),
+        "lr": (params.lr > 0.0 and bool(np.isfinite(params.lr)), "finite and > 0"),
+        "lr_decay_steps": (params.lr_decay_steps >= 0, ">= 0"),
+        "lr_end": (0.0 <= params.lr_end <= params.lr, "in [0, lr]"),
+        "grad_clip": (params.grad_clip >= 0.0, ">= 0"),
+        "max_staleness": (params.max_staleness >= 0, ">= 0"),
+    }
+
+
+def raise_first_failure(algorithm: str, params, checks: dict[str, tuple[bool, str]]) -> None:
+    """Raises ConfigError("<algorithm>: <field> must be <range>, got <value>") for the first
+    check that fails."""
+    for name, (holds, valid) in checks.items():
+        if not holds:
+            raise ConfigError(f"{algorithm}: {name} must be {valid}, got {getattr(params, name)!r}")
+
+
+@dataclass(frozen=True)
+class AgentParams:
+    """What `agent.IMPALA` needs: the unroll, the V-trace and the loss settings. Built from
+    IMPALA's or A3C's `Params` (see `agent_params` and `easyrl.algorithms.a3c.build`)."""
+
+    name: str
+    """Algorithm name used in error messages ("impala" or "a3c")."""
+    flow: str
+    """Execution flow the agent serves (the runtime reads `agent.flow`)."""
+    unroll_length: int
+    """T: env steps per unroll."""
+    gamma: float
+    """Discount factor."""
+    rho_bar: float
+    """V-trace importance-weight clip."""
+    c_bar: float
+    """V-trace trace-coefficient clip."""
+    lam: float
+    """V-trace lambda."""
+    baseline_cost: float
+    """Weight of the baseline loss."""
+    entropy_cost: float
+    """Weight of the entropy bonus."""
+    grad_clip: float
+    """Global-norm gradient clip (0 disables)."""
+
+
+def agent_params(params: Params) -> AgentParams:
+    """IMPALA's `Params` as the agent's settings."""
+    return AgentParams(
+        name="impala",
+        flow=FLOW,
+        unroll_length=params.unroll_length,
+        gamma=params.gamma,
+        rho_bar=params.rho_bar,
+        c_bar=params.c_bar,
+        lam=params.lam,
+        baseline_cost=params.baseline_cost,
+        entropy_cost=params.entropy_cost,
+        grad_clip=params.grad_clip,
+    )
+
+
+def optimizer(params: Params):
+    """The optimizer the PS shards apply this algorithm's gradients with: a constant learning
+    rate, or lr_t = (lr - lr_end) * (1 - min(t / lr_decay_steps, 1)) + lr_end when
+    `lr_decay_steps > 0` (t counts PS updates). Shared by A3C, whose `Params` has the same
+    optimizer fields."""
+    from easyrl.algorithms.optimizers import OptimizerSpec
+
+    if params.lr_decay_steps > 0:
+        return OptimizerSpec(
+            kind=params.optimizer,
+            lr=params.lr,
+            schedule="polynomial",
+            decay_steps=params.lr_decay_steps,
+            end_lr=params.lr_end,
+            power=1.0,
+        )
+    return OptimizerSpec(kind=params.optimizer, lr=params.lr)
+
+
+def check_spaces(obs_space, action_space, model, algorithm: str = "impala") -> None:
+    """Checks that the actor-critic network can handle these spaces.
+
+    Raises:
+        ConfigError: the action space is not Discrete, the observation is not a Box, or its
+            rank does not fit `model.kind` (mlp: flat [D]; conv: frames [H, W, C]).
+    """
+    if not isinstance(action_space, gym.spaces.Discrete):
+        raise ConfigError(f"{algorithm} needs a Discrete action space, got {action_space}")
+    if not isinstance(obs_space, gym.spaces.Box):
+        raise ConfigError(f"{algorithm} needs a Box observation space, got {obs_space}")
+    rank = {"mlp": 1, "conv": 3}.get(model.kind)
+    if rank is None:
+        raise ConfigError(f"{algorithm} supports model.kind 'mlp' or 'conv', got {model.kind!r}")
+    if len(obs_space.shape) != rank:
+        raise ConfigError(
+            f"{algorithm} with model.kind {model.kind!r} needs observations of rank {rank}, "
+            f"got shape {obs_space.shape}"
+        )
+
+
+def unroll_spec(unroll_length: int, obs_space, action_space) -> dict:
+    """Columns of one unroll of T = `unroll_length` steps of one env, as
+    {name: (per-item shape, dtype)}:
+
+        obs       (T + 1, *obs_shape)  the space's dtype (uint8 frames stay uint8);
+                                       obs[T] is the bootstrap observation x_T
+        action    (T,)                 int64
+        logits    (T, A)               float32, the behaviour policy mu's logits
+        reward    (T,)                 float32
+        discount  (T,)                 float32, gamma * (1 - done_t), done = terminated |
+                                       truncated (see the module docstring)
+    """
+    t = int(unroll_length)
+    return {
+        "obs": ((t + 1, *obs_space.shape), np.dtype(obs_space.dtype)),
+        "action": ((t,), np.dtype(np.int64)),
+        "logits": ((t, int(action_space.n)), np.dtype(np.float32)),
+        "reward": ((t,), np.dtype(np.float32)),
+        "discount": ((t,), np.dtype(np.float32)),
+    }
+
+
+def replay_spec(params: Params, obs_space, action_space) -> dict:
+    """Columns of one replay item, one unroll of one env (see `unroll_spec`).
+
+    Raises:
+        ConfigError: the action space is not Discrete.
+    """
+    if not isinstance(action_space, gym.spaces.Discrete):
+        raise ConfigError(f"impala needs a Discrete action space, got {action_space}")
+    return unroll_spec(params.unroll_length, obs_space, action_space)
+
+
+def build(params: Params, obs_space, action_space, model, seed: int = 0, learner: bool = False):
+    """Builds the TF side of IMPALA (imports TensorFlow; see `agent.IMPALA`); every role
+    builds the same network, whatever `learner` says.
+
+    Raises:
+        ConfigError: unsupported spaces or model kind (see `check_spaces`).
+    """
+    check_spaces(obs_space, action_space, model)
+    from easyrl.algorithms.impala.agent import IMPALA
+
+    return IMPALA(agent_params(params), obs_space, action_space, model, seed)

@@ -1,0 +1,371 @@
+"""The TensorFlow side of IMPALA (and A3C): actor-critic network, V-trace, unroll collection,
+the loss.
+
+Loss to minimize on a batch of B unrolls of T steps (means over all T * B steps):
+    policy_loss   = -mean_{t,b}(log pi(a_t|x_t) * pg_advantage_t)
+    baseline_loss = 0.5 * mean_{t,b}((vs_t - V(x_t))^2)
+    entropy       = mean_{t,b}(H(pi(.|x_t))),  H(p) = -sum_a p_a log p_a
+    loss          = policy_loss + baseline_cost * baseline_loss - entropy_cost * entropy
+with vs_t and pg_advantage_t the V-trace targets (see `vtrace`), held constant.
+"""
+
+import numpy as np
+import tensorflow as tf
+
+from easyrl.algorithms.impala import FLOW, AgentParams, check_spaces, unroll_spec
+from easyrl.errors import EasyRLError
+from easyrl.models import Dense, FlatVariables, build_torso, named_variables
+
+STAT_NAMES = ("policy_loss", "baseline_loss", "entropy", "rho_mean", "value_mean")
+"""Keys of the stats `IMPALA.learn` returns."""
+
+_SEQ = tf.TensorSpec([None, None], tf.float32)  # [T, B]
+_VEC = tf.TensorSpec([None], tf.float32)  # [B]
+_SCALAR = tf.TensorSpec([], tf.float32)
+
+
+@tf.function(autograph=False, input_signature=[_SEQ] * 5 + [_VEC] + [_SCALAR] * 3)
+def vtrace(
+    behaviour_logp, target_logp, rewards, discounts, values, bootstrap_value, rho_bar, c_bar, lam
+):
+    """V-trace targets and policy-gradient advantages (Espeholt et al. 2018, eq. 1 and 4.2).
+
+    With rho_t = exp(target_logp_t - behaviour_logp_t), V(x_T) = vs_T = bootstrap_value:
+        delta_t = min(rho_bar, rho_t) * (r_t + discount_t * V(x_{t+1}) - V(x_t))
+        c_t     = lam * min(c_bar, rho_t)
+        vs_t - V(x_t) = delta_t + discount_t * c_t * (vs_{t+1} - V(x_{t+1}))
+        pg_advantage_t = min(rho_bar, rho_t) * (r_t + discount_t * vs_{t+1} - V(x_t))
+    The recursion runs backwards over time with `tf.scan`.
+
+    Args:
+        behaviour_logp: log mu(a_t|x_t), `[T, B]`.
+        target_logp: log pi(a_t|x_t), `[T, B]`.
+        rewards: r_t, `[T, B]`.
+        discounts: gamma * (1 - done_t), `[T, B]`.
+        values: V(x_t), `[T, B]`.
+        bootstrap_value: V(x_T), `[B]`.
+        rho_bar: importance-weight clip (TD errors and policy gradient).
+        c_bar: trace-coefficient clip.
+        lam: V-trace lambda.
+
+    Returns:
+        (vs `[T, B]`, pg_advantages `[T, B]`), both float32 under stop_gradient.
+    """
+    inputs = (behaviour_logp, target_logp, rewards, discounts, values, bootstrap_value)
+    behaviour_logp, target_logp, rewards, discounts, values, bootstrap_value = (
+        tf.stop_gradient(x) for x in inputs
+    )
+    rho = tf.exp(target_logp - behaviour_logp)  # [T, B]
+    clipped_rho = tf.minimum(rho_bar, rho)  # [T, B]
+    cs = lam * tf.minimum(c_bar, rho)  # [T, B]
+    next_values = tf.concat([values[1:], bootstrap_value[None]], axis=0)  # [T, B]
+    deltas = clipped_rho * (rewards + discounts * next_values - values)  # [T, B]
+
+    def backward(acc, step):  # acc = vs_{t+1} - V(x_{t+1}), [B]
+        delta, discount, c = step
+        return delta + discount * c * acc
+
+    vs_minus_v = tf.scan(
+        backward, (deltas, discounts, cs), initializer=tf.zeros_like(bootstrap_value), reverse=True
+    )  # [T, B]
+    vs = vs_minus_v + values  # [T, B]
+    next_vs = tf.concat([vs[1:], bootstrap_value[None]], axis=0)  # [T, B]
+    pg_advantages = clipped_rho * (rewards + discounts * next_vs - values)  # [T, B]
+    return tf.stop_gradient(vs), tf.stop_gradient(pg_advantages)
+
+
+class ActorCritic(tf.Module):
+    """A shared torso (`net/torso`, mlp or conv as the model section says) with two linear
+    heads: policy logits `net/logits` (small init: a near-uniform first policy) and the value
+    `net/value`."""
+
+    def __init__(self, obs_shape, num_actions, model, rng):
+        super().__init__(name=None)
+        self.torso = build_torso(model, obs_shape, "net/torso", rng)
+        self.logits = Dense(self.torso.out_dim, num_actions, "net/logits", rng, scale=0.01)
+        self.value = Dense(self.torso.out_dim, 1, "net/value", rng, scale=1.0)
+
+    def __call__(self, obs):
+        h = self.torso(obs)  # [N, H]
+        return self.logits(h), self.value(h)[:, 0]  # [N, A], [N]
+
+
+class IMPALA:
+    """IMPALA's (and A3C's) pieces for the runtime: the network, unroll collection and the
+    V-trace actor-critic gradients.
+
+    Args:
+        params: the agent's settings (from IMPALA's or A3C's `Params`).
+        obs_space: a Box observation space (flat for an mlp, [H, W, C] for a conv).
+        action_space: a Discrete action space.
+        model: the config's `model` section.
+        seed: initialisation seed (every role builds identical initial values).
+
+    Raises:
+        ConfigError: unsupported spaces or model kind.
+    """
+
+    flow = FLOW
+    """Execution flow (an instance built for A3C says "actor_gradients")."""
+    target_update_period = 0
+    """No target network: the runtime never syncs one."""
+
+    def __init__(self, params: AgentParams, obs_space, action_space, model, seed: int = 0):
+        check_spaces(obs_space, action_space, model, params.name)
+        self.params = params
+        self.flow = params.flow
+        self.obs_shape = tuple(int(d) for d in obs_space.shape)
+        self.obs_dtype = np.dtype(obs_space.dtype)
+        self.num_actions = int(action_space.n)
+        self.spec = unroll_spec(params.unroll_length, obs_space, action_space)
+        self.net = ActorCritic(self.obs_shape, self.num_actions, model, np.random.default_rng(seed))
+        self.variables = named_variables(self.net)
+        self._flat = FlatVariables(list(self.variables.values()))
+        # Fixed input signatures: no retracing, and AutoGraph stays off.
+        obs_tf_dtype = tf.as_dtype(self.obs_dtype)
+        obs = tf.TensorSpec([None, *self.obs_shape], obs_tf_dtype)
+        self._forward = tf.function(self.net.__call__, autograph=False, input_signature=[obs])
+        self._greedy = tf.function(self._greedy_fn, autograph=False, input_signature=[obs])
+        t = params.unroll_length
+        batch_signature = [
+            tf.TensorSpec([None, t + 1, *self.obs_shape], obs_tf_dtype),  # obs
+            tf.TensorSpec([None, t], tf.int64),  # action
+            tf.TensorSpec([None, t, self.num_actions], tf.float32),  # behaviour logits
+            tf.TensorSpec([None, t], tf.float32),  # reward
+            tf.TensorSpec([None, t], tf.float32),  # discount
+        ]
+        self._step = tf.function(self._step_fn, autograph=False, input_signature=batch_signature)
+
+    def collector(
+        self, num_envs: int, seed: int = 0, actor_index: int = 0, num_actors: int = 1
+    ) -> "UnrollCollector":
+        """The actor-side unroll collector for `num_envs` envs (see `UnrollCollector`).
+        `actor_index` and `num_actors` are accepted for the runtime's uniform call: every
+        actor explores the same way, by sampling its policy."""
+        return UnrollCollector(self, num_envs, seed)
+
+    def evaluate(self, obs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The network on a batch `[N, *obs_shape]`: (logits `[N, A]`, values `[N]`)."""
+        logits, values = self._forward(np.asarray(obs, self.obs_dtype))
+        return logits.numpy(), values.numpy()
+
+    def greedy(self, obs: np.ndarray) -> np.ndarray:
+        """Deterministic actions for evaluation: argmax of the logits, `[N]` int64."""
+        return self._greedy(np.asarray(obs, self.obs_dtype)).numpy()
+
+    def learn(self, batch: dict, weights=None) -> tuple[list[np.ndarray], dict[str, float], None]:
+        """One gradient computation on a batch of unrolls.
+
+        Args:
+            batch: the `replay_spec` columns batch-major: obs `[B, T + 1, ...]`, action,
+                reward, discount `[B, T]`, logits `[B, T, A]`.
+            weights: replay importance weights; ignored (the trajectory table is a FIFO).
+
+        Returns:
+            (gradients of the loss in the order of `self.variables`, stats with the
+            `STAT_NAMES` keys, None: no priorities). The variables are not changed.
+
+        Raises:
+            EasyRLError: a column is missing or has a wrong shape.
+        """
+        missing = [c for c in self.spec if c not in batch]
+        if missing:
+            raise EasyRLError(f"{self.params.name} batch lacks columns {missing}")
+        n = len(batch["obs"])
+        arrays = []
+        for name, (shape, dtype) in self.spec.items():
+            array = np.asarray(batch[name], dtype)
+            if array.shape != (n, *shape):
+                raise EasyRLError(
+                    f"{self.params.name} batch column {name!r} must be {(n, *shape)}, "
+                    f"got {array.shape}"
+                )
+            arrays.append(array)
+        flat_grads, stats = self._step(*arrays)
+        stats = dict(zip(STAT_NAMES, stats.numpy().tolist(), strict=True))
+        return self._flat.split(flat_grads.numpy()), stats, None
+
+    # --- compiled functions ---------------------------------------------------------------
+
+    def _greedy_fn(self, obs):
+        logits, _ = self.net(obs)  # [N, A]
+        return tf.argmax(logits, axis=1)  # [N]
+
+    def _step_fn(self, obs, action, behaviour_logits, reward, discount):
+        p = self.params
+        t, a = p.unroll_length, self.num_actions
+        b = tf.shape(obs)[0]
+        # Time-major views of the per-step columns.
+        action_tm = tf.transpose(action)  # [T, B]
+        reward_tm = tf.transpose(reward)  # [T, B]
+        discount_tm = tf.transpose(discount)  # [T, B]
+        behaviour_log_pi = tf.nn.log_softmax(tf.transpose(behaviour_logits, [1, 0, 2]))
+        behaviour_logp = tf.gather(behaviour_log_pi, action_tm, axis=2, batch_dims=2)  # [T, B]
+        variables = list(self.variables.values())
+        with tf.GradientTape() as tape:
+            # All B * (T + 1) observations through the network at once.
+            logits, values = self.net(tf.reshape(obs, [-1, *self.obs_shape]))
+            logits = tf.reshape(logits, [b, t + 1, a])  # [B, T+1, A]
+            values = tf.reshape(values, [b, t + 1])  # [B, T+1]
+            log_pi = tf.nn.log_softmax(tf.transpose(logits[:, :t], [1, 0, 2]))  # [T, B, A]
+            values_tm = tf.transpose(values[:, :t])  # [T, B]
+            bootstrap_value = values[:, t]  # [B]
+            target_logp = tf.gather(log_pi, action_tm, axis=2, batch_dims=2)  # [T, B]
+            # The targets are constants of the loss: no gradient path into the scan.
+            vs, pg_advantages = vtrace(
+                behaviour_logp,
+                tf.stop_gradient(target_logp),
+                reward_tm,
+                discount_tm,
+                tf.stop_gradient(values_tm),
+                tf.stop_gradient(bootstrap_value),
+                p.rho_bar,
+                p.c_bar,
+                p.lam,
+            )
+            policy_loss = -tf.reduce_mean(target_logp * pg_advantages)
+            baseline_loss = 0.5 * tf.reduce_mean(tf.square(vs - values_tm))
+            entropy = tf.reduce_mean(-tf.reduce_sum(tf.exp(log_pi) * log_pi, axis=2))
+            loss = policy_loss + p.baseline_cost * baseline_loss - p.entropy_cost * entropy
+        grads = tape.gradient(loss, variables)
+        grads = [tf.zeros_like(v) if g is None else g for g, v in zip(grads, variables)]
+        if p.grad_clip > 0:
+            grads, _ = tf.clip_by_global_norm(grads, p.grad_clip)
+        rho_mean = tf.reduce_mean(tf.exp(target_logp - behaviour_logp))
+        stats = tf.stack(
+            [policy_loss, baseline_loss, entropy, rho_mean, tf.reduce_mean(values_tm)]
+        )  # [5]
+        return tf.concat([tf.reshape(g, [-1]) for g in grads], axis=0), stats
+
+
+class UnrollCollector:
+    """Cuts the experience of `num_envs` envs into unrolls of T steps, one per env.
+
+    Protocol: `act(obs, rng)`, then `observe(...)`, repeated; every T-th `observe` returns
+    the N unrolls. Unrolls continue episodes across their boundaries (`resets_envs = False`):
+    the bootstrap observation obs[:, T] of one unroll is the first observation obs[:, 0] of
+    the next one.
+
+    Args:
+        algo: the actor's IMPALA (its variables hold the current weights).
+        num_envs: envs in the vector env.
+        seed: seed of the collector's own rng, used when `act` gets no rng.
+
+    Raises:
+        EasyRLError: `num_envs` is not positive.
+    """
+
+    resets_envs = False
+    """Episodes continue across unrolls: the runtime never resets the envs for a new one."""
+
+    def __init__(self, algo: IMPALA, num_envs: int, seed: int = 0):
+        if num_envs < 1:
+            raise EasyRLError(f"num_envs must be positive, got {num_envs}")
+        self.algo = algo
+        self.num_envs = num_envs
+        self.unroll_length = algo.params.unroll_length
+        self._rng = np.random.default_rng(seed)
+        t, n = self.unroll_length, num_envs
+        # Time-major buffers; `observe` returns them batch-major.
+        self._obs = np.zeros((t + 1, n, *algo.obs_shape), algo.obs_dtype)
+        self._action = np.zeros((t, n), np.int64)
+        self._logits = np.zeros((t, n, algo.num_actions), np.float32)
+        self._reward = np.zeros((t, n), np.float32)
+        self._discount = np.zeros((t, n), np.float32)
+        self._t = 0
+        self._acted = False
+        self._unrolls = 0
+
+    def act(self, obs: np.ndarray, rng: np.random.Generator | None = None) -> np.ndarray:
+        """Samples actions for `obs` `[N, *obs_shape]` and remembers obs, action and logits.
+
+        One compiled call gives the logits; the sample is Gumbel-max,
+        argmax_a(logits_a + g_a) with g ~ Gumbel(0, 1) drawn from `rng` (the collector's own
+        when None), which is distributed as softmax(logits).
+
+        Returns:
+            Actions `[N]` int64.
+
+        Raises:
+            EasyRLError: `act` was already called for this step, or `obs` has a wrong shape.
+        """
+        if self._acted:
+            raise EasyRLError("act called twice without observe")
+        obs = np.asarray(obs, self.algo.obs_dtype)
+        if obs.shape != (self.num_envs, *self.algo.obs_shape):
+            raise EasyRLError(
+                f"obs must be {[self.num_envs, *self.algo.obs_shape]}, got {list(obs.shape)}"
+            )
+        rng = self._rng if rng is None else rng
+        logits, _ = self.algo._forward(obs)
+        logits = logits.numpy()  # [N, A]
+        noise = rng.gumbel(size=logits.shape)  # [N, A]
+        action = np.argmax(logits + noise, axis=1).astype(np.int64)  # [N]
+        t = self._t
+        self._obs[t] = obs
+        self._action[t] = action
+        self._logits[t] = logits
+        self._acted = True
+        return action.copy()
+
+    def observe(
+        self,
+        rewards: np.ndarray,
+        next_obs: np.ndarray,
+        real_next_obs: np.ndarray,
+        terminated: np.ndarray,
+        truncated: np.ndarray,
+    ) -> dict[str, np.ndarray] | None:
+        """Stores the outcome of the step `act` chose; returns the N unrolls after T steps,
+        else None.
+
+        Args:
+            rewards: `[N]`.
+            next_obs: what the vector env returned, `[N, *obs_shape]` (reset rows for done
+                envs): the next step's observation, and the bootstrap one after step T.
+            real_next_obs: the true successors; unused, since an episode end of either kind
+                is not bootstrapped (see the module docstring of `easyrl.algorithms.impala`).
+            terminated: `[N]` bool.
+            truncated: `[N]` bool.
+
+        Returns:
+            None, or the `replay_spec` columns batch-major: obs `[N, T + 1, ...]` (the
+            space's dtype), action `[N, T]` int64, logits `[N, T, A]`, reward and discount
+            `[N, T]` float32, discount = gamma * (1 - (terminated | truncated)).
+
+        Raises:
+            EasyRLError: no `act` preceded this call, or an argument has a wrong shape.
+        """
+        if not self._acted:
+            raise EasyRLError("observe called without a preceding act")
+        n, t = self.num_envs, self._t
+        rewards = np.asarray(rewards, np.float32).reshape(-1)
+        done = np.asarray(terminated, bool).reshape(-1) | np.asarray(truncated, bool).reshape(-1)
+        if len(rewards) != n or len(done) != n:
+            raise EasyRLError(f"observe needs {n} rows per argument")
+        next_obs = np.asarray(next_obs, self.algo.obs_dtype)
+        if next_obs.shape != (n, *self.algo.obs_shape):
+            raise EasyRLError(
+                f"next_obs must be {[n, *self.algo.obs_shape]}, got {list(next_obs.shape)}"
+            )
+        self._reward[t] = rewards
+        self._discount[t] = self.algo.params.gamma * (1.0 - done.astype(np.float32))
+        self._acted = False
+        self._t += 1
+        if self._t < self.unroll_length:
+            return None
+        self._obs[self.unroll_length] = next_obs
+        batch = {
+            "obs": np.swapaxes(self._obs, 0, 1).copy(),  # [N, T+1, ...]
+            "action": self._action.T.copy(),  # [N, T]
+            "logits": np.swapaxes(self._logits, 0, 1).copy(),  # [N, T, A]
+            "reward": self._reward.T.copy(),  # [N, T]
+            "discount": self._discount.T.copy(),  # [N, T]
+        }
+        self._t = 0
+        self._unrolls += 1
+        return batch
+
+    def stats(self) -> dict[str, float]:
+        """Collector metrics for the actor's reports: `unrolls`, the unrolls completed."""
+        return {"unrolls": float(self._unrolls)}
