@@ -1,15 +1,15 @@
 """Actor throughput: env steps/s of the real actor role vs a plain single-process loop.
 
-Same environment (CartPole-v1, sync vector env), same DQN network and `act`
-(the model of `configs/cartpole_apex.yaml`), same epsilon, same vector
-size, for num_envs 1, 8 and 32:
+Same environment, network and vector size on both sides (by default CartPole-v1 with
+the DQN of `configs/cartpole_apex.yaml`, num_envs 1, 8 and 32; `--config` picks another
+config, e.g. Atari Pong with `configs/pong_apex.yaml`):
 
 - plain: `act` + `env.step` in a loop, nothing else (no gRPC, no replay).
 - plain + post: the plain loop plus everything the actor does in its own process
-  besides talking to servers: same-step-autoreset final observations, n-step
-  accumulation, episode tracking, and every `actor.send_every` vector steps the
-  shipment (concatenate, Ape-X initial priorities with the network, encode the
-  InsertRequest).
+  besides talking to servers: the algorithm's collector (for DQN: epsilon-greedy
+  acting and n-step accumulation), same-step-autoreset final observations, episode
+  tracking, and every `actor.send_every` vector steps the shipment (concatenate,
+  Ape-X initial priorities with the network, encode the InsertRequest).
 - actor: `easyrl.roles.actor.Actor` against a PS shard and a memory shard that run as
   real `easyrl run` processes (PS initialized with the network by `Assign`;
   `replay.min_size_to_sample` = capacity so nothing is ever sampled; no rate limit, no
@@ -22,6 +22,8 @@ size, for num_envs 1, 8 and 32:
 
     python benchmarks/bench_actor.py            # print the table
     python benchmarks/bench_actor.py --write    # and update benchmarks/RESULTS.md
+    python benchmarks/bench_actor.py --config configs/pong_apex.yaml --num-envs 1,4 \
+        --capacity 20000 --write                # Atari frames/s per actor
 """
 
 import argparse
@@ -42,14 +44,13 @@ from easyrl.transport import codec  # noqa: E402
 from easyrl.transport import easyrl_pb2 as pb  # noqa: E402
 
 CONFIG = common.REPO / "configs" / "cartpole_apex.yaml"
-CAPACITY = 1_000_000
 
 
-def raw_config(num_envs: int) -> dict:
-    """configs/cartpole_apex.yaml with `num_envs`, no stop condition and no sampling."""
-    raw = yaml.safe_load(CONFIG.read_text())
+def raw_config(config: Path, num_envs: int, capacity: int) -> dict:
+    """`config` (a DQN config) with `num_envs`, no stop condition and no sampling."""
+    raw = yaml.safe_load(config.read_text())
     raw["env"]["num_envs"] = num_envs
-    raw["replay"].update({"capacity": CAPACITY, "min_size_to_sample": CAPACITY})
+    raw["replay"].update({"capacity": capacity, "min_size_to_sample": capacity})
     raw["stop"] = {"episode_return_mean": None, "max_seconds": None}
     raw["cluster"] = {"ps": 1, "memory": 1, "learner": 1, "actor": 1}
     raw["run"] = {**raw.get("run", {}), "checkpoint_interval_s": 3600.0}
@@ -218,6 +219,10 @@ def run_actor(cluster, spec, cfg_path: Path, num_envs: int, algo, args) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--num-envs", default="1,8,32", help="comma list of vector sizes")
+    parser.add_argument("--config", type=Path, default=CONFIG, help="a DQN config")
+    parser.add_argument(
+        "--capacity", type=int, default=1_000_000, help="replay capacity (nothing is sampled)"
+    )
     parser.add_argument("--duration", type=float, default=3.0, help="seconds per measurement")
     parser.add_argument(
         "--actor-process",
@@ -231,7 +236,8 @@ def main() -> None:
     from easyrl import config as config_lib
 
     with common.Cluster() as cluster:
-        cfg_path = common.write_config(raw_config(sizes[0]), cluster.run_dir, "actor.yaml")
+        raw = raw_config(args.config.resolve(), sizes[0], args.capacity)
+        cfg_path = common.write_config(raw, cluster.run_dir, "actor.yaml")
         spec = cluster.start_cli(cfg_path, num_ps=1, num_memory=1, wait=False)
         import tensorflow as tf
 
@@ -303,11 +309,12 @@ def main() -> None:
         if args.actor_process
         else "the benchmark process (thread running `Actor.run()`)"
     )
-    raw = yaml.safe_load(CONFIG.read_text())
+    config = args.config.resolve()
     notes = [
-        "Env CartPole-v1 (sync vector env), network and `act` from "
-        f"`{CONFIG.relative_to(common.REPO)}` (DQN, model {raw['model']}), epsilon "
-        f"{raw['algorithm']['epsilon']} (actor 0 of 1), seed 0.",
+        f"Env {cfg.env.id} ({cfg.env.vector} vector env"
+        + (f", Atari preprocessing {raw['env']['atari']}" if cfg.env.atari else "")
+        + f"), network and `act` from `{config.relative_to(common.REPO)}` (DQN, model "
+        f"{raw['model']}), epsilon {raw['algorithm']['epsilon']} (actor 0 of 1), seed 0.",
         "steps/s are medians over ~0.5 s windows (the actor's: between consecutive reports "
         "to PS shard 0), which resist bursts of load from other processes on this shared "
         f"machine; {args.duration:g} s measured per variant and size, plain split into two "
@@ -319,6 +326,15 @@ def main() -> None:
         "plain: `act` + `env.step` only. plain + post: adds final observations, n-step "
         "accumulation, episode tracking and building each InsertRequest (initial "
         "priorities with the network + encoding) - all the actor's in-process work.",
+        *(
+            [
+                f"An env step is one agent step = {cfg.env.atari.frame_skip} emulator frames "
+                "(frame skip): frames/s per actor = steps/s x "
+                f"{cfg.env.atari.frame_skip}."
+            ]
+            if cfg.env.atari
+            else []
+        ),
         "'transitions inserted' is the memory shard's insert count over the actor's whole "
         "run (including warm-up), to show the data reached replay.",
     ]
@@ -328,6 +344,9 @@ def main() -> None:
     if args.write:
         suffix = "-process" if args.actor_process else ""
         title = "Actor" + (" (actor as a process)" if args.actor_process else "")
+        if config != CONFIG:
+            suffix += f"-{config.stem}"
+            title += f": {cfg.env.id}"
         common.write_section(
             f"bench_actor{suffix}", common.section_text(title, started, load_before, text)
         )

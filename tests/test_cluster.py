@@ -412,6 +412,91 @@ def test_synchronous_rounds_two_shards_each(launch, algorithm):
     _assert_no_processes_left(run.run_dir)
 
 
+@pytest.mark.timeout(180)
+def test_impala_two_learners_two_memories(launch):
+    run = launch(
+        "stop.max_env_steps=20000",
+        "stop.max_seconds=90",
+        "env.num_envs=4",
+        "algorithm.batch_size=4",
+        "cluster.ps=2",
+        "cluster.memory=2",
+        "cluster.learner=2",
+        "cluster.actor=2",
+        config=ROOT / "configs" / "cartpole_impala.yaml",
+        base=("stop.episode_return_mean=null", "run.log_interval_s=0.5"),
+    )
+    code = run.wait(150)
+    assert code == 0, f"exit code {code}:\n{run.output()}\n{run.logs()}"
+    summary = run.summary()
+    assert all(n == 0 for n in summary["restarts"].values()), summary["restarts"]
+    ps0, ps1 = _counters(summary, "ps/0"), _counters(summary, "ps/1")
+    assert ps0["learner/0/updates"] > 0 and ps0["learner/1/updates"] > 0, ps0
+    assert ps0["ps/0/applied"] > 0 and ps1["ps/1/applied"] > 0
+    for shard in (0, 1):
+        memory = _counters(summary, f"memory/{shard}")
+        # Every unroll is delivered once: what was sampled was inserted, and in batches.
+        inserted, sampled = memory[f"memory/{shard}/inserts"], memory[f"memory/{shard}/samples"]
+        assert 0 < sampled <= inserted, memory
+        assert sampled % 4 == 0, memory
+    # The learners saw unrolls: [batch, T + 1, obs] observations, one action per step.
+    logs = "".join((run.run_dir / "logs" / f"learner-{i}.log").read_text() for i in (0, 1))
+    assert logs.count("first batch: action int64[4, 20], discount float32[4, 20]") == 2, logs
+    assert "obs float32[4, 21, 4]" in logs
+    _assert_no_processes_left(run.run_dir)
+
+
+@pytest.mark.timeout(180)
+def test_a3c_runs_with_only_ps_and_actors(launch):
+    run = launch(
+        "stop.max_env_steps=6000",
+        "stop.max_seconds=90",
+        "env.num_envs=4",
+        "cluster.ps=2",
+        "cluster.actor=2",
+        config=ROOT / "configs" / "cartpole_a3c.yaml",
+        base=("stop.episode_return_mean=null", "run.log_interval_s=0.5"),
+    )
+    code = run.wait(150)
+    assert code == 0, f"exit code {code}:\n{run.output()}\n{run.logs()}"
+    summary = run.summary()
+    assert set(summary["restarts"]) == {"ps-0", "ps-1", "actor-0", "actor-1"}
+    assert set(summary["servers"]) == {"ps/0", "ps/1"}
+    ps0, ps1 = _counters(summary, "ps/0"), _counters(summary, "ps/1")
+    # Each actor pushed its own gradients; both shards applied them.
+    assert ps0["actor/0/updates"] > 0 and ps0["actor/1/updates"] > 0, ps0
+    assert ps0["ps/0/applied"] >= ps0["updates"] > 0
+    assert ps1["ps/1/applied"] > 0
+    _assert_no_processes_left(run.run_dir)
+
+
+@pytest.mark.timeout(240)
+def test_pong_impala_ships_uint8_frames_to_the_learner(launch):
+    run = launch(
+        "stop.max_env_steps=600",
+        "stop.max_seconds=150",
+        "env.num_envs=2",
+        "env.vector=sync",
+        "algorithm.unroll_length=16",
+        "algorithm.batch_size=2",
+        "cluster.ps=1",
+        "cluster.memory=1",
+        "cluster.learner=1",
+        "cluster.actor=2",
+        config=ROOT / "configs" / "pong_impala.yaml",
+        base=("stop.episode_return_mean=null", "run.log_interval_s=1"),
+    )
+    code = run.wait(200)
+    assert code == 0, f"exit code {code}:\n{run.output()}\n{run.logs()}"
+    summary = run.summary()
+    ps0 = _counters(summary, "ps/0")
+    assert ps0["env_steps"] >= 600 and ps0["learner/0/updates"] > 0, ps0
+    log = (run.run_dir / "logs" / "learner-0.log").read_text()
+    # 42x42 grey frames, 4 stacked, as uint8 all the way: [batch, T + 1, 42, 42, 4].
+    assert "obs uint8[2, 17, 42, 42, 4]" in log, log
+    _assert_no_processes_left(run.run_dir)
+
+
 @pytest.mark.timeout(240)
 def test_actor_killed_is_restarted(launch):
     run = launch(
