@@ -51,6 +51,17 @@ class OptimizerSpec:
             raise ValueError(f"invalid optimizer settings {self}")
 
 
+def staircase_spec(params) -> OptimizerSpec:
+    """The spec most algorithms' hyper-parameters describe: `optimizer`, `lr`, and the lr
+    multiplied by `lr_decay_rate` every `lr_decay_steps` updates."""
+    return OptimizerSpec(
+        kind=params.optimizer,
+        lr=params.lr,
+        decay_rate=params.lr_decay_rate,
+        decay_steps=params.lr_decay_steps,
+    )
+
+
 class Optimizer(tf.Module):
     """Adam, RMSProp or SGD over a fixed list of variables.
 

@@ -102,14 +102,9 @@ class Params:
 
 def optimizer(params: Params):
     """The optimizer the PS shards apply this algorithm's gradients with."""
-    from easyrl.algorithms.optimizers import OptimizerSpec
+    from easyrl.algorithms.optimizers import staircase_spec
 
-    return OptimizerSpec(
-        kind=params.optimizer,
-        lr=params.lr,
-        decay_rate=params.lr_decay_rate,
-        decay_steps=params.lr_decay_steps,
-    )
+    return staircase_spec(params)
 
 
 def round_share(params: Params, num_envs: int, actor_index: int, num_actors: int) -> int:
