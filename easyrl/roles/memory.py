@@ -33,7 +33,7 @@ from easyrl.replay.trajectory import FifoLimiter, FifoTable
 from easyrl.transport import codec
 from easyrl.transport import easyrl_pb2 as pb
 from easyrl.transport import easyrl_pb2_grpc as pb_grpc
-from easyrl.transport.rpc import invalid_argument_on_error
+from easyrl.transport.rpc import invalid_argument_on_error, within_deadline
 
 log = logging.getLogger(__name__)
 
@@ -238,8 +238,7 @@ class MemoryServer(pb_grpc.ReplayMemoryServicer):
                 raise ReplayError(f"priorities must be {n} finite values")
             if np.any(priorities < 0):
                 raise ReplayError("priorities must be >= 0")
-        remaining = context.time_remaining()
-        timeout = 5.0 if remaining is None else max(0.0, remaining - 0.05)
+        timeout = within_deadline(context, 5.0)
         if self.rounds:
             if priorities is not None or request.round < 0:
                 raise ReplayError("an aggregate table takes a round >= 0 and no priorities")
@@ -274,10 +273,7 @@ class MemoryServer(pb_grpc.ReplayMemoryServicer):
             raise ReplayError("round must be >= 0 and timeout_s in [0, 600]")
         # Give up before the caller's deadline does, and never release a round to a caller
         # that is gone: its items would be lost.
-        timeout = request.timeout_s
-        remaining = context.time_remaining() if context is not None else None
-        if remaining is not None:
-            timeout = min(timeout, max(0.0, remaining - 0.05))
+        timeout = within_deadline(context, request.timeout_s)
         active = context.is_active if context is not None else (lambda: True)
         try:
             return self._submit("take_round", (request.round, active), timeout)

@@ -26,7 +26,7 @@ from easyrl.models import FlatVariables
 from easyrl.transport import codec
 from easyrl.transport import easyrl_pb2 as pb
 from easyrl.transport import easyrl_pb2_grpc as pb_grpc
-from easyrl.transport.rpc import invalid_argument_on_error
+from easyrl.transport.rpc import invalid_argument_on_error, within_deadline
 
 log = logging.getLogger(__name__)
 
@@ -172,10 +172,7 @@ class ParameterServer(pb_grpc.ParameterServerServicer):
     def Pull(self, request, context):
         if request.min_round < 0 or not 0 <= request.wait_s <= 600:
             raise ValueError("Pull: min_round must be >= 0 and wait_s in [0, 600]")
-        wait_s = request.wait_s
-        remaining = context.time_remaining() if context is not None else None
-        if remaining is not None:
-            wait_s = min(wait_s, max(0.0, remaining - 0.05))
+        wait_s = within_deadline(context, request.wait_s)
         with self._lock:
             if request.min_round > self.round and wait_s > 0:
                 self._round_published.wait_for(

@@ -156,6 +156,16 @@ def make_server(
     return server, port
 
 
+def within_deadline(context, wait_s: float, margin_s: float = 0.05) -> float:
+    """How long a handler may wait: `wait_s`, cut to end `margin_s` before the call's
+    deadline (so the caller gets an answer, not DEADLINE_EXCEEDED). `context` may be None
+    (a direct call in tests) or have no deadline: then `wait_s` as is."""
+    remaining = context.time_remaining() if context is not None else None
+    if remaining is None:
+        return wait_s
+    return min(wait_s, max(0.0, remaining - margin_s))
+
+
 def invalid_argument_on_error(method: Callable) -> Callable:
     """Decorates a servicer method: EasyRLError/ValueError become INVALID_ARGUMENT.
 
