@@ -9,7 +9,7 @@ from pathlib import Path
 from easyrl import config as config_lib
 from easyrl.errors import EasyRLError
 
-ROLES = ("ps", "memory", "learner", "actor")
+ROLES = ("ps", "memory", "learner", "actor", "evaluator")
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -39,6 +39,7 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--memory-hosts", help="comma-separated host:port of the memory shards")
     run.add_argument("--num-learners", type=int)
     run.add_argument("--num-actors", type=int)
+    run.add_argument("--num-evaluators", type=int)
     add_common(run)
     return parser
 
@@ -46,7 +47,13 @@ def _parser() -> argparse.ArgumentParser:
 def _cluster_from_args(args, cfg):
     from easyrl.cluster.spec import ClusterSpec
 
-    flags = (args.ps_hosts, args.memory_hosts, args.num_learners, args.num_actors)
+    flags = (
+        args.ps_hosts,
+        args.memory_hosts,
+        args.num_learners,
+        args.num_actors,
+        args.num_evaluators,
+    )
     if args.cluster:
         return ClusterSpec.from_file(args.cluster)
     if any(f is not None for f in flags):
@@ -56,13 +63,14 @@ def _cluster_from_args(args, cfg):
                 "memory": args.memory_hosts or "",
                 "learner": args.num_learners if args.num_learners is not None else 1,
                 "actor": args.num_actors if args.num_actors is not None else 1,
+                "evaluator": args.num_evaluators or 0,
             }
         )
     spec = ClusterSpec.from_env()
     if spec is None:
         raise EasyRLError(
             "no cluster given: use --cluster FILE, --ps-hosts/--memory-hosts/--num-learners/"
-            "--num-actors, or the EASYRL_CLUSTER environment variable"
+            "--num-actors/--num-evaluators, or the EASYRL_CLUSTER environment variable"
         )
     return spec
 

@@ -39,6 +39,7 @@ __all__ = [
     "ModelConfig",
     "ReplayConfig",
     "AtariConfig",
+    "EvalConfig",
     "RunConfig",
     "SecurityConfig",
     "StopConfig",
@@ -165,6 +166,8 @@ class ClusterConfig(_Section):
     """Learners (None: 1, or 0 for an algorithm whose actors push gradients)."""
     actor: int = 2
     """Actors."""
+    evaluator: int = 0
+    """Evaluators (0 or 1): run the greedy policy on fresh envs every `eval.interval_s`."""
     host: str = "127.0.0.1"
     """Address the local launcher binds."""
 
@@ -209,12 +212,28 @@ class StopConfig(_Section):
 
     episode_return_mean: float | None = None
     """Stop once the mean return over the last `window` episodes reaches this."""
+    eval_return_mean: float | None = None
+    """Stop once an evaluation's mean return reaches this (needs cluster.evaluator: 1)."""
     window: int = 100
     """Episodes the mean return is taken over."""
     max_env_steps: int | None = None
     """Stop after this many env steps over all actors."""
     max_seconds: float | None = None
     """Stop after this many seconds of wall-clock time."""
+
+
+@dataclass(frozen=True)
+class EvalConfig(_Section):
+    """The evaluator: the greedy/deterministic policy on fresh environments."""
+
+    SECTION: ClassVar[str] = "eval"
+
+    episodes: int = 10
+    """Episodes per evaluation (their mean is the evaluation return)."""
+    interval_s: float = 10.0
+    """Seconds between the end of one evaluation and the start of the next."""
+    num_envs: int = 10
+    """Environments stepped together during an evaluation."""
 
 
 @dataclass(frozen=True)
@@ -285,6 +304,8 @@ class Config:
     """Learner behaviour."""
     stop: StopConfig = field(default_factory=StopConfig)
     """Stop conditions."""
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    """The evaluator."""
     run: RunConfig = field(default_factory=RunConfig)
     """Run identity and periodic tasks."""
     security: SecurityConfig = field(default_factory=SecurityConfig)
@@ -350,7 +371,9 @@ _RULES: dict[type, tuple[tuple[str, _Check], ...]] = {
         ("memory", _opt(_ge(0))),
         ("learner", _opt(_ge(0))),
         ("actor", _ge(1)),
+        ("evaluator", _between(0, 1)),
     ),
+    EvalConfig: (("episodes", _ge(1)), ("interval_s", _ge(0)), ("num_envs", _ge(1))),
     ActorConfig: (("send_every", _ge(1)), ("weight_sync_every", _ge(1)), ("queue_size", _ge(1))),
     LearnerConfig: (
         ("batch_queue", _ge(1)),
@@ -670,6 +693,8 @@ def _resolve(cfg: Config) -> Config:
     if kind not in kinds and kind is not None:
         works = f"works with {' or '.join(kinds)}" if kinds else "uses no replay memory"
         raise ConfigError(f"replay.kind: {cfg.algorithm.name} {works}, got {kind!r}")
+    if cfg.stop.eval_return_mean is not None and not cfg.cluster.evaluator:
+        raise ConfigError("stop.eval_return_mean needs an evaluator: set cluster.evaluator: 1")
     cluster = _resolve_cluster(cfg.algorithm.name, module.FLOW, cfg.cluster)
     cfg = dataclasses.replace(cfg, cluster=cluster)
     if module.FLOW == "sync_rounds":

@@ -201,8 +201,11 @@ def test_from_mapping_requires_a_mapping(raw):
 def test_to_json_round_trip():
     spec = ClusterSpec.from_mapping(GOOD)
     text = spec.to_json()
-    assert json.loads(text) == GOOD
+    assert json.loads(text) == {**GOOD, "evaluator": 0}  # the optional role, filled in
     assert ClusterSpec.from_mapping(json.loads(text)) == spec
+    with_evaluator = ClusterSpec.from_mapping({**GOOD, "evaluator": 1})
+    assert with_evaluator.evaluator == 1
+    assert ClusterSpec.from_mapping(json.loads(with_evaluator.to_json())) == with_evaluator
 
 
 def test_from_env_valid(monkeypatch):

@@ -322,3 +322,45 @@ def test_apply_refuses_wrong_number_of_gradients():
 def test_spec_rejects_nan_and_degenerate_settings(kwargs):
     with pytest.raises(ValueError):
         OptimizerSpec(**kwargs)
+
+
+def test_groups_step_only_the_groups_they_get_gradients_for():
+    from easyrl.algorithms.optimizers import OptimizerGroups
+
+    names = ["actor/w", "actor/b", "critic/w"]
+    variables = {n: tf.Variable(np.ones(2, np.float32), name=n) for n in names}
+    groups = OptimizerGroups(
+        {"actor/": OptimizerSpec(kind="adam", lr=0.1), "critic/": OptimizerSpec("sgd", lr=0.5)},
+        variables,
+    )
+    assert groups.members == {"actor/": ["actor/w", "actor/b"], "critic/": ["critic/w"]}
+    g = np.array([1.0, -2.0], np.float32)
+    groups.apply({"critic/w": g})  # the actor gets no gradient: Adam must not move it
+    np.testing.assert_allclose(variables["critic/w"].numpy(), 1 - 0.5 * g)
+    np.testing.assert_allclose(variables["actor/w"].numpy(), 1.0)
+    groups.apply({"actor/w": g, "actor/b": g, "critic/w": g})
+    # First Adam step moves each coordinate by lr against the gradient's sign.
+    np.testing.assert_allclose(variables["actor/w"].numpy(), 1 - 0.1 * np.sign(g), rtol=1e-5)
+    state = groups.state()
+    assert int(state["actor/step"]) == 1 and int(state["critic/step"]) == 2
+    with pytest.raises(ValueError, match="lack"):
+        groups.apply({"actor/w": g})
+    fresh = {n: tf.Variable(v.numpy(), name=n) for n, v in variables.items()}
+    other = OptimizerGroups(
+        {"actor/": OptimizerSpec(kind="adam", lr=0.1), "critic/": OptimizerSpec("sgd", lr=0.5)},
+        fresh,
+    )
+    other.load_state(state)
+    assert {k: np.asarray(v).tolist() for k, v in other.state().items()} == {
+        k: np.asarray(v).tolist() for k, v in state.items()
+    }
+
+
+def test_every_variable_needs_exactly_one_group():
+    from easyrl.algorithms.optimizers import OptimizerGroups
+
+    variables = {"actor/w": tf.Variable(np.ones(1, np.float32)), "other/w": tf.Variable([1.0])}
+    with pytest.raises(ValueError, match="'other/w' matches optimizer groups \\[\\]"):
+        OptimizerGroups({"actor/": OptimizerSpec()}, variables)
+    with pytest.raises(ValueError, match="matches optimizer groups"):
+        OptimizerGroups({"": OptimizerSpec(), "actor/": OptimizerSpec()}, variables)

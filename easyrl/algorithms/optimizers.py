@@ -135,3 +135,92 @@ class Optimizer(tf.Module):
         for k, slot in enumerate(self.slots):
             for i, var in enumerate(slot):
                 var.assign(state[f"slot{k}/{i}"])
+
+
+class OptimizerGroups:
+    """The optimizers of one PS shard: one per variable group, each group the variables
+    whose names start with its prefix (e.g. "actor/", "critic/", "alpha/"), each applied
+    with its own optimizer, learning rate and step counter. A single spec is one group of
+    every variable (prefix "").
+
+    A push may carry gradients for some groups only (TD3 updates its actor every other
+    step): only those groups' optimizers step, so Adam never moves a variable it got no
+    gradient for.
+
+    Args:
+        specs: one spec, or {prefix: spec}.
+        variables: {name: variable} of the shard, in the order gradients are given.
+
+    Raises:
+        ValueError: a variable matches no prefix or more than one.
+    """
+
+    def __init__(self, specs, variables: dict[str, tf.Variable]):
+        specs = {"": specs} if isinstance(specs, OptimizerSpec) else dict(specs)
+        members: dict[str, list[str]] = {prefix: [] for prefix in specs}
+        for name in variables:
+            matches = [p for p in specs if name.startswith(p)]
+            if len(matches) != 1:
+                raise ValueError(
+                    f"variable {name!r} matches optimizer groups {matches}; every variable "
+                    f"needs exactly one of {sorted(specs)}"
+                )
+            members[matches[0]].append(name)
+        self.members = {p: names for p, names in members.items() if names}
+        """{prefix: variable names} of the groups this shard holds variables of."""
+        self.group_of = {name: p for p, names in self.members.items() for name in names}
+        self.optimizers = {
+            p: Optimizer(specs[p], [variables[n] for n in names])
+            for p, names in self.members.items()
+        }
+        self._flat = {
+            p: _FlatApply(opt, [variables[n] for n in self.members[p]])
+            for p, opt in self.optimizers.items()
+        }
+
+    def groups_in(self, names) -> list[str]:
+        """The groups `names` covers; each must be covered completely.
+
+        Raises:
+            ValueError: `names` holds part of a group only.
+        """
+        present = sorted({self.group_of[n] for n in names})
+        for p in present:
+            missing = sorted(set(self.members[p]) - set(names))
+            if missing:
+                raise ValueError(f"gradients for group {p!r} lack {missing}")
+        return present
+
+    def apply(self, grads: dict[str, np.ndarray]) -> None:
+        """One step of each group `grads` ({name: gradient}) covers completely."""
+        for p in self.groups_in(grads):
+            self._flat[p](np.concatenate([np.ravel(grads[n]) for n in self.members[p]]))
+
+    def state(self) -> dict[str, np.ndarray]:
+        """Every group's slots and step, keys prefixed by the group's prefix."""
+        return {f"{p}{k}": v for p, opt in self.optimizers.items() for k, v in opt.state().items()}
+
+    def load_state(self, state: dict[str, np.ndarray]) -> None:
+        """Restores what `state` returned."""
+        for p, opt in self.optimizers.items():
+            opt.load_state({k[len(p) :]: v for k, v in state.items() if k.startswith(p)})
+
+
+class _FlatApply:
+    """One compiled optimizer step from a flat gradient vector (split inside the graph)."""
+
+    def __init__(self, optimizer: Optimizer, variables: Sequence[tf.Variable]):
+        from easyrl.models import FlatVariables
+
+        self._optimizer = optimizer
+        self._flat = FlatVariables(variables)
+        size = int(self._flat.offsets[-1])
+        self._apply = tf.function(
+            self._apply_fn, autograph=False, input_signature=[tf.TensorSpec([size], tf.float32)]
+        )
+
+    def _apply_fn(self, flat: tf.Tensor) -> None:
+        self._optimizer.apply(self._flat.split_tensor(flat))
+
+    def __call__(self, flat: np.ndarray) -> None:
+        self._apply(flat.astype(np.float32, copy=False))

@@ -28,7 +28,7 @@ from easyrl.transport import rpc
 log = logging.getLogger(__name__)
 
 SERVER_ROLES = ("ps", "memory")
-WORKER_ROLES = ("learner", "actor")
+WORKER_ROLES = ("learner", "actor", "evaluator")
 READY_TIMEOUT_S = 120.0
 GRACE_S = 10.0
 _PR_SET_PDEATHSIG = 1
@@ -121,6 +121,7 @@ class LocalCluster:
             memory=tuple(f"{c.host}:{p}" for p in ports[c.ps :]),
             learner=c.learner,
             actor=c.actor,
+            evaluator=c.evaluator,
         )
         self.children: list[Child] = []
         (self.run_dir / "logs").mkdir(parents=True, exist_ok=True)
@@ -270,7 +271,8 @@ def progress_line(elapsed: float, counters: dict, restarts: int) -> str:
         f"({counters.get('env_steps_per_s', 0):7,.0f}/s) | updates "
         f"{int(counters.get('updates', 0)):>7,} ({counters.get('updates_per_s', 0):5,.0f}/s) | "
         f"episodes {int(counters.get('episodes', 0)):>6,} | return {ret_text} | "
-        f"restarts {restarts}"
+        + (f"eval {counters['eval_return_mean']:7.1f} | " if "eval_return_mean" in counters else "")
+        + f"restarts {restarts}"
     )
 
 
@@ -296,7 +298,7 @@ def train(cfg, out=sys.stdout) -> int:
     try:
         # Every role starts at once: importing TensorFlow costs each process ~2 s of CPU,
         # and workers retry their first calls until the servers listen.
-        for role in ("ps", "memory", "learner", "actor"):
+        for role in ("ps", "memory", "learner", "actor", "evaluator"):
             cluster.start_role(role, getattr(cfg.cluster, role))
         cluster.wait_ready()
         next_log = time.monotonic()

@@ -19,7 +19,9 @@ import yaml
 from easyrl.errors import ConfigError
 
 CLUSTER_ENV = "EASYRL_CLUSTER"
-ROLES = ("ps", "memory", "learner", "actor")
+ROLES = ("ps", "memory", "learner", "actor", "evaluator")
+OPTIONAL = {"evaluator": 0}
+"""Roles a spec may leave out, with their default count."""
 
 
 @dataclass(frozen=True)
@@ -31,6 +33,7 @@ class ClusterSpec:
     memory: tuple[str, ...]
     learner: int
     actor: int
+    evaluator: int = 0
 
     def __post_init__(self):
         # (host, port) -> (role, address as written); hosts compare case-insensitively and
@@ -62,6 +65,8 @@ class ClusterSpec:
             raise ConfigError("cluster.actor: must be >= 1")
         if self.learner < 0:
             raise ConfigError("cluster.learner: must be >= 0")
+        if self.evaluator < 0:
+            raise ConfigError("cluster.evaluator: must be >= 0")
 
     def to_json(self) -> str:
         """Serializes the spec as the JSON the EASYRL_CLUSTER variable holds."""
@@ -81,7 +86,7 @@ class ClusterSpec:
                 close = difflib.get_close_matches(str(key), ROLES, n=1)
                 hint = f"; did you mean {close[0]!r}?" if close else f"; valid keys: {ROLES}"
                 raise ConfigError(f"cluster spec: unknown key {key!r}{hint}")
-        missing = [k for k in ROLES if k not in raw]
+        missing = [k for k in ROLES if k not in raw and k not in OPTIONAL]
         if missing:
             raise ConfigError(f"cluster spec: missing {', '.join(missing)}")
         lists = {}
@@ -93,10 +98,11 @@ class ClusterSpec:
                 raise ConfigError(f"cluster.{role}: expected a list of host:port")
             lists[role] = tuple(value)
         counts = {}
-        for role in ("learner", "actor"):
-            if not isinstance(raw[role], int) or isinstance(raw[role], bool):
-                raise ConfigError(f"cluster.{role}: expected an int, got {raw[role]!r}")
-            counts[role] = raw[role]
+        for role in ("learner", "actor", "evaluator"):
+            value = raw.get(role, OPTIONAL.get(role))
+            if not isinstance(value, int) or isinstance(value, bool):
+                raise ConfigError(f"cluster.{role}: expected an int, got {value!r}")
+            counts[role] = value
         return cls(**lists, **counts)
 
     @classmethod

@@ -33,11 +33,22 @@ class RunStats:
             self._counters[key] = 0.0
         self._stats: dict[str, float] = {}
         self._last = (time.monotonic(), 0.0, 0.0)
+        self._eval: dict[str, float] = {}
         self._rates = {"env_steps_per_s": 0.0, "updates_per_s": 0.0}
 
-    def report(self, role, task, env_steps, updates, returns, lengths, stats) -> None:
-        """Adds one report from `role` `task` (deltas since its previous report)."""
+    def report(self, role, task, env_steps, updates, returns, lengths, stats, evals=()) -> None:
+        """Adds one report from `role` `task` (deltas since its previous report); `evals`
+        are the returns of one evaluation (the evaluator's report)."""
         with self._lock:
+            if len(evals):
+                mean = float(np.mean(evals))
+                self._eval = {
+                    "eval_return_mean": mean,
+                    "eval_episodes": float(len(evals)),
+                    "eval_at_env_steps": self._counters["env_steps"],
+                    "eval_count": self._eval.get("eval_count", 0.0) + 1,
+                    "eval_return_best": max(mean, self._eval.get("eval_return_best", -np.inf)),
+                }
             c = self._counters
             c["env_steps"] += env_steps
             c["updates"] += updates
@@ -75,6 +86,7 @@ class RunStats:
                 }
                 self._last = (now, out.get("env_steps", 0.0), out.get("updates", 0.0))
             out.update(self._rates)
+            out.update(self._eval)
             out["recent_episodes"] = float(len(self._returns))
             if self._returns:
                 out["return_mean"] = float(np.mean(self._returns))
@@ -90,13 +102,18 @@ class RunStats:
     def state(self) -> dict:
         """Counters and recent returns as plain data, for checkpoints."""
         with self._lock:
-            return {"counters": dict(self._counters), "returns": list(self._returns)}
+            return {
+                "counters": dict(self._counters),
+                "returns": list(self._returns),
+                "eval": dict(self._eval),
+            }
 
     def load_state(self, state: dict) -> None:
         """Restores what `state` returned."""
         with self._lock:
             self._counters.update(state.get("counters", {}))
             self._returns.extend(state.get("returns", []))
+            self._eval.update(state.get("eval", {}))
             self._last = (time.monotonic(), self._counters["env_steps"], self._counters["updates"])
 
 
@@ -108,6 +125,10 @@ def stop_reason(stop, snapshot: dict[str, float], elapsed_s: float) -> str | Non
         snapshot: a `RunStats.snapshot()`.
         elapsed_s: seconds since the run started.
     """
+    target = stop.eval_return_mean
+    if target is not None and snapshot.get("eval_return_mean", -np.inf) >= target:
+        mean, episodes = snapshot["eval_return_mean"], int(snapshot["eval_episodes"])
+        return f"target reached: evaluation return {mean:.1f} >= {target:g} ({episodes} episodes)"
     target = stop.episode_return_mean
     if (
         target is not None
@@ -123,11 +144,11 @@ def stop_reason(stop, snapshot: dict[str, float], elapsed_s: float) -> str | Non
 
 
 def reached_goal(stop, reason: str | None) -> bool:
-    """Whether a stop `reason` counts as success: the return target when one is set,
+    """Whether a stop `reason` counts as success: a return target when one is set,
     otherwise any budget stop."""
     if reason is None:
         return False
-    if stop.episode_return_mean is not None:
+    if stop.episode_return_mean is not None or stop.eval_return_mean is not None:
         return reason.startswith("target reached")
     return True
 

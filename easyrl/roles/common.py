@@ -220,17 +220,21 @@ class ShardedWeights:
         return False
 
     def push(self, grads: dict, versions: list[int], sender: int, pool, counters: dict) -> None:
-        """Pushes `grads` ({name: array}) to every PS shard in parallel, each computed against
-        its shard's version in `versions`; offers the values the shards return. A dropped
-        push (stale, non-finite) is counted in `counters` and the newest values are pulled.
+        """Pushes `grads` ({name: array}) to the PS shards holding those variables, in
+        parallel, each computed against its shard's version in `versions`; offers the values
+        the shards return. `grads` may leave out whole optimizer groups (an update of the
+        critic only). A dropped push (stale, non-finite) is counted in `counters` and the
+        newest values are pulled.
 
         Args:
             sender: the pushing worker's index (for the PS's logs).
             pool: an executor with a thread per shard.
         """
 
+        shards = [s for s, names in enumerate(self.shard_names) if any(n in grads for n in names)]
+
         def push_one(shard: int) -> pb.PushResponse:
-            names = self.shard_names[shard]
+            names = [n for n in self.shard_names[shard] if n in grads]
             request = pb.PushRequest(
                 version=versions[shard],
                 gradients=codec.encode_named({n: grads[n] for n in names}),
@@ -239,8 +243,8 @@ class ShardedWeights:
             )
             return self.clients[shard].call("Push", request)
 
-        replies = list(pool.map(push_one, range(len(self.clients))))
-        for shard, reply in enumerate(replies):
+        replies = list(pool.map(push_one, shards))
+        for shard, reply in zip(shards, replies, strict=True):
             if reply.applied:
                 self.offer(shard, reply.version, reply.tensors)
             elif reply.reason == "stale":

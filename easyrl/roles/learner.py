@@ -249,7 +249,8 @@ class Learner:
             self.weights.swap_in()
             versions = list(self.weights.local_versions)
             grads, stats, priorities = self.algo.learn(batch, is_weights)
-            named = dict(zip(self.algo.variables, grads, strict=True))
+            # None: a variable this update leaves alone (TD3's actor between its updates).
+            named = {n: g for n, g in zip(self.algo.variables, grads, strict=True) if g is not None}
             if not put_until_stopped(self.pushes, (named, versions), self.stop):
                 break
             if cfg.replay.kind == "prioritized":

@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import tensorflow as tf
 
-from easyrl.algorithms.optimizers import Optimizer, OptimizerSpec
+from easyrl.algorithms.optimizers import OptimizerGroups, OptimizerSpec
 from easyrl.errors import EasyRLError
 from easyrl.metrics import MetricsWriter, RunStats, stop_reason
 from easyrl.models import FlatVariables
@@ -36,7 +36,8 @@ class ParameterServer(pb_grpc.ParameterServerServicer):
 
     Args:
         shard: this shard's index.
-        optimizer: how pushed gradients are applied.
+        optimizer: how pushed gradients are applied: one spec, or {variable-name prefix:
+            spec} for groups with their own optimizers (actor, critic, ...).
         max_staleness: gradients computed more than this many versions ago are dropped.
         checkpoint_path: `.npz` file to restore from on start and save to (None: never).
         stats: the run's counters (shard 0 only; None on other shards).
@@ -45,7 +46,7 @@ class ParameterServer(pb_grpc.ParameterServerServicer):
     def __init__(
         self,
         shard: int,
-        optimizer: OptimizerSpec,
+        optimizer: OptimizerSpec | dict[str, OptimizerSpec],
         max_staleness: int,
         checkpoint_path: Path | None = None,
         stats: RunStats | None = None,
@@ -60,7 +61,7 @@ class ParameterServer(pb_grpc.ParameterServerServicer):
         self._lock = threading.Lock()
         self._round_published = threading.Condition(self._lock)
         self._variables: dict[str, tf.Variable] = {}
-        self._optimizer: Optimizer | None = None
+        self._optimizer: OptimizerGroups | None = None
         self.version = 0
         self.round = 0
         self.counters = {
@@ -85,21 +86,14 @@ class ParameterServer(pb_grpc.ParameterServerServicer):
         # Shapes and dtypes as plain Python values: reading them off TF variables costs
         # microseconds each, on the hot path of every push.
         self._meta = {n: (values[n].shape, values[n].dtype) for n in self._variables}
-        self._optimizer = Optimizer(self._spec, list(self._variables.values()))
+        self._optimizer = OptimizerGroups(self._spec, self._variables)
         self._flat = FlatVariables(list(self._variables.values()))
-        self._apply_flat = tf.function(
-            self._apply_flat_fn,
-            autograph=False,  # no source parsing: nothing here needs graph control flow
-            input_signature=[tf.TensorSpec([int(self._flat.offsets[-1])], tf.float32)],
-        )
 
-    def _apply_flat_fn(self, flat: tf.Tensor) -> None:
-        """One optimizer step from a flat gradient vector (split inside the graph)."""
-        self._optimizer.apply(self._flat.split_tensor(flat))
-
-    def _check_tensors(self, tensors: dict[str, np.ndarray], what: str) -> None:
-        """Raises ValueError unless `tensors` match this shard's variables exactly."""
-        if sorted(tensors) != sorted(self._variables):
+    def _check_tensors(self, tensors: dict[str, np.ndarray], what: str, subset=False) -> None:
+        """Raises ValueError unless `tensors` match this shard's variables exactly (or, with
+        `subset`, some of them, in shape and dtype)."""
+        names, mine = set(tensors), set(self._variables)
+        if (not names <= mine) if subset else names != mine:
             raise ValueError(
                 f"{what}: variables {sorted(tensors)} do not match this shard's "
                 f"{sorted(self._variables)}"
@@ -203,7 +197,11 @@ class ParameterServer(pb_grpc.ParameterServerServicer):
         with self._lock:
             if not self._variables:
                 raise ValueError("Push: shard is not initialized (no Assign yet)")
-            self._check_tensors(grads, "Push")
+            if not grads:
+                raise ValueError("Push: expected gradients")
+            # Whole optimizer groups only (e.g. TD3's critic without its actor).
+            self._check_tensors(grads, "Push", subset=True)
+            self._optimizer.groups_in(grads)
             if not 1 <= request.version <= self.version:
                 raise ValueError(f"Push: version {request.version} outside [1, {self.version}]")
             staleness = self.version - request.version
@@ -216,7 +214,7 @@ class ParameterServer(pb_grpc.ParameterServerServicer):
                 return pb.PushResponse(
                     version=self.version, staleness=staleness, reason="non-finite"
                 )
-            self._apply_flat(self._flat.concat([grads[n] for n in self._variables]))
+            self._optimizer.apply(grads)
             self.version += 1
             self.counters["applied"] += 1
             self.counters["staleness_sum"] += staleness
@@ -237,7 +235,9 @@ class ParameterServer(pb_grpc.ParameterServerServicer):
     def Report(self, request, context):
         if request.publish_round < 0:
             raise ValueError("Report: publish_round must be >= 0")
-        counts = request.env_steps or request.updates or request.episode_returns
+        counts = (
+            request.env_steps or request.updates or request.episode_returns or request.eval_returns
+        )
         publish_only = request.publish_round > 0 and not request.role
         if publish_only and (counts or request.stats):
             raise ValueError("Report: a publish-only report (no role) carries no counts")
@@ -250,7 +250,8 @@ class ParameterServer(pb_grpc.ParameterServerServicer):
             raise ValueError("Report: counts must be >= 0")
         if len(request.episode_lengths) not in (0, len(request.episode_returns)):
             raise ValueError("Report: episode_lengths must match episode_returns")
-        if not np.all(np.isfinite(np.asarray(request.episode_returns, dtype=np.float64))):
+        returns = [*request.episode_returns, *request.eval_returns]
+        if not np.all(np.isfinite(np.asarray(returns, dtype=np.float64))):
             raise ValueError("Report: episode returns must be finite")
         if request.publish_round:
             self.publish(request.publish_round)
@@ -263,6 +264,7 @@ class ParameterServer(pb_grpc.ParameterServerServicer):
                 list(request.episode_returns),
                 list(request.episode_lengths),
                 dict(request.stats),
+                list(request.eval_returns),
             )
         return pb.ReportResponse(stopping=self.stopping.is_set())
 

@@ -1,0 +1,201 @@
+"""TD3 (Fujimoto et al. 2018) and, with its options off, DDPG / Ape-X DDPG: deterministic
+actor-critic for bounded Box actions, n-step returns, uniform or prioritized replay.
+
+This module holds the hyper-parameters and the numpy side (checks, exploration scales, action
+scaling, replay columns); `agent.TD3` holds the TensorFlow side and is imported lazily by
+`build`. Actions live in the normalized cube [-1, 1]^A everywhere inside the algorithm (the
+actor's tanh output, the replay, the critics); only the env sees them scaled to its bounds:
+    env_action = low + (a + 1) / 2 * (high - low).
+
+Losses (discount = gamma^m, 0 at termination; w = importance weights):
+    a'  = clip(mu'(s') + clip(sigma * eps, -c, c), -1, 1),  eps ~ N(0, 1)   (smoothing)
+    y   = R + discount * min_i Q'_i(s', a')       (min over the twins when twin_q)
+    critic_loss = sum_i mean(w * (Q_i(s, a) - y)^2);  new priority = |y - Q_1(s, a)|
+    actor_loss  = -mean(Q_1(s, mu(s)))            (every `policy_delay`-th learn call)
+"""
+
+from dataclasses import dataclass
+from typing import Literal
+
+import gymnasium as gym
+import numpy as np
+
+from easyrl.errors import ConfigError
+
+FLOW = "async_replay"
+"""Execution flow: actors ship transitions, learners sample asynchronously."""
+REPLAY_KINDS = ("uniform", "prioritized")
+"""Replay tables TD3 works with; the first is the default."""
+
+
+@dataclass(frozen=True)
+class Params:
+    """Hyper-parameters of TD3 (and of DDPG, which is TD3 with its three tricks off)."""
+
+    gamma: float = 0.99
+    """Discount factor."""
+    n_step: int = 1
+    """Length of the n-step return computed on the actor."""
+    batch_size: int = 256
+    """Transitions per learner batch."""
+    actor_lr: float = 1e-3
+    """Learning rate of the actor (`actor/` variables)."""
+    critic_lr: float = 1e-3
+    """Learning rate of the critics (`critic/` variables)."""
+    optimizer: Literal["adam", "rmsprop", "sgd"] = "adam"
+    """Optimizer the PS shards apply gradients with (both groups)."""
+    tau: float = 0.005
+    """Polyak rate of the target networks: target = tau * online + (1 - tau) * target."""
+    twin_q: bool = True
+    """Two critics; the target takes the smaller of their two estimates (clipped double Q)."""
+    policy_delay: int = 2
+    """The actor gets gradients on every `policy_delay`-th learn call (calls d, 2d, ...)."""
+    target_noise: float = 0.2
+    """Std of the target policy smoothing noise, in normalized action units (0 disables)."""
+    target_noise_clip: float = 0.5
+    """The smoothing noise is clipped to +-this, in normalized action units."""
+    exploration: Literal["gaussian", "ou"] = "gaussian"
+    """Exploration noise of the actors: independent Gaussian or Ornstein-Uhlenbeck."""
+    exploration_noise: float = 0.1
+    """Std of the exploration noise (OU: of its per-step innovation), normalized units."""
+    noise_alpha: float = 0.0
+    """Ape-X spread: actor i of N explores with exploration_noise * (1 + noise_alpha) **
+    (i / (N - 1)), a geometric ladder from the base scale up to (1 + noise_alpha) times it."""
+    ou_theta: float = 0.15
+    """OU mean reversion per env step: x <- (1 - theta) * x + sigma * N(0, 1)."""
+    random_steps: int = 0
+    """Env steps (per actor) of uniform random actions before the policy takes over."""
+    grad_clip: float = 0.0
+    """Global-norm gradient clip, applied to the actor and critic groups separately (0
+    disables)."""
+    max_staleness: int = 1000
+    """PS shards drop gradients computed against a version older than this many updates."""
+
+    def __post_init__(self):
+        check_params("td3", self)
+
+
+def check_params(name: str, params) -> None:
+    """Checks the ranges of TD3-shaped hyper-parameters (TD3's or DDPG's `Params`).
+
+    Args:
+        name: the algorithm name the error messages start with ("td3", "ddpg").
+        params: the hyper-parameters.
+
+    Raises:
+        ConfigError: "<name>: <field> must be <range>, got <value>" for the first bad field.
+    """
+    p = params
+    # (holds, valid range); written so that NaN fails every check.
+    checks = {
+        "gamma": (0.0 <= p.gamma <= 1.0, "in [0, 1]"),
+        "n_step": (p.n_step >= 1, ">= 1"),
+        "batch_size": (p.batch_size >= 1, ">= 1"),
+        "actor_lr": (p.actor_lr > 0.0, "> 0"),
+        "critic_lr": (p.critic_lr > 0.0, "> 0"),
+        "optimizer": (p.optimizer in ("adam", "rmsprop", "sgd"), "adam, rmsprop or sgd"),
+        "tau": (0.0 < p.tau <= 1.0, "in (0, 1]"),
+        "twin_q": (isinstance(p.twin_q, bool), "a bool"),
+        "policy_delay": (p.policy_delay >= 1, ">= 1"),
+        "target_noise": (p.target_noise >= 0.0, ">= 0"),
+        "target_noise_clip": (p.target_noise_clip >= 0.0, ">= 0"),
+        "exploration": (p.exploration in ("gaussian", "ou"), "gaussian or ou"),
+        "exploration_noise": (p.exploration_noise >= 0.0, ">= 0"),
+        "noise_alpha": (p.noise_alpha >= 0.0, ">= 0"),
+        "ou_theta": (0.0 < p.ou_theta <= 1.0, "in (0, 1]"),
+        "random_steps": (p.random_steps >= 0, ">= 0"),
+        "grad_clip": (p.grad_clip >= 0.0, ">= 0"),
+        "max_staleness": (p.max_staleness >= 0, ">= 0"),
+    }
+    for field, (holds, valid) in checks.items():
+        if not holds:
+            raise ConfigError(f"{name}: {field} must be {valid}, got {getattr(p, field)!r}")
+
+
+def optimizer(params: Params) -> dict:
+    """The PS optimizer groups: `actor/` at `actor_lr`, `critic/` at `critic_lr`."""
+    from easyrl.algorithms.optimizers import OptimizerSpec
+
+    return {
+        "actor/": OptimizerSpec(kind=params.optimizer, lr=params.actor_lr),
+        "critic/": OptimizerSpec(kind=params.optimizer, lr=params.critic_lr),
+    }
+
+
+def actor_noise_scale(params: Params, actor_index: int, num_actors: int) -> float:
+    """Ape-X exploration ladder: sigma_i = sigma * (1 + alpha) ** (i / (N - 1)), so actor 0
+    uses `exploration_noise` and actor N - 1 uses `exploration_noise * (1 + noise_alpha)`;
+    a single actor uses the base scale."""
+    if num_actors <= 1:
+        return float(params.exploration_noise)
+    return float(
+        params.exploration_noise * (1.0 + params.noise_alpha) ** (actor_index / (num_actors - 1))
+    )
+
+
+def check_spaces(name: str, obs_space, action_space, model=None) -> None:
+    """Checks that an MLP actor-critic can handle these spaces (and this model).
+
+    Raises:
+        ConfigError: `model.kind` is not "mlp", the observation is not a flat Box, or the
+            action space is not a flat Box with finite bounds, low < high.
+    """
+    if model is not None and model.kind != "mlp":
+        raise ConfigError(f"{name} supports model.kind 'mlp' only, got {model.kind!r}")
+    if not isinstance(obs_space, gym.spaces.Box) or len(obs_space.shape) != 1:
+        raise ConfigError(f"{name} needs a flat Box observation space, got {obs_space}")
+    if not isinstance(action_space, gym.spaces.Box) or len(action_space.shape) != 1:
+        raise ConfigError(f"{name} needs a flat Box action space, got {action_space}")
+    low, high = np.asarray(action_space.low), np.asarray(action_space.high)
+    if not (np.all(np.isfinite(low)) and np.all(np.isfinite(high)) and np.all(low < high)):
+        raise ConfigError(
+            f"{name} needs finite Box action bounds with low < high, got {action_space}"
+        )
+
+
+def scale_actions(normalized: np.ndarray, low: np.ndarray, high: np.ndarray) -> np.ndarray:
+    """Maps normalized actions `[N, A]` in [-1, 1] to the Box bounds:
+    low + (a + 1) / 2 * (high - low), clipped to [low, high] against rounding; float32."""
+    a = np.clip(np.asarray(normalized, np.float64), -1.0, 1.0)  # [N, A]
+    low, high = np.asarray(low, np.float64), np.asarray(high, np.float64)
+    return np.clip(low + (a + 1.0) * 0.5 * (high - low), low, high).astype(np.float32)
+
+
+def replay_spec(params: Params, obs_space, action_space, name: str = "td3") -> dict:
+    """Columns of one n-step transition, as {name: (per-item shape, dtype)}: the action is
+    the normalized float32 action in [-1, 1]^A, observations are float32. `name` prefixes the
+    error messages.
+
+    Raises:
+        ConfigError: unsupported spaces (see `check_spaces`).
+    """
+    check_spaces(name, obs_space, action_space)
+    obs = (tuple(obs_space.shape), np.dtype(np.float32))
+    scalar = ((), np.dtype(np.float32))
+    return {
+        "obs": obs,
+        "action": (tuple(action_space.shape), np.dtype(np.float32)),
+        "reward": scalar,
+        "next_obs": obs,
+        "discount": scalar,
+    }
+
+
+def build(
+    params: Params,
+    obs_space,
+    action_space,
+    model,
+    seed: int = 0,
+    learner: bool = False,
+    name: str = "td3",
+):
+    """Builds the TF side of TD3 (imports TensorFlow; see `agent.TD3`); every role builds the
+    same networks, whatever `learner` says. `name` prefixes the error messages.
+
+    Raises:
+        ConfigError: `model.kind` is not "mlp", or the spaces are unsupported.
+    """
+    from easyrl.algorithms.td3.agent import TD3
+
+    return TD3(params, obs_space, action_space, model, seed, name=name)

@@ -1,0 +1,152 @@
+"""Evaluator: the greedy/deterministic policy of the newest weights on fresh environments.
+
+Every `eval.interval_s` it pulls the newest weights from the PS shards, runs
+`eval.episodes` whole episodes with `algo.greedy` on its own vector of environments
+(seeded apart from the actors'; Atari without episodic life or reward clipping, so the
+returns are game scores), reports the returns to PS shard 0 (they appear as
+`eval_return_mean` in the progress line, `metrics.jsonl` and TensorBoard, and can stop
+the run: `stop.eval_return_mean`) and keeps the weights of the best evaluation so far
+in `checkpoints/best.npz`. Works with every algorithm: it only needs `greedy`.
+"""
+
+import dataclasses
+import json
+import logging
+import os
+import threading
+from pathlib import Path
+
+import numpy as np
+
+from easyrl.envs import env_options, make_vector_env
+from easyrl.roles.common import ShardedWeights, stop_event_on_signals
+from easyrl.transport import easyrl_pb2 as pb
+
+log = logging.getLogger(__name__)
+
+EVAL_SEED_OFFSET = 1_000_003
+"""Added to the run's seed so that evaluation envs never replay an actor's seeds."""
+
+
+def run_episodes(env, policy, episodes: int, seed: int, stop: threading.Event) -> list[float]:
+    """Runs `episodes` whole episodes on a vector env with `policy(obs) -> actions`.
+
+    Every env starts from a reset with its own seed; an env stops counting once the
+    episodes still to start are all handed out, so exactly `episodes` returns come back
+    (fewer only if `stop` is set).
+
+    Returns:
+        The episode returns, in the order the episodes ended.
+    """
+    n = env.num_envs
+    obs, _ = env.reset(seed=seed)
+    returns = np.zeros(n)
+    running = np.ones(n, dtype=bool)  # envs whose current episode counts
+    started = n
+    if episodes < n:
+        running[episodes:] = False
+        started = episodes
+    done_returns: list[float] = []
+    while len(done_returns) < episodes and not stop.is_set():
+        obs, rewards, terminated, truncated, _ = env.step(policy(obs))
+        returns += np.where(running, rewards, 0.0)
+        for i in np.flatnonzero((terminated | truncated) & running):
+            done_returns.append(float(returns[i]))
+            returns[i] = 0.0
+            # Same-step autoreset: obs[i] already starts the next episode.
+            running[i] = started < episodes
+            started += int(running[i])
+    return done_returns
+
+
+class BestCheckpoint:
+    """The weights of the best evaluation so far, as `checkpoints/best.npz` (written to a
+    temporary file, then renamed).
+
+    Args:
+        path: the checkpoint file; a previous one is loaded, so a restarted evaluator
+            only replaces it with something better.
+    """
+
+    def __init__(self, path: Path):
+        self.path = path
+        self.best = -np.inf
+        if path.exists():
+            with np.load(path) as data:
+                self.best = float(json.loads(data["meta"].tobytes())["eval_return_mean"])
+
+    def offer(self, mean: float, variables: dict, meta: dict) -> bool:
+        """Saves the variables when `mean` beats the best so far; returns whether it did."""
+        if not mean > self.best:
+            return False
+        arrays = {f"var/{name}": v.numpy() for name, v in variables.items()}
+        meta = {**meta, "eval_return_mean": mean}
+        arrays["meta"] = np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.path.with_suffix(".tmp.npz")
+        np.savez(tmp, **arrays)
+        os.replace(tmp, self.path)
+        self.best = mean
+        return True
+
+
+def evaluate_forever(ctx, algo, stop: threading.Event) -> None:
+    """The evaluator's loop (see the module docstring)."""
+    cfg = ctx.cfg
+    weights = ShardedWeights(ctx.clients("ps"), algo.variables)
+    if not weights.wait_initialized(stop):
+        return
+    options = env_options(cfg.env)
+    if options["atari"] is not None:  # game scores: whole games, raw rewards
+        options["atari"] = dataclasses.replace(
+            options["atari"], episodic_life=False, clip_rewards=False
+        )
+    seed = cfg.run.seed + EVAL_SEED_OFFSET + ctx.task * cfg.eval.num_envs
+    env = make_vector_env(
+        cfg.env.id, cfg.eval.num_envs, vector=cfg.env.vector, seed=seed, **options
+    )
+    best = BestCheckpoint(ctx.run_dir / "checkpoints" / "best.npz")
+    ps0 = weights.clients[0]
+    evaluation = 0
+    try:
+        while not stop.is_set():
+            weights.fetch()
+            weights.swap_in()
+            versions = list(weights.local_versions)
+            returns = run_episodes(
+                env, algo.greedy, cfg.eval.episodes, seed + evaluation * 7919, stop
+            )
+            if len(returns) < cfg.eval.episodes:
+                break
+            mean = float(np.mean(returns))
+            reply = ps0.call(
+                "Report",
+                pb.ReportRequest(role="evaluator", task=ctx.task, eval_returns=returns),
+            )
+            saved = best.offer(mean, algo.variables, {"versions": versions, "returns": returns})
+            log.info(
+                "evaluation %d: mean return %.1f over %d episodes (PS versions %s)%s",
+                evaluation,
+                mean,
+                len(returns),
+                versions,
+                "; best so far, saved" if saved else "",
+            )
+            evaluation += 1
+            if reply.stopping:
+                log.info("run is stopping")
+                break
+            stop.wait(cfg.eval.interval_s)
+    finally:
+        env.close()
+
+
+def run(ctx) -> int:
+    """Runs evaluator `ctx.task` until the run stops or SIGTERM."""
+    import tensorflow as tf
+
+    stop = stop_event_on_signals()
+    with tf.device("/CPU:0"):
+        algo = ctx.build_algorithm()
+        evaluate_forever(ctx, algo, stop)
+    return 1 if stop.error else 0

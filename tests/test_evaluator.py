@@ -1,0 +1,106 @@
+"""The evaluator's pieces: whole episodes on a vector env, the best checkpoint, and the
+evaluation statistics and stop condition on PS shard 0."""
+
+import json
+import threading
+
+import gymnasium as gym
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from easyrl.config import StopConfig
+from easyrl.envs import make_vector_env
+from easyrl.metrics import RunStats, reached_goal, stop_reason
+from easyrl.roles.evaluator import BestCheckpoint, run_episodes
+
+
+def test_run_episodes_counts_exactly_the_asked_whole_episodes():
+    env = make_vector_env("CartPole-v1", 3, seed=0, max_episode_steps=25)
+    try:
+        always_left = lambda obs: np.zeros(len(obs), np.int64)  # noqa: E731
+        returns = run_episodes(env, always_left, 7, seed=5, stop=threading.Event())
+    finally:
+        env.close()
+    # The same episodes played one by one: env i of the vector is seeded 5 + i and later
+    # episodes continue its own random stream, so compare the multiset of lengths by
+    # playing every env's episodes in order.
+    expected = []
+    for i in range(3):
+        single = gym.make("CartPole-v1", max_episode_steps=25)
+        single.reset(seed=5 + i)
+        episode, total = 0.0, []
+        while len(total) < 3:
+            _, r, term, trunc, _ = single.step(0)
+            episode += r
+            if term or trunc:
+                total.append(episode)
+                episode = 0.0
+                single.reset()
+        expected.append(total)
+        single.close()
+    assert len(returns) == 7
+    assert all(1 <= r <= 25 for r in returns)
+    # Envs 0..2 start episodes 1..3, then the next four starts go to whichever ends first.
+    pool = sorted(x for per_env in expected for x in per_env)
+    assert all(r in pool for r in returns)
+
+
+def test_run_episodes_with_fewer_episodes_than_envs():
+    env = make_vector_env("CartPole-v1", 4, seed=0, max_episode_steps=10)
+    try:
+        returns = run_episodes(
+            env, lambda obs: np.ones(len(obs), np.int64), 2, seed=0, stop=threading.Event()
+        )
+    finally:
+        env.close()
+    assert len(returns) == 2
+
+
+def test_best_checkpoint_keeps_only_improvements(tmp_path):
+    path = tmp_path / "checkpoints" / "best.npz"
+    variables = {"pi/w": tf.Variable(np.ones((2, 2), np.float32))}
+    best = BestCheckpoint(path)
+    assert best.offer(-300.0, variables, {"versions": [3]})
+    variables["pi/w"].assign(np.full((2, 2), 7.0, np.float32))
+    assert not best.offer(-400.0, variables, {"versions": [4]})
+    with np.load(path) as data:
+        assert np.all(data["var/pi/w"] == 1.0)
+        assert json.loads(data["meta"].tobytes()) == {"versions": [3], "eval_return_mean": -300}
+    again = BestCheckpoint(path)  # a restarted evaluator only replaces it with better
+    assert again.best == -300.0
+    assert again.offer(-150.0, variables, {"versions": [9]})
+    with np.load(path) as data:
+        assert np.all(data["var/pi/w"] == 7.0)
+
+
+def test_evaluation_returns_reach_the_snapshot_and_can_stop_the_run():
+    stats = RunStats(window=3)
+    stats.report("actor", 0, 100, 0, [1.0, 2.0], [5, 6], {})
+    stats.report("evaluator", 0, 0, 0, [], [], {}, evals=[-250.0, -150.0])
+    snap = stats.snapshot()
+    assert snap["eval_return_mean"] == -200.0 and snap["eval_episodes"] == 2
+    assert snap["eval_at_env_steps"] == 100 and snap["eval_count"] == 1
+    assert snap["episodes"] == 2  # evaluation episodes are not training episodes
+    stats.report("evaluator", 0, 0, 0, [], [], {}, evals=[-400.0])
+    snap = stats.snapshot()
+    assert snap["eval_return_mean"] == -400.0 and snap["eval_return_best"] == -200.0
+    stop = StopConfig(eval_return_mean=-300.0)
+    assert stop_reason(stop, snap, 10.0) is None
+    stats.report("evaluator", 0, 0, 0, [], [], {}, evals=[-190.0])
+    reason = stop_reason(stop, stats.snapshot(), 11.0)
+    assert reason == "target reached: evaluation return -190.0 >= -300 (1 episodes)"
+    assert reached_goal(stop, reason)
+    restored = RunStats(window=3)
+    restored.load_state(stats.state())
+    assert restored.snapshot()["eval_return_best"] == -190.0
+
+
+@pytest.mark.parametrize("cluster", [{}, {"evaluator": 0}])
+def test_eval_stop_needs_an_evaluator(cluster):
+    from easyrl.config import from_dict
+    from easyrl.errors import ConfigError
+
+    raw = {"algorithm": {"name": "dqn"}, "stop": {"eval_return_mean": 1.0}, "cluster": cluster}
+    with pytest.raises(ConfigError, match="needs an evaluator"):
+        from_dict(raw)
