@@ -32,6 +32,7 @@ setup(
         ],
         "gpu": ["tensorflow[and-cuda]>=2.21,<2.22"],
         "atari": ["ale-py>=0.11,<0.12", "opencv-python-headless>=4.9"],
+        "box2d": ["box2d>=2.3.10"],
     },
     entry_points={"console_scripts": ["easyrl=easyrl.cli:main"]},
 )

@@ -12,10 +12,13 @@ from easyrl.errors import ConfigError
 
 _MODULES = {
     "a3c": "easyrl.algorithms.a3c",
+    "ddpg": "easyrl.algorithms.ddpg",
     "dqn": "easyrl.algorithms.dqn",
     "es": "easyrl.algorithms.es",
     "impala": "easyrl.algorithms.impala",
     "ppo": "easyrl.algorithms.ppo",
+    "sac": "easyrl.algorithms.sac",
+    "td3": "easyrl.algorithms.td3",
 }
 
 

@@ -135,7 +135,7 @@ class SAC:
             )
         )
         self._flat = FlatVariables(list(self.variables.values()))
-        self.targets = PolyakTargets(
+        self.polyak = PolyakTargets(
             named_variables(self.critic), named_variables(self.target_critic), params.tau
         )
         self._rng = np.random.default_rng(seed)
@@ -242,7 +242,7 @@ class SAC:
     def sync_target(self) -> None:
         """Polyak step of the target critics, in one compiled call (the first call copies;
         see `PolyakTargets`)."""
-        self.targets.update()
+        self.polyak.update()
 
     # --- compiled math ------------------------------------------------------------------
 

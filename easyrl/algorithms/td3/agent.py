@@ -29,6 +29,7 @@ class Critic(tf.Module):
         self.out = Dense(model.hidden[-1] if model.hidden else in_dim, 1, f"{name}/out", rng)
 
     def __call__(self, obs: tf.Tensor, action: tf.Tensor) -> tf.Tensor:
+        """Q(s, a) `[B]` for `obs` `[B, obs]` and normalized `action` `[B, A]`."""
         x = tf.concat([obs, action], axis=1)  # [B, obs + A]
         return tf.reshape(self.out(self.torso(x)), [-1])  # [B]
 
@@ -42,6 +43,7 @@ class Critics(tf.Module):
         self.q2 = Critic(obs_dim, action_dim, model, f"{name}/q2", rng) if twin else None
 
     def __call__(self, obs: tf.Tensor, action: tf.Tensor) -> list[tf.Tensor]:
+        """[Q_1(s, a), Q_2(s, a)] (or [Q_1]), each `[B]`."""
         return [q(obs, action) for q in (self.q1, self.q2) if q is not None]  # each [B]
 
 
@@ -61,6 +63,7 @@ class DeterministicActor(tf.Module):
         self.out = Dense(width, action_dim, f"{name}/out", rng, scale=0.1)
 
     def __call__(self, obs: tf.Tensor) -> tf.Tensor:
+        """mu(s) `[B, A]` for `obs` `[B, obs]`."""
         return tf.tanh(self.out(self.torso(obs)))  # [B, A]
 
 
@@ -172,7 +175,7 @@ class TD3:
         self._actor_flat = FlatVariables([self.variables[n] for n in self._actor_names])
         self._critic_flat = FlatVariables([self.variables[n] for n in self._critic_names])
         targets = {**named_variables(self.target_actor), **named_variables(self.target_critic)}
-        self.targets = PolyakTargets(self.variables, targets, params.tau)
+        self.polyak = PolyakTargets(self.variables, targets, params.tau)
         self._rng = np.random.default_rng(seed)
         self.learn_calls = 0
         self.actor_updates = 0
@@ -295,7 +298,7 @@ class TD3:
     def sync_target(self) -> None:
         """Polyak step of every target network, in one compiled call (the first call copies;
         see `PolyakTargets`)."""
-        self.targets.update()
+        self.polyak.update()
 
     # --- compiled math ------------------------------------------------------------------
 
