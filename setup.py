@@ -29,10 +29,12 @@ setup(
             "ruff==0.17.6",
             "ale-py>=0.11,<0.12",
             "opencv-python-headless>=4.9",
+            "matplotlib>=3.8",
         ],
         "gpu": ["tensorflow[and-cuda]>=2.21,<2.22"],
         "atari": ["ale-py>=0.11,<0.12", "opencv-python-headless>=4.9"],
         "box2d": ["box2d>=2.3.10"],
+        "plot": ["matplotlib>=3.8"],
     },
     entry_points={"console_scripts": ["easyrl=easyrl.cli:main"]},
 )

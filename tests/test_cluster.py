@@ -497,6 +497,44 @@ def test_pong_impala_ships_uint8_frames_to_the_learner(launch):
     _assert_no_processes_left(run.run_dir)
 
 
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("algorithm", ["sac", "td3"])
+def test_continuous_control_with_an_evaluator(launch, algorithm):
+    run = launch(
+        "stop.max_env_steps=3000",
+        "stop.max_seconds=120",
+        "stop.eval_return_mean=null",
+        "algorithm.random_steps=200",
+        "algorithm.batch_size=64",
+        "replay.min_size_to_sample=200",
+        "replay.samples_per_insert=16",
+        "replay.error_buffer=500",
+        "model.hidden=[32]",
+        "eval.episodes=2",
+        "eval.num_envs=2",
+        "eval.interval_s=0.5",
+        "env.max_episode_steps=50",
+        config=ROOT / "configs" / f"pendulum_{algorithm}.yaml",
+        base=("run.log_interval_s=0.5",),
+    )
+    code = run.wait(150)
+    assert code == 0, f"exit code {code}:\n{run.output()}\n{run.logs()}"
+    summary = run.summary()
+    assert all(n == 0 for n in summary["restarts"].values()), summary["restarts"]
+    assert "evaluator-0" in summary["restarts"]
+    ps0 = _counters(summary, "ps/0")
+    assert ps0["learner/0/updates"] > 0
+    # Evaluations of 2 whole 50-step episodes reached PS shard 0 and the progress line.
+    assert ps0["eval_count"] >= 1 and ps0["eval_episodes"] == 2, ps0
+    assert -50 * 16.3 <= ps0["eval_return_mean"] <= 0
+    assert "| eval " in run.output()
+    assert (run.run_dir / "checkpoints" / "best.npz").exists()
+    if algorithm == "td3":  # the actor is updated every policy_delay (2) critic updates
+        critic, actor = ps0["learner/critic_updates"], ps0["learner/actor_updates"]
+        assert actor == critic // 2, (actor, critic)
+    _assert_no_processes_left(run.run_dir)
+
+
 @pytest.mark.timeout(240)
 def test_actor_killed_is_restarted(launch):
     run = launch(
