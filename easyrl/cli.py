@@ -1,4 +1,5 @@
-"""The `easyrl` command: `train` (whole cluster locally) and `run` (one role process)."""
+"""The `easyrl` command: `train` (whole cluster locally), `run` (one role process), and the
+tools on a run directory: `rollout` (play its policy), `export` (SavedModel), `plot`."""
 
 import argparse
 import logging
@@ -41,6 +42,25 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--num-actors", type=int)
     run.add_argument("--num-evaluators", type=int)
     add_common(run)
+
+    checkpoint_help = "which weights: best (default when checkpoints/best.npz exists) or latest"
+    rollout = sub.add_parser("rollout", help="play a run's greedy policy for whole episodes")
+    rollout.add_argument("run_dir", metavar="RUN_DIR", help="the run directory")
+    rollout.add_argument(
+        "--episodes", type=int, default=10, metavar="N", help="episodes to play (default 10)"
+    )
+    rollout.add_argument("--checkpoint", choices=("best", "latest"), help=checkpoint_help)
+    rollout.add_argument("--video", metavar="DIR", help="record every episode into DIR")
+    rollout.add_argument("--seed", type=int, metavar="S", help="seed of the first reset")
+
+    export = sub.add_parser("export", help="save a run's greedy policy as a SavedModel")
+    export.add_argument("run_dir", metavar="RUN_DIR", help="the run directory")
+    export.add_argument("--out", required=True, metavar="DIR", help="the SavedModel directory")
+    export.add_argument("--checkpoint", choices=("best", "latest"), help=checkpoint_help)
+
+    plot = sub.add_parser("plot", help="learning curves of runs from their metrics.jsonl")
+    plot.add_argument("run_dirs", nargs="+", metavar="RUN_DIR", help="run directories")
+    plot.add_argument("--out", required=True, metavar="FILE", help="the image, e.g. curve.png")
     return parser
 
 
@@ -94,11 +114,42 @@ def run_role(args) -> int:
     return import_module(f"easyrl.roles.{args.role}").run(ctx)
 
 
+def rollout_cmd(args) -> int:
+    """`easyrl rollout`: plays a run's greedy policy, one line per episode and the mean."""
+    from easyrl.tools.rollout import rollout
+
+    rollout(args.run_dir, args.episodes, args.checkpoint, args.video, args.seed)
+    return 0
+
+
+def export_cmd(args) -> int:
+    """`easyrl export`: writes a run's greedy policy as a SavedModel."""
+    from easyrl.tools.export import export
+
+    out = export(args.run_dir, args.out, args.checkpoint)
+    print(f"saved the policy to {out} (signature 'action': obs -> action)")
+    return 0
+
+
+def plot_cmd(args) -> int:
+    """`easyrl plot`: draws the learning curves of runs into an image."""
+    from easyrl.tools.plot import plot
+
+    print(f"wrote {plot(args.run_dirs, args.out)}")
+    return 0
+
+
+TOOLS = {"rollout": rollout_cmd, "export": export_cmd, "plot": plot_cmd}
+"""The sub-commands that work on a run directory, by name."""
+
+
 def main(argv=None) -> int:
     """Entry point of the `easyrl` console script."""
     args = _parser().parse_args(argv)
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     role = f"{args.role}-{args.task}" if args.command == "run" else "launcher"
+    if args.command in TOOLS:
+        role = args.command
     logging.basicConfig(
         level=logging.INFO,
         format=f"%(asctime)s {role} %(levelname)s %(name)s: %(message)s",
@@ -109,6 +160,8 @@ def main(argv=None) -> int:
             from easyrl.cluster.launcher import train
 
             return train(config_lib.load(args.config, args.overrides))
+        if args.command in TOOLS:
+            return TOOLS[args.command](args)
         return run_role(args)
     except EasyRLError as err:
         print(f"easyrl: error: {err}", file=sys.stderr)

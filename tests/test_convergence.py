@@ -1,4 +1,6 @@
-"""Convergence runs (`pytest -m slow`): the real CLI trains until the target return."""
+"""Convergence runs (`pytest -m slow`): the real CLI trains each shipped config until its
+target return; the run must exit 0 with "target reached". Timings are in
+benchmarks/RESULTS.md (bench_solve.py), not asserted here."""
 
 import json
 import subprocess
@@ -8,33 +10,41 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
-CONFIG = REPO / "configs" / "cartpole_apex.yaml"
+
+RUNS = {
+    "apex": ("cartpole_apex.yaml", ()),
+    "apex-two-of-each": (
+        "cartpole_apex.yaml",
+        ("cluster.ps=2", "cluster.memory=2", "cluster.learner=2"),
+    ),
+    "ppo": ("cartpole_ppo.yaml", ()),
+    "pendulum-ppo": ("pendulum_ppo.yaml", ()),
+    "es": ("cartpole_es.yaml", ()),
+    "impala": ("cartpole_impala.yaml", ()),
+    "impala-two-learners-two-memories": (
+        "cartpole_impala.yaml",
+        ("cluster.memory=2", "cluster.learner=2"),
+    ),
+    "a3c": ("cartpole_a3c.yaml", ()),
+    "sac": ("pendulum_sac.yaml", ()),
+    "td3": ("pendulum_td3.yaml", ()),
+    "apex-ddpg": ("pendulum_apex_ddpg.yaml", ()),
+}
 
 
-def _train(tmp_path: Path, *overrides: str) -> dict:
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize("name", sorted(RUNS))
+def test_config_reaches_its_target(tmp_path, name):
+    config, overrides = RUNS[name]
     run_dir = tmp_path / "run"
-    command = [sys.executable, "-m", "easyrl.cli", "train", str(CONFIG)]
+    command = [sys.executable, "-m", "easyrl.cli", "train", str(REPO / "configs" / config)]
     for override in (f"run.dir={run_dir}", *overrides):
         command += ["--set", override]
     proc = subprocess.run(command, capture_output=True, text=True, timeout=900)
-    summary = json.loads((run_dir / "summary.json").read_text())
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    return summary
-
-
-@pytest.mark.slow
-@pytest.mark.timeout(900)
-def test_cartpole_apex_reaches_450(tmp_path):
-    summary = _train(tmp_path)
-    assert summary["reason"].startswith("target reached")
-    assert summary["servers"]["ps/0"]["counters"]["return_mean"] >= 450
-
-
-@pytest.mark.slow
-@pytest.mark.timeout(900)
-def test_cartpole_apex_two_of_each_reaches_450(tmp_path):
-    summary = _train(tmp_path, "cluster.ps=2", "cluster.memory=2", "cluster.learner=2")
-    assert summary["reason"].startswith("target reached")
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["reason"].startswith("target reached"), summary["reason"]
     counters = summary["servers"]["ps/0"]["counters"]
-    assert counters["learner/0/updates"] > 0 and counters["learner/1/updates"] > 0
-    assert summary["servers"]["ps/1"]["counters"]["ps/1/applied"] > 0
+    if "learner=2" in " ".join(overrides):
+        assert counters["learner/0/updates"] > 0 and counters["learner/1/updates"] > 0

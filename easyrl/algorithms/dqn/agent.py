@@ -106,6 +106,12 @@ class DQN:
         """Greedy actions `[N]` (evaluation)."""
         return self._greedy(np.asarray(obs, self.obs_dtype)).numpy()
 
+    @property
+    def greedy_fn(self) -> tf.types.experimental.PolymorphicFunction:
+        """The compiled function `greedy` calls, with its fixed input signature (a batch of
+        observations in, actions out); `easyrl export` saves it as a SavedModel."""
+        return self._greedy
+
     def initial_priorities(self, batch: dict) -> np.ndarray:
         """Ape-X initial priorities |TD| computed with the actor's copy of the network."""
         return self._td_abs(

@@ -110,6 +110,12 @@ class ES:
         """Actions of the unperturbed policy theta for observations `[N, obs]`."""
         return self._greedy(np.asarray(obs, np.float32)).numpy()
 
+    @property
+    def greedy_fn(self) -> tf.types.experimental.PolymorphicFunction:
+        """The compiled function `greedy` calls, with its fixed input signature (a batch of
+        observations in, actions out); `easyrl export` saves it as a SavedModel."""
+        return self._greedy
+
     def forward(self, obs: np.ndarray, flat_params: np.ndarray) -> np.ndarray:
         """Raw outputs (logits, or pre-tanh for Box) `[N, out]` of env i's policy with its own
         flat parameters `flat_params[i]` (`[N, P]`, in the order of `variables`)."""

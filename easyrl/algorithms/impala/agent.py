@@ -153,6 +153,12 @@ class IMPALA:
         """Deterministic actions for evaluation: argmax of the logits, `[N]` int64."""
         return self._greedy(np.asarray(obs, self.obs_dtype)).numpy()
 
+    @property
+    def greedy_fn(self) -> tf.types.experimental.PolymorphicFunction:
+        """The compiled function `greedy` calls, with its fixed input signature (a batch of
+        observations in, actions out); `easyrl export` saves it as a SavedModel."""
+        return self._greedy
+
     def learn(self, batch: dict, weights=None) -> tuple[list[np.ndarray], dict[str, float], None]:
         """One gradient computation on a batch of unrolls.
 

@@ -197,6 +197,12 @@ class PPO:
         Gaussian mean clipped to the action bounds `[N, A]` float32."""
         return self._greedy(np.asarray(obs, np.float32)).numpy()
 
+    @property
+    def greedy_fn(self) -> tf.types.experimental.PolymorphicFunction:
+        """The compiled function `greedy` calls, with its fixed input signature (a batch of
+        observations in, actions out); `easyrl export` saves it as a SavedModel."""
+        return self._greedy
+
     def learn_minibatch(self, minibatch: dict) -> tuple[list[np.ndarray], dict[str, float]]:
         """One gradient computation on a minibatch holding the `replay_spec` columns.
 

@@ -17,6 +17,7 @@ Each loss moves only its own group (critic/, actor/, alpha/): y, alpha in the ac
 logp in the alpha loss are constants. Primes are local Polyak targets of the critics only.
 """
 
+import functools
 import math
 
 import numpy as np
@@ -185,6 +186,23 @@ class SAC:
     def greedy(self, obs: np.ndarray) -> np.ndarray:
         """Evaluation actions `[N, A]`: tanh(mu(s)) scaled to the bounds."""
         return self.scale(self._mean_action(np.asarray(obs, np.float32)).numpy())
+
+    @functools.cached_property
+    def greedy_fn(self) -> tf.types.experimental.PolymorphicFunction:
+        """`greedy` as one compiled function with a fixed input signature (observations
+        `[N, obs]` float32 in, actions `[N, A]` float32 out); `easyrl export` saves it as a
+        SavedModel. tanh(mu(s)) scaled to the bounds in float64 as `scale_actions` does, so
+        both give the same actions."""
+        low = tf.constant(self.low.astype(np.float64))  # [A]
+        high = tf.constant(self.high.astype(np.float64))
+
+        def greedy(obs):
+            a = tf.clip_by_value(tf.cast(self._mean_action(obs), tf.float64), -1.0, 1.0)  # [N, A]
+            scaled = tf.clip_by_value(low + (a + 1.0) * 0.5 * (high - low), low, high)
+            return tf.cast(scaled, tf.float32)
+
+        spec = tf.TensorSpec([None, self.obs_dim], tf.float32)
+        return tf.function(greedy, autograph=False, input_signature=[spec])
 
     def initial_priorities(self, batch: dict, noise: np.ndarray | None = None) -> np.ndarray:
         """Ape-X initial priorities `[B]`: |y - Q_1(s, a)| with the actor's copies of the

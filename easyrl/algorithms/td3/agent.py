@@ -10,6 +10,8 @@ Primes are the local target networks, Polyak-averaged by `sync_target`:
     target = tau * online + (1 - tau) * target.
 """
 
+import functools
+
 import numpy as np
 import tensorflow as tf
 
@@ -224,6 +226,23 @@ class TD3:
     def greedy(self, obs: np.ndarray) -> np.ndarray:
         """Evaluation actions `[N, A]`: the actor's output scaled to the bounds."""
         return self.scale(self.policy(obs))
+
+    @functools.cached_property
+    def greedy_fn(self) -> tf.types.experimental.PolymorphicFunction:
+        """`greedy` as one compiled function with a fixed input signature (observations
+        `[N, obs]` float32 in, actions `[N, A]` float32 out); `easyrl export` saves it as a
+        SavedModel. The actor's output scaled to the bounds in float64 as `scale_actions` does, so
+        both give the same actions."""
+        low = tf.constant(self.low.astype(np.float64))  # [A]
+        high = tf.constant(self.high.astype(np.float64))
+
+        def greedy(obs):
+            a = tf.clip_by_value(tf.cast(self._policy(obs), tf.float64), -1.0, 1.0)  # [N, A]
+            scaled = tf.clip_by_value(low + (a + 1.0) * 0.5 * (high - low), low, high)
+            return tf.cast(scaled, tf.float32)
+
+        spec = tf.TensorSpec([None, self.obs_dim], tf.float32)
+        return tf.function(greedy, autograph=False, input_signature=[spec])
 
     def initial_priorities(self, batch: dict) -> np.ndarray:
         """Ape-X initial priorities `[B]`: |y - Q_1(s, a)| with the actor's copies of the
