@@ -479,6 +479,11 @@ def test_pong_impala_ships_uint8_frames_to_the_learner(launch):
         "env.vector=sync",
         "algorithm.unroll_length=16",
         "algorithm.batch_size=2",
+        # A short FIFO couples the actors to the learner: the env-step budget cannot run
+        # out before the learner has trained on (and reported) most of it.
+        "replay.capacity=4",
+        "replay.prefetch=1",
+        "learner.updates_per_report=1",
         "cluster.ps=1",
         "cluster.memory=1",
         "cluster.learner=1",
