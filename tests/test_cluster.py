@@ -593,6 +593,50 @@ def test_actor_killed_is_restarted(launch):
     _assert_no_processes_left(run.run_dir)
 
 
+@pytest.mark.timeout(240)
+def test_ps_killed_is_restarted_from_its_checkpoint(launch):
+    run = launch(
+        "stop.max_env_steps=null",
+        "stop.max_seconds=40",  # counted by PS shard 0: from its restart on
+        "run.checkpoint_interval_s=1",
+        "cluster.actor=2",
+    )
+    checkpoint = run.run_dir / "checkpoints" / "ps-0.npz"
+
+    def trained_and_checkpointed():
+        metrics = run.metrics()
+        return checkpoint.exists() and metrics and metrics[-1].get("updates", 0) >= 40
+
+    run.poll_until(trained_and_checkpointed, 120, "updates and a PS checkpoint")
+    with np.load(checkpoint) as data:
+        saved_version = json.loads(data["meta"].tobytes())["version"]
+    pids = _role_pids(run.config_path, "ps", 0)
+    assert len(pids) == 1, pids
+    os.kill(pids[0], signal.SIGKILL)
+    killed_at = len(run.metrics())
+
+    def restored_status():
+        for line in run.metrics()[killed_at:]:
+            if "ps/0/version" in line:
+                return line
+        return None
+
+    # The restarted shard restores its newest checkpoint: never older than what was read.
+    first = run.poll_until(restored_status, 60, "metrics from the restarted PS shard")
+    assert first["ps/0/version"] >= saved_version, (first["ps/0/version"], saved_version)
+    code = run.wait(150)
+    output = run.output()
+    assert code == 0, f"exit code {code}:\n{output}\n{run.logs()}"
+    assert re.search(r"ps-0 exited with code -9; restarting it", output), output
+    summary = run.summary()
+    assert summary["restarts"]["ps-0"] >= 1, summary["restarts"]
+    last = run.metrics()[-1]
+    # The learner and actors reconnected and kept training on the restored weights.
+    assert last["updates"] > first["updates"] and last["env_steps"] > first["env_steps"]
+    assert last["ps/0/version"] > first["ps/0/version"]
+    _assert_no_processes_left(run.run_dir)
+
+
 @pytest.mark.timeout(60)
 def test_bad_config_fails_before_start(tmp_path):
     run_dir = tmp_path / "run"

@@ -28,6 +28,8 @@ from easyrl.transport import rpc
 log = logging.getLogger(__name__)
 
 SERVER_ROLES = ("ps", "memory")
+MAX_RESTARTS = 20
+"""A process that crashed this many times ends the run instead of being restarted again."""
 WORKER_ROLES = ("learner", "actor", "evaluator")
 READY_TIMEOUT_S = 120.0
 GRACE_S = 10.0
@@ -174,15 +176,26 @@ class LocalCluster:
             client.close()
 
     def check_children(self) -> str | None:
-        """Restarts crashed workers; returns a failure reason when a server died."""
+        """Restarts crashed processes; returns a failure reason when one cannot be.
+
+        A PS shard comes back on its address and restores its newest checkpoint (variables,
+        optimizer slots, version, counters, round); workers reconnect. A memory shard comes
+        back empty (replay refills); during synchronous rounds its part of the round would be
+        lost, so the run ends instead.
+        """
         for child in self.children:
             code = child.process.poll()
             if code is None:
                 continue
-            if child.role in SERVER_ROLES:
+            if child.role == "memory" and self.cfg.replay.kind == "aggregate":
                 return f"{child.name} exited with code {code}:\n{tail(child)}"
-            if code == 0:
+            if code == 0 and child.role in WORKER_ROLES:
                 continue  # a worker that saw the run stopping exits cleanly
+            if child.restarts >= MAX_RESTARTS:
+                return (
+                    f"{child.name} exited with code {code} after {child.restarts} restarts; "
+                    f"giving up:\n{tail(child)}"
+                )
             child.restarts += 1
             log.warning(
                 "%s exited with code %s; restarting it (restart %d)",

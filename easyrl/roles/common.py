@@ -195,6 +195,12 @@ class ShardedWeights:
             if reply.version == 0:
                 return False
             rounds.append(reply.round)
+            if reply.version < self.fetched_versions[shard]:
+                # The shard went back: it was restarted from its newest checkpoint. Its
+                # values are the truth now, older version number or not.
+                log.warning("PS shard %d went back to version %d", shard, reply.version)
+                with self._lock:
+                    self.fetched_versions[shard] = -1
             if not reply.current:
                 changed[shard] = (reply.version, reply.tensors)
         for shard, (version, tensors) in changed.items():

@@ -69,6 +69,7 @@ class ParameterServer(pb_grpc.ParameterServerServicer):
             "applied": 0,
             "dropped_stale": 0,
             "dropped_nonfinite": 0,
+            "dropped_ahead": 0,
             "pulls": 0,
             "staleness_sum": 0,
         }
@@ -202,10 +203,15 @@ class ParameterServer(pb_grpc.ParameterServerServicer):
             # Whole optimizer groups only (e.g. TD3's critic without its actor).
             self._check_tensors(grads, "Push", subset=True)
             self._optimizer.groups_in(grads)
-            if not 1 <= request.version <= self.version:
-                raise ValueError(f"Push: version {request.version} outside [1, {self.version}]")
-            staleness = self.version - request.version
+            if request.version < 1:
+                raise ValueError(f"Push: version {request.version} must be >= 1")
             self.counters["pushes"] += 1
+            if request.version > self.version:
+                # Computed against values this shard no longer has: it was restarted from an
+                # older checkpoint. The pusher pulls the restored values and goes on.
+                self.counters["dropped_ahead"] += 1
+                return pb.PushResponse(version=self.version, reason="ahead")
+            staleness = self.version - request.version
             if staleness > self._max_staleness:
                 self.counters["dropped_stale"] += 1
                 return pb.PushResponse(version=self.version, staleness=staleness, reason="stale")
@@ -268,11 +274,17 @@ class ParameterServer(pb_grpc.ParameterServerServicer):
             )
         return pb.ReportResponse(stopping=self.stopping.is_set())
 
-    def Status(self, request, context):
+    def own_counters(self) -> dict[str, float]:
+        """This shard's counters, version and round, named `ps/<shard>/...`."""
         with self._lock:
             counters = {f"ps/{self.shard}/{k}": float(v) for k, v in self.counters.items()}
             counters[f"ps/{self.shard}/version"] = float(self.version)
             counters[f"ps/{self.shard}/round"] = float(self.round)
+        return counters
+
+    def Status(self, request, context):
+        counters = self.own_counters()
+        with self._lock:
             initialized = bool(self._variables)
         returns = []
         if self.stats is not None:
@@ -301,7 +313,7 @@ def metrics_loop(ps: ParameterServer, cfg, run_dir: Path, start: float, done: th
     """Shard 0: writes metrics every `run.log_interval_s` and raises the stop flag."""
     writer = MetricsWriter(run_dir)
     while not done.wait(cfg.run.log_interval_s):
-        snapshot = ps.stats.snapshot(update_rates=True)
+        snapshot = {**ps.stats.snapshot(update_rates=True), **ps.own_counters()}
         elapsed = time.monotonic() - start
         reason = None if ps.stopping.is_set() else stop_reason(cfg.stop, snapshot, elapsed)
         if reason:
