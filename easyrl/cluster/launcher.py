@@ -1,9 +1,10 @@
 """The embedded default: the whole cluster as local processes on one machine.
 
-`train(cfg)` starts PS and memory shards on free loopback ports, waits until they
-answer, starts learners and actors, shows progress, restarts a crashed actor or
-learner, stops at the config's stop condition (decided by PS shard 0) and shuts
-every process down, leaving no orphan (children die with the launcher too).
+`train(cfg)` starts every role at once (PS and memory shards on free loopback ports;
+workers retry until the servers listen), waits until the servers answer, shows
+progress, restarts crashed processes (see `LocalCluster.check_children`), stops at the
+config's stop condition (decided by PS shard 0) and shuts every process down, leaving
+no orphan (children die with the launcher too).
 """
 
 import ctypes
