@@ -637,6 +637,49 @@ def test_ps_killed_is_restarted_from_its_checkpoint(launch):
     _assert_no_processes_left(run.run_dir)
 
 
+@pytest.mark.timeout(240)
+def test_memory_killed_is_restarted_from_its_snapshot(launch):
+    run = launch(
+        "stop.max_env_steps=null",
+        "stop.max_seconds=40",
+        "run.checkpoint_interval_s=3",
+        "cluster.actor=2",
+    )
+    snapshot = run.run_dir / "checkpoints" / "memory-0.npz"
+
+    def snapshot_items() -> int:
+        if not snapshot.exists():
+            return 0
+        with np.load(snapshot) as data:  # written then renamed: always whole
+            return min(int(data["inserted"]), int(data["capacity"]))
+
+    def trained_and_snapshotted():
+        metrics = run.metrics()
+        return snapshot_items() >= 500 and metrics and metrics[-1].get("updates", 0) >= 20
+
+    run.poll_until(trained_and_snapshotted, 120, "updates and a non-empty memory snapshot")
+    pids = _role_pids(run.config_path, "memory", 0)
+    assert len(pids) == 1, pids
+    os.kill(pids[0], signal.SIGKILL)
+    # Read after the kill: the dead shard cannot write a newer one, and the restarted one
+    # restores this file before it writes its first snapshot (3 s later).
+    held = snapshot_items()
+    updates_at_kill = run.metrics()[-1]["updates"]
+    code = run.wait(150)
+    output = run.output()
+    assert code == 0, f"exit code {code}:\n{output}\n{run.logs()}"
+    assert re.search(r"memory-0 exited with code -9; restarting it", output), output
+    summary = run.summary()
+    assert summary["restarts"]["memory-0"] >= 1, summary["restarts"]
+    memory = _counters(summary, "memory/0")
+    # The restarted shard came back with exactly what its last snapshot held.
+    assert held > 0 and memory["memory/0/restored_items"] == held, (held, memory)
+    assert memory["memory/0/inserts"] > 0 and memory["memory/0/samples"] > 0
+    assert run.metrics()[-1]["updates"] > updates_at_kill
+    assert snapshot_items() >= held  # the clean shutdown wrote a final snapshot
+    _assert_no_processes_left(run.run_dir)
+
+
 @pytest.mark.timeout(60)
 def test_bad_config_fails_before_start(tmp_path):
     run_dir = tmp_path / "run"

@@ -7,7 +7,7 @@ import grpc
 import numpy as np
 import pytest
 
-from easyrl.errors import TransportError
+from easyrl.errors import ReplayError, TransportError
 from easyrl.replay import PrioritizedTable, RateLimiter, UniformTable
 from easyrl.roles.memory import BetaSchedule, MemoryServer
 from easyrl.transport import codec, rpc
@@ -554,3 +554,33 @@ def test_beta_schedule():
     assert beta(5) == pytest.approx(0.7)
     assert beta(10) == beta(1000) == pytest.approx(1.0)
     assert BetaSchedule(0.5, 1.0, 0)(7) == 0.5
+
+
+@pytest.mark.parametrize("kind", ["uniform", "prioritized"])
+def test_snapshot_then_restore_gives_back_the_table(tmp_path, kind):
+    from easyrl.roles.memory import restore
+
+    def make_table():
+        if kind == "uniform":
+            return UniformTable(SPEC, 32, seed=1)
+        return PrioritizedTable(SPEC, 32, alpha=0.6, seed=1)
+
+    table = make_table()
+    memory = MemoryServer(table, RateLimiter(1), BATCH, 2, BetaSchedule(0.4, 1.0, 100))
+    try:
+        memory._submit("insert", (make_batch(0, 40), None, 40), 1.0)  # wraps the ring
+        path = tmp_path / "checkpoints" / "memory-0.npz"
+        assert memory.snapshot(path) == 32
+        assert memory.counters["snapshot_items"] == 32
+        state = memory._submit("snapshot", (), 0.0)
+    finally:
+        memory.close()
+    fresh = make_table()
+    assert restore(fresh, path) == 32
+    restored = fresh.state_dict()
+    assert sorted(restored) == sorted(state)
+    for key, value in state.items():
+        np.testing.assert_array_equal(restored[key], value)
+    assert restore(make_table(), tmp_path / "missing.npz") == 0
+    with pytest.raises(ReplayError):  # a snapshot of another table changes nothing
+        restore(UniformTable(SPEC, 16, seed=1), path)

@@ -16,11 +16,13 @@ This module does not import TensorFlow.
 
 import collections
 import logging
+import os
 import queue
 import threading
 import time
 from concurrent.futures import Future
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import grpc
 import numpy as np
@@ -42,7 +44,7 @@ log = logging.getLogger(__name__)
 class _Op:
     """One request for the table thread."""
 
-    kind: str  # "insert" | "sample" | "update" | "take_round"
+    kind: str  # "insert" | "sample" | "update" | "take_round" | "snapshot"
     args: tuple
     deadline: float
     future: Future = field(default_factory=Future)
@@ -145,6 +147,8 @@ class MemoryServer(pb_grpc.ReplayMemoryServicer):
 
     def _try(self, op: _Op):
         """Runs `op` if the rate limiter allows it now; returns its result or None."""
+        if op.kind == "snapshot":  # a copy taken between two operations: consistent
+            return self.table.state_dict()
         if self.rounds:
             return self._try_round(op)
         if op.kind == "insert":
@@ -314,6 +318,49 @@ class MemoryServer(pb_grpc.ReplayMemoryServicer):
         self.stopping.set()
         self._thread.join(timeout=5)
 
+    @property
+    def snapshots(self) -> bool:
+        """Whether this shard's table can be snapshotted (uniform and prioritized replay)."""
+        return hasattr(self.table, "state_dict")
+
+    def snapshot(self, path: Path) -> int:
+        """Writes the table to `path` (write, then rename): copied by the table thread between
+        two operations (inserts pause only for the copy), written by the caller. After
+        `close` the table is read directly.
+
+        Returns:
+            The number of items saved.
+        """
+        if self._thread.is_alive():
+            state = self._submit("snapshot", (), 0.0)
+        else:
+            state = self.table.state_dict()
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp.npz")
+        np.savez(tmp, **state)
+        os.replace(tmp, path)
+        items = min(int(state["inserted"]), int(state["capacity"]))
+        self.counters["snapshot_items"] = items
+        return items
+
+
+def restore(table, path: Path) -> int:
+    """Loads a snapshot written by `MemoryServer.snapshot` into a new table.
+
+    Returns:
+        The number of items restored (0 when there is no snapshot).
+
+    Raises:
+        ReplayError: the snapshot does not fit the table (another config); nothing changed.
+    """
+    if not path.exists():
+        return 0
+    with np.load(path) as data:
+        state = {k: data[k].item() if data[k].ndim == 0 else data[k] for k in data.files}
+    table.load_state_dict(state)
+    log.info("restored %d items from %s", table.size, path)
+    return table.size
+
 
 def round_size(cfg, module, num_actors: int, num_memory: int, shard: int) -> int:
     """Items that complete a round on memory `shard`: the shares of the actors that ship
@@ -325,7 +372,7 @@ def round_size(cfg, module, num_actors: int, num_memory: int, shard: int) -> int
     )
 
 
-def build(cfg, spec, shard: int, cluster=None) -> MemoryServer:
+def build(cfg, spec, shard: int, cluster=None, snapshot: Path | None = None) -> MemoryServer:
     """Builds a memory shard from the config's `replay` section and a table spec.
 
     Args:
@@ -333,6 +380,7 @@ def build(cfg, spec, shard: int, cluster=None) -> MemoryServer:
         spec: the table's column spec (from the algorithm's `replay_spec`).
         shard: this shard's index.
         cluster: the cluster spec (needed by an aggregate table to size its rounds).
+        snapshot: a replay table restores this snapshot when it exists.
     """
     r = cfg.replay
     seed = cfg.run.seed * 1000 + shard
@@ -353,10 +401,13 @@ def build(cfg, spec, shard: int, cluster=None) -> MemoryServer:
         table = PrioritizedTable(spec, r.capacity, alpha=r.alpha, seed=seed)
     else:
         table = UniformTable(spec, r.capacity, seed=seed)
+    restored = restore(table, snapshot) if snapshot is not None else 0
     limiter = RateLimiter(r.min_size_to_sample, r.samples_per_insert, r.error_buffer)
     limiter.check_batch_sizes(cfg.actor.send_every * cfg.env.num_envs, batch_size)
     beta = BetaSchedule(r.beta, r.beta_final, r.beta_anneal_steps)
-    return MemoryServer(table, limiter, batch_size, r.prefetch, beta, shard)
+    memory = MemoryServer(table, limiter, batch_size, r.prefetch, beta, shard)
+    memory.counters["restored_items"] = restored
+    return memory
 
 
 def run(ctx) -> int:
@@ -367,15 +418,26 @@ def run(ctx) -> int:
     stop = stop_event_on_signals()
     obs_space, action_space = ctx.spaces()
     spec = ctx.algorithm_module().replay_spec(ctx.cfg.algorithm.params, obs_space, action_space)
-    memory = build(ctx.cfg, spec, ctx.task, ctx.cluster)
+    path = ctx.run_dir / "checkpoints" / f"memory-{ctx.task}.npz"
+    memory = build(ctx.cfg, spec, ctx.task, ctx.cluster, snapshot=path)
     server, _ = make_server(ctx.cluster.memory[ctx.task], ctx.token, tls=ctx.tls())
     pb_grpc.add_ReplayMemoryServicer_to_server(memory, server)
     server.start()
     log.info("memory shard %d listening on %s", ctx.task, ctx.cluster.memory[ctx.task])
+    last_snapshot = time.monotonic()
     try:
         while not (stop.is_set() or memory.stopping.is_set()):
             stop.wait(0.2)
+            due = time.monotonic() - last_snapshot >= ctx.cfg.run.checkpoint_interval_s
+            if memory.snapshots and due:
+                try:
+                    memory.snapshot(path)
+                except OSError as err:  # a full disk must not take the replay down with it
+                    log.error("snapshot failed: %s", err)
+                last_snapshot = time.monotonic()
     finally:
         memory.close()
+        if memory.snapshots:  # on Shutdown and SIGTERM: what the table holds now
+            log.info("snapshot of %d items written", memory.snapshot(path))
         server.stop(grace=1.0).wait()
     return 0
