@@ -31,6 +31,7 @@ from easyrl.algorithms.td3.agent import (
     Critics,
     PolyakTargets,
     min_q,
+    transition_columns,
 )
 from easyrl.errors import ConfigError
 from easyrl.models import MLP, Dense, FlatVariables, named_variables
@@ -209,7 +210,7 @@ class SAC:
         online critics standing in for the targets (an actor never syncs targets):
         y = R + discount * (min_i Q_i(s', a') - alpha * log pi(a'|s')), a' ~ pi(.|s') drawn
         with standard-normal `noise` `[B, A]` (None: from the agent's seeded generator)."""
-        columns = self._columns(batch)
+        columns = transition_columns(batch)
         if noise is None:
             noise = self._rng.standard_normal((len(columns[0]), self.action_dim))
         return self._td_abs(*columns, np.asarray(noise, np.float32)).numpy()
@@ -218,7 +219,7 @@ class SAC:
 
     def targets(self, batch: dict, noise: np.ndarray) -> np.ndarray:
         """Critic targets y `[B]` (target critics) for the next-state noise z' `[B, A]`."""
-        _, _, reward, next_obs, discount = self._columns(batch)
+        _, _, reward, next_obs, discount = transition_columns(batch)
         return self._targets(reward, next_obs, discount, np.asarray(noise, np.float32)).numpy()
 
     def learn(
@@ -237,7 +238,7 @@ class SAC:
             (gradients in the order of `self.variables`, the entry of `alpha/log_alpha` None
             unless `autotune_alpha`; stats; new priorities |y - Q_1| `[B]`).
         """
-        columns = self._columns(batch)
+        columns = transition_columns(batch)
         size = len(columns[0])
         weights = np.ones(size, np.float32) if weights is None else weights
         if noise is None:
@@ -263,15 +264,6 @@ class SAC:
         self.polyak.update()
 
     # --- compiled math ------------------------------------------------------------------
-
-    def _columns(self, batch: dict) -> tuple[np.ndarray, ...]:
-        return (
-            np.asarray(batch["obs"], np.float32),  # [B, obs]
-            np.asarray(batch["action"], np.float32),  # [B, A]
-            np.asarray(batch["reward"], np.float32),  # [B]
-            np.asarray(batch["next_obs"], np.float32),  # [B, obs]
-            np.asarray(batch["discount"], np.float32),  # [B]
-        )
 
     def _soft_targets(self, critic, reward, next_obs, discount, noise):
         next_action, next_logp = self.actor.sample(next_obs, noise)  # [B, A], [B]

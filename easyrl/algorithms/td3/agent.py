@@ -21,6 +21,15 @@ from easyrl.errors import ConfigError, EasyRLError
 from easyrl.models import MLP, Dense, FlatVariables, named_variables
 
 
+def transition_columns(batch: dict) -> tuple[np.ndarray, ...]:
+    """The columns of a batch of transitions as the compiled functions take them:
+    (obs [B, obs], normalized action [B, A], reward [B], next_obs [B, obs], discount [B])."""
+    return tuple(
+        np.asarray(batch[k], np.float32)
+        for k in ("obs", "action", "reward", "next_obs", "discount")
+    )
+
+
 class Critic(tf.Module):
     """Q(s, a): an MLP on concat(obs, action) and a linear output, `[B]`."""
 
@@ -248,7 +257,7 @@ class TD3:
         """Ape-X initial priorities `[B]`: |y - Q_1(s, a)| with the actor's copies of the
         online networks standing in for the targets (an actor never syncs targets) and no
         smoothing noise: y = R + discount * min_i Q_i(s', mu(s'))."""
-        return self._td_abs(*self._columns(batch)).numpy()
+        return self._td_abs(*transition_columns(batch)).numpy()
 
     # --- learner side -------------------------------------------------------------------
 
@@ -260,7 +269,7 @@ class TD3:
 
     def targets(self, batch: dict, noise: np.ndarray) -> np.ndarray:
         """Critic targets y `[B]` for standard-normal smoothing `noise` `[B, A]`."""
-        _, _, reward, next_obs, discount = self._columns(batch)
+        _, _, reward, next_obs, discount = transition_columns(batch)
         return self._targets(reward, next_obs, discount, np.asarray(noise, np.float32)).numpy()
 
     def learn(
@@ -283,7 +292,7 @@ class TD3:
             (gradients in the order of `self.variables`, None for the actor's on a delayed
             call; stats; new priorities |y - Q_1| `[B]`).
         """
-        columns = self._columns(batch)
+        columns = transition_columns(batch)
         size = len(columns[0])
         weights = np.ones(size, np.float32) if weights is None else weights
         if noise is None:
@@ -320,15 +329,6 @@ class TD3:
         self.polyak.update()
 
     # --- compiled math ------------------------------------------------------------------
-
-    def _columns(self, batch: dict) -> tuple[np.ndarray, ...]:
-        return (
-            np.asarray(batch["obs"], np.float32),  # [B, obs]
-            np.asarray(batch["action"], np.float32),  # [B, A]
-            np.asarray(batch["reward"], np.float32),  # [B]
-            np.asarray(batch["next_obs"], np.float32),  # [B, obs]
-            np.asarray(batch["discount"], np.float32),  # [B]
-        )
 
     def _target_actions_fn(self, next_obs, noise):
         c = self.params.target_noise_clip
