@@ -594,6 +594,33 @@ def test_actor_killed_is_restarted(launch):
 
 
 @pytest.mark.timeout(240)
+def test_learner_killed_is_restarted_and_updates_keep_rising(launch):
+    run = launch("stop.max_env_steps=null", "stop.max_seconds=45", "cluster.actor=2")
+
+    def learner_updated():
+        metrics = run.metrics()
+        return metrics if metrics and metrics[-1].get("learner/0/updates", 0) >= 40 else None
+
+    run.poll_until(learner_updated, 120, "learner 0 reporting updates")
+    pids = _role_pids(run.config_path, "learner", 0)
+    assert len(pids) == 1, pids
+    os.kill(pids[0], signal.SIGKILL)
+    at_kill = run.metrics()[-1]
+    code = run.wait(150)
+    output = run.output()
+    assert code == 0, f"exit code {code}:\n{output}\n{run.logs()}"
+    assert re.search(r"learner-0 exited with code -9; restarting it", output), output
+    summary = run.summary()
+    assert summary["restarts"]["learner-0"] >= 1, summary["restarts"]
+    last = run.metrics()[-1]
+    # The restarted learner pulled the newest weights (the PS kept the optimizer state)
+    # and its update counter kept rising; the PS version only moves forward.
+    assert last["learner/0/updates"] > at_kill["learner/0/updates"], (at_kill, last)
+    assert last["ps/0/version"] > at_kill["ps/0/version"]
+    _assert_no_processes_left(run.run_dir)
+
+
+@pytest.mark.timeout(240)
 def test_ps_killed_is_restarted_from_its_checkpoint(launch):
     run = launch(
         "stop.max_env_steps=null",
