@@ -10,9 +10,14 @@ import pytest
 import tensorflow as tf
 
 from easyrl.config import StopConfig
-from easyrl.envs import make_vector_env
+from easyrl.envs import make_vector_env, play_episodes
 from easyrl.metrics import RunStats, reached_goal, stop_reason
-from easyrl.roles.evaluator import BestCheckpoint, run_episodes
+from easyrl.roles.evaluator import BestCheckpoint
+
+
+def run_episodes(env, policy, episodes, seed, stop):
+    """The evaluator's use of `play_episodes`: the returns only."""
+    return play_episodes(env, policy, episodes, seed, stop)[0]
 
 
 def test_run_episodes_counts_exactly_the_asked_whole_episodes():

@@ -17,6 +17,7 @@ program, an entry script must guard its top-level work with ``if __name__ == "__
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import functools
 import importlib
@@ -32,8 +33,10 @@ __all__ = [
     "VECTOR_MODES",
     "env_options",
     "env_spaces",
+    "evaluation_options",
     "final_observations",
     "make_vector_env",
+    "play_episodes",
 ]
 
 ASYNC_CONTEXT = "spawn"
@@ -126,6 +129,59 @@ def env_options(env_cfg) -> dict[str, Any]:
         "kwargs": env_cfg.kwargs,
         "atari": env_cfg.atari,
     }
+
+
+def evaluation_options(env_cfg) -> dict[str, Any]:
+    """`env_options` for scoring a policy (evaluator, rollout): Atari plays whole games with
+    raw rewards (no episodic life, no reward clipping), so returns are game scores."""
+    options = env_options(env_cfg)
+    if options["atari"] is not None:
+        options["atari"] = dataclasses.replace(
+            options["atari"], episodic_life=False, clip_rewards=False
+        )
+    return options
+
+
+def play_episodes(
+    env, policy, episodes: int, seed: int, stop=None, on_episode=None
+) -> tuple[list[float], list[int]]:
+    """Plays `episodes` whole episodes on a same-step-autoreset vector env with
+    `policy(obs) -> actions`.
+
+    Sub-env i starts from a reset with seed `seed + i`; an env stops counting once every
+    episode still to play has been handed out, so exactly `episodes` episodes come back
+    (fewer only if `stop`, a threading.Event, is set).
+
+    Args:
+        on_episode: called as `on_episode(index, return, length)` when an episode ends.
+
+    Returns:
+        (returns, lengths) of the episodes, in the order they ended.
+    """
+    n = env.num_envs
+    obs, _ = env.reset(seed=seed)
+    returns = np.zeros(n)
+    lengths = np.zeros(n, np.int64)
+    running = np.arange(n) < episodes  # envs whose current episode counts
+    started = int(running.sum())
+    done_returns: list[float] = []
+    done_lengths: list[int] = []
+    while len(done_returns) < episodes and not (stop is not None and stop.is_set()):
+        obs, rewards, terminated, truncated, _ = env.step(policy(obs))
+        returns += rewards
+        lengths += 1
+        done = np.asarray(terminated | truncated)
+        for i in np.flatnonzero(done & running):
+            done_returns.append(float(returns[i]))
+            done_lengths.append(int(lengths[i]))
+            if on_episode is not None:
+                on_episode(len(done_returns) - 1, done_returns[-1], done_lengths[-1])
+            # Same-step autoreset: obs[i] already starts the next episode.
+            running[i] = started < episodes
+            started += int(running[i])
+        returns[done] = 0.0
+        lengths[done] = 0
+    return done_returns, done_lengths
 
 
 def _make_one(spec, max_episode_steps, env_kwargs, atari) -> gymnasium.Env:

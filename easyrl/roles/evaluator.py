@@ -9,7 +9,6 @@ the run: `stop.eval_return_mean`) and keeps the weights of the best evaluation s
 in `checkpoints/best.npz`. Works with every algorithm: it only needs `greedy`.
 """
 
-import dataclasses
 import json
 import logging
 import os
@@ -18,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
-from easyrl.envs import env_options, make_vector_env
+from easyrl.envs import evaluation_options, make_vector_env, play_episodes
 from easyrl.roles.common import ShardedWeights, stop_event_on_signals
 from easyrl.transport import easyrl_pb2 as pb
 
@@ -26,37 +25,6 @@ log = logging.getLogger(__name__)
 
 EVAL_SEED_OFFSET = 1_000_003
 """Added to the run's seed so that evaluation envs never replay an actor's seeds."""
-
-
-def run_episodes(env, policy, episodes: int, seed: int, stop: threading.Event) -> list[float]:
-    """Runs `episodes` whole episodes on a vector env with `policy(obs) -> actions`.
-
-    Every env starts from a reset with its own seed; an env stops counting once the
-    episodes still to start are all handed out, so exactly `episodes` returns come back
-    (fewer only if `stop` is set).
-
-    Returns:
-        The episode returns, in the order the episodes ended.
-    """
-    n = env.num_envs
-    obs, _ = env.reset(seed=seed)
-    returns = np.zeros(n)
-    running = np.ones(n, dtype=bool)  # envs whose current episode counts
-    started = n
-    if episodes < n:
-        running[episodes:] = False
-        started = episodes
-    done_returns: list[float] = []
-    while len(done_returns) < episodes and not stop.is_set():
-        obs, rewards, terminated, truncated, _ = env.step(policy(obs))
-        returns += np.where(running, rewards, 0.0)
-        for i in np.flatnonzero((terminated | truncated) & running):
-            done_returns.append(float(returns[i]))
-            returns[i] = 0.0
-            # Same-step autoreset: obs[i] already starts the next episode.
-            running[i] = started < episodes
-            started += int(running[i])
-    return done_returns
 
 
 class BestCheckpoint:
@@ -96,11 +64,7 @@ def evaluate_forever(ctx, algo, stop: threading.Event) -> None:
     weights = ShardedWeights(ctx.clients("ps"), algo.variables)
     if not weights.wait_initialized(stop):
         return
-    options = env_options(cfg.env)
-    if options["atari"] is not None:  # game scores: whole games, raw rewards
-        options["atari"] = dataclasses.replace(
-            options["atari"], episodic_life=False, clip_rewards=False
-        )
+    options = evaluation_options(cfg.env)
     seed = cfg.run.seed + EVAL_SEED_OFFSET + ctx.task * cfg.eval.num_envs
     env = make_vector_env(
         cfg.env.id, cfg.eval.num_envs, vector=cfg.env.vector, seed=seed, **options
@@ -113,7 +77,7 @@ def evaluate_forever(ctx, algo, stop: threading.Event) -> None:
             weights.fetch()
             weights.swap_in()
             versions = list(weights.local_versions)
-            returns = run_episodes(
+            returns, _ = play_episodes(
                 env, algo.greedy, cfg.eval.episodes, seed + evaluation * 7919, stop
             )
             if len(returns) < cfg.eval.episodes:

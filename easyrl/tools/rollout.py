@@ -14,7 +14,6 @@ plays whole episodes with `algo.greedy`; `easyrl export` reuses `load_policy`.
 
 from __future__ import annotations
 
-import dataclasses
 import re
 import sys
 from pathlib import Path
@@ -25,7 +24,13 @@ import numpy as np
 
 from easyrl import config as config_lib
 from easyrl.algorithms import registry
-from easyrl.envs import env_options, env_spaces, make_vector_env
+from easyrl.envs import (
+    env_options,
+    env_spaces,
+    evaluation_options,
+    make_vector_env,
+    play_episodes,
+)
 from easyrl.errors import EasyRLError
 
 __all__ = [
@@ -34,7 +39,6 @@ __all__ = [
     "RolloutResult",
     "checkpoint_values",
     "load_policy",
-    "play_episodes",
     "rollout",
     "run_config",
 ]
@@ -222,49 +226,6 @@ def load_policy(run_dir: str | Path, checkpoint: str | None = None) -> LoadedPol
     return LoadedPolicy(cfg, algo, obs_space, action_space, chosen, files)
 
 
-def play_episodes(env, policy, episodes: int, seed: int, on_episode=None) -> RolloutResult:
-    """Plays `episodes` whole episodes on a vector env with `policy(obs) -> actions`.
-
-    As the evaluator's `run_episodes`: sub-env i starts from a reset with seed `seed + i`,
-    and an env stops counting once every episode still to play has been handed out, so
-    exactly `episodes` episodes come back.
-
-    Args:
-        env: a same-step-autoreset vector env (`easyrl.envs.make_vector_env`).
-        policy: a batch of observations to a batch of actions.
-        episodes: how many episodes to play.
-        seed: the seed of the first reset.
-        on_episode: called as `on_episode(index, return, length)` when an episode ends.
-
-    Returns:
-        The returns and lengths (the `checkpoint` field is left empty).
-    """
-    n = env.num_envs
-    obs, _ = env.reset(seed=seed)
-    returns = np.zeros(n)
-    lengths = np.zeros(n, np.int64)
-    running = np.arange(n) < episodes  # envs whose current episode counts
-    started = int(running.sum())
-    done_returns: list[float] = []
-    done_lengths: list[int] = []
-    while len(done_returns) < episodes:
-        obs, rewards, terminated, truncated, _ = env.step(policy(obs))
-        returns += rewards
-        lengths += 1
-        done = np.asarray(terminated | truncated)
-        for i in np.flatnonzero(done & running):
-            done_returns.append(float(returns[i]))
-            done_lengths.append(int(lengths[i]))
-            if on_episode is not None:
-                on_episode(len(done_returns) - 1, done_returns[-1], done_lengths[-1])
-            # Same-step autoreset: obs[i] already starts the next episode.
-            running[i] = started < episodes
-            started += int(running[i])
-        returns[done] = 0.0
-        lengths[done] = 0
-    return RolloutResult(done_returns, done_lengths, "")
-
-
 def _require_moviepy() -> None:
     """Raises EasyRLError naming what to install unless moviepy (which RecordVideo writes
     the files with) is importable."""
@@ -334,11 +295,7 @@ def rollout(
     cfg = loaded.cfg
     out = None if quiet else sys.stdout
     seed = cfg.run.seed + ROLLOUT_SEED_OFFSET if seed is None else int(seed)
-    options = env_options(cfg.env)
-    if options["atari"] is not None:  # game scores: whole games, raw rewards
-        options["atari"] = dataclasses.replace(
-            options["atari"], episodic_life=False, clip_rewards=False
-        )
+    options = evaluation_options(cfg.env)  # Atari: game scores, as the evaluator's
     if video_dir is not None:
         env = _video_env(cfg, options, Path(video_dir), episodes, seed)
     else:
@@ -357,12 +314,12 @@ def rollout(
             file=out,
         )
     try:
-        played = play_episodes(env, loaded.algo.greedy, episodes, seed, report)
+        returns, lengths = play_episodes(env, loaded.algo.greedy, episodes, seed, on_episode=report)
     except gymnasium.error.DependencyNotInstalled as err:  # rendering for --video
         raise EasyRLError(f"{cfg.env.id} needs a package that is not installed: {err}") from err
     finally:
         env.close()
-    result = played._replace(checkpoint=loaded.checkpoint)
+    result = RolloutResult(returns, lengths, loaded.checkpoint)
     if out is not None:
         print(
             f"mean return {result.mean:.1f} over {episodes} episode(s) "
