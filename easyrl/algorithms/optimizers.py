@@ -194,7 +194,7 @@ class OptimizerGroups:
     def apply(self, grads: dict[str, np.ndarray]) -> None:
         """One step of each group `grads` ({name: gradient}) covers completely."""
         for p in self.groups_in(grads):
-            self._flat[p](np.concatenate([np.ravel(grads[n]) for n in self.members[p]]))
+            self._flat[p]([grads[n] for n in self.members[p]])
 
     def state(self) -> dict[str, np.ndarray]:
         """Every group's slots and step, keys prefixed by the group's prefix."""
@@ -207,7 +207,8 @@ class OptimizerGroups:
 
 
 class _FlatApply:
-    """One compiled optimizer step from a flat gradient vector (split inside the graph)."""
+    """One compiled optimizer step from per-variable gradients, passed in as one flat vector
+    (one tensor conversion) and split inside the graph."""
 
     def __init__(self, optimizer: Optimizer, variables: Sequence[tf.Variable]):
         from easyrl.models import FlatVariables
@@ -222,5 +223,5 @@ class _FlatApply:
     def _apply_fn(self, flat: tf.Tensor) -> None:
         self._optimizer.apply(self._flat.split_tensor(flat))
 
-    def __call__(self, flat: np.ndarray) -> None:
-        self._apply(flat.astype(np.float32, copy=False))
+    def __call__(self, grads: Sequence[np.ndarray]) -> None:
+        self._apply(self._flat.concat(grads))

@@ -180,9 +180,9 @@ class LocalCluster:
         """Restarts crashed processes; returns a failure reason when one cannot be.
 
         A PS shard comes back on its address and restores its newest checkpoint (variables,
-        optimizer slots, version, counters, round); workers reconnect. A memory shard comes
-        back empty (replay refills); during synchronous rounds its part of the round would be
-        lost, so the run ends instead.
+        optimizer slots, version, counters, round); workers reconnect. A replay memory shard
+        comes back with its newest snapshot (a trajectory FIFO empty); during synchronous
+        rounds its part of the round would be lost, so the run ends instead.
         """
         for child in self.children:
             code = child.process.poll()

@@ -162,15 +162,11 @@ class Actor:
             log.info("actor 0 initialized the PS shards (no learner in this cluster)")
         if not self.weights.wait_initialized(self.stop):
             return
-        bodies = {
-            "async_replay": (self._sender, self._weight_sync),
-            "sync_rounds": (self._sender,),
-            "actor_gradients": (),
-        }[flow]
-        loop = {
-            "async_replay": self._replay_loop,
-            "sync_rounds": self._rounds_loop,
-            "actor_gradients": self._gradients_loop,
+        # The flow's main loop, and the communication threads beside it.
+        loop, bodies = {
+            "async_replay": (self._replay_loop, (self._sender, self._weight_sync)),
+            "sync_rounds": (self._rounds_loop, (self._sender,)),
+            "actor_gradients": (self._gradients_loop, ()),
         }[flow]
         threads = [
             threading.Thread(target=guarded, args=(f, self.stop), daemon=True) for f in bodies
@@ -243,10 +239,7 @@ class Actor:
                 steps += cfg.env.num_envs
                 if out is not None:
                     grads, stats, _ = self.algo.learn(out, None)
-                    named = dict(zip(self.algo.variables, grads, strict=True))
-                    versions = list(self.weights.local_versions)
-                    self.weights.push(named, versions, self.ctx.task, pool, self.counters)
-                    self.weights.swap_in()
+                    self.weights.push_and_swap_in(grads, self.ctx.task, pool, self.counters)
                     updates += 1
                 self._report(steps, {**collector.stats(), **stats}, updates=updates)
 

@@ -260,6 +260,19 @@ class ShardedWeights:
         if any(not reply.applied for reply in replies):
             self.fetch()
 
+    def by_name(self, grads: list) -> dict:
+        """One update's gradients, given in the order of `variables`, as {name: gradient};
+        a None (a variable this update leaves alone, e.g. TD3's actor between its updates)
+        is left out."""
+        return {n: g for n, g in zip(self.variables, grads, strict=True) if g is not None}
+
+    def push_and_swap_in(self, grads: list, sender: int, pool, counters: dict) -> None:
+        """Pushes one update computed against the local values (`grads` in the order of
+        `variables`), then swaps in the values the shards return: the next update starts
+        from them (synchronous use: PPO/ES rounds, A3C actors)."""
+        self.push(self.by_name(grads), list(self.local_versions), sender, pool, counters)
+        self.swap_in()
+
     def assign_local(self, names: list[str]) -> None:
         """Writes the local values of the shards holding `names` to the PS (state the
         learner changed outside gradients, e.g. observation statistics)."""

@@ -202,10 +202,7 @@ class Learner:
                 log_columns(batch)
             totals, steps = collections.Counter(), 0
             for grads, stats in self.algo.learn_round(batch, rng):
-                named = dict(zip(self.algo.variables, grads, strict=True))
-                versions = list(self.weights.local_versions)
-                self.weights.push(named, versions, self.ctx.task, self._pool, self.counters)
-                self.weights.swap_in()
+                self.weights.push_and_swap_in(grads, self.ctx.task, self._pool, self.counters)
                 self.updates += 1
                 totals.update(stats)
                 steps += 1
@@ -249,8 +246,7 @@ class Learner:
             self.weights.swap_in()
             versions = list(self.weights.local_versions)
             grads, stats, priorities = self.algo.learn(batch, is_weights)
-            # None: a variable this update leaves alone (TD3's actor between its updates).
-            named = {n: g for n, g in zip(self.algo.variables, grads, strict=True) if g is not None}
+            named = self.weights.by_name(grads)
             if not put_until_stopped(self.pushes, (named, versions), self.stop):
                 break
             if cfg.replay.kind == "prioritized":

@@ -254,12 +254,12 @@ class MemoryServer(pb_grpc.ReplayMemoryServicer):
 
     @invalid_argument_on_error
     def Sample(self, request, context):
+        if not 0 <= request.timeout_s <= 600:
+            raise ReplayError("timeout_s must be in [0, 600]")
         if self.rounds:
             return self._take_round(request, context)
         if not 1 <= request.batch_size <= self.table.capacity:
             raise ReplayError(f"batch_size must be in [1, {self.table.capacity}]")
-        if not 0 <= request.timeout_s <= 600:
-            raise ReplayError("timeout_s must be in [0, 600]")
         if request.batch_size == self.batch_size:
             try:
                 batch = self._ready.get(timeout=request.timeout_s)
@@ -273,8 +273,8 @@ class MemoryServer(pb_grpc.ReplayMemoryServicer):
             return pb.SampleResponse(ready=False)
 
     def _take_round(self, request, context) -> pb.SampleResponse:
-        if request.round < 0 or not 0 <= request.timeout_s <= 600:
-            raise ReplayError("round must be >= 0 and timeout_s in [0, 600]")
+        if request.round < 0:
+            raise ReplayError("round must be >= 0")
         # Give up before the caller's deadline does, and never release a round to a caller
         # that is gone: its items would be lost.
         timeout = within_deadline(context, request.timeout_s)
