@@ -1,5 +1,7 @@
 """Loopback tests of the parameter-server shard servicer (easyrl.roles.ps) over real gRPC."""
 
+import time
+
 import grpc
 import numpy as np
 import pytest
@@ -546,6 +548,20 @@ def test_checkpoint_restore_round_trip(serve_ps, tmp_path):
     push(client3, gradients(0.7), version=1)
     _, c = pull(client3)
     assert not np.array_equal(c["q/torso/0/w"], a["q/torso/0/w"])
+
+
+def test_restored_shard_keeps_the_run_clock(serve_ps, tmp_path):
+    path = tmp_path / "checkpoints" / "ps-0.npz"
+    ps, client = serve_ps(checkpoint_path=path, stats=RunStats(window=3))
+    assign(client, initial_values())
+    time.sleep(0.3)
+    ps.checkpoint()
+    saved = ps.elapsed()
+    restored, _ = serve_ps(checkpoint_path=path, stats=RunStats(window=3))
+    # stop.max_seconds and metric times go on from the checkpoint, not from 0
+    assert saved >= 0.3 and restored.elapsed() >= saved
+    fresh, _ = serve_ps(stats=RunStats(window=3))
+    assert fresh.elapsed() < 0.3 <= restored.elapsed()
 
 
 def test_checkpoint_without_path_is_noop(serve_ps, tmp_path):

@@ -202,6 +202,30 @@ def test_catch_up(held_round, ask, round_after, dropped):
     assert table.refused == dropped and table.size == 3 - dropped
 
 
+@pytest.mark.parametrize("first", ["insert", "catch_up"])
+def test_restarted_table_marks_only_its_first_round_incomplete(first):
+    table = AggregateTable(SPEC, 16, 4, restarted=True)
+    assert table.incomplete_round is None
+    if first == "insert":  # an actor ships round 3 after the restart; others shipped before
+        table.insert(items(0, 4), 3)
+    else:  # the learner asks for round 3 first
+        table.catch_up(3)
+        table.insert(items(0, 4), 3)
+    assert table.incomplete_round == 3 and table.size == 4
+    assert not table.ready(3)  # enough items, but some of the round's were lost
+    table.catch_up(3)
+    table.insert(items(4, 4), 4)  # the learner abandoned 3: round 4 started after the restart
+    assert table.incomplete_round == 3 and table.ready(4)
+    assert_batch_equal(table.take(4), items(4, 4))
+
+
+def test_fresh_table_has_no_incomplete_round():
+    table = AggregateTable(SPEC, 16, 4)
+    table.catch_up(2)
+    table.insert(items(0, 4), 2)
+    assert table.incomplete_round is None and table.ready(2)
+
+
 def test_capacity_overflow_raises_and_changes_nothing():
     table = AggregateTable(SPEC, 8, 4)
     table.insert(items(0, 6), 0)
@@ -922,3 +946,29 @@ def test_wait_round_needs_every_shard_and_stops_while_waiting(two_shards):
     assert elapsed < 3.0
     assert weights.round == 0  # the smallest round any shard has published
     np.testing.assert_array_equal(variables["a"].numpy(), [1.0, 2.0, 3.0])  # nothing loaded
+
+
+def test_restarted_shard_answers_incomplete_and_the_next_round_is_whole(serve_rounds):
+    memory, client, _ = serve_rounds(capacity=16, round_size=4)
+    memory.table._restarted = True  # as `build(restarted=True)` makes it after a restart
+    insert(client, items(0, 4), 5)  # what one actor ships after the restart
+    reply = take(client, 5, timeout_s=0.2)
+    assert not reply.ready and reply.incomplete and reply.round == 5 and not reply.tensors
+    assert memory.table.size == 4  # nothing is released or dropped by the answer
+    insert(client, items(10, 4), 6)  # the learner abandoned round 5 and published 6
+    reply = take(client, 6)
+    assert reply.ready and not reply.incomplete
+    assert_batch_equal(codec.decode_batch(reply.tensors), items(10, 4))
+
+
+def test_build_marks_a_restarted_aggregate_shard(tmp_path):
+    cfg = from_dict({"algorithm": {"name": "ppo"}, "env": {"num_envs": 2}})
+    cluster = SimpleNamespace(actor=2, memory=("h:1",))
+    spec = {"obs": ((4,), np.float32)}
+    for restarted in (False, True):
+        memory = memory_role.build(cfg, spec, 0, cluster, restarted=restarted)
+        try:
+            memory.table.catch_up(1)
+            assert memory.table.incomplete_round == (1 if restarted else None)
+        finally:
+            memory.close()

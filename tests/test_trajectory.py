@@ -168,3 +168,65 @@ def test_bad_inserts_and_priority_updates_are_invalid_and_change_nothing(fifo_sh
         client.call("UpdatePriorities", request)
     assert info.value.code == grpc.StatusCode.INVALID_ARGUMENT
     assert memory.table.inserted == 1 and memory.table.size == 1
+
+
+def test_fifo_state_dict_round_trip_keeps_order_and_counters():
+    table = FifoTable(SPEC, 4)
+    table.insert(unrolls(0, 3))
+    table.sample(2)
+    table.insert(unrolls(3, 3))  # wraps the ring: queue holds 2, 3, 4, 5
+    state = table.state_dict()
+    assert (state["inserted"], state["removed"], state["capacity"]) == (6, 2, 4)
+    assert state["data/action"][:, 0].tolist() == [2, 3, 4, 5]
+    fresh = FifoTable(SPEC, 4)
+    fresh.load_state_dict(state)
+    assert (fresh.size, fresh.inserted, fresh.removed) == (4, 6, 2)
+    taken = fresh.sample(4)
+    assert indices(taken.data) == [2, 3, 4, 5] and taken.keys.tolist() == [2, 3, 4, 5]
+    np.testing.assert_array_equal(taken.data["obs"], unrolls(2, 4)["obs"])
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        lambda s: s.pop("removed"),
+        lambda s: s.update(extra=1),
+        lambda s: s.update(capacity=8),
+        lambda s: s.update(removed=-1),
+        lambda s: s.update(inserted=2.5),
+        lambda s: s.update(inserted=9),  # more items than the capacity
+        lambda s: s.update({"data/action": s["data/action"][:1]}),
+        lambda s: s.update({"data/obs": s["data/obs"].astype(np.float32)}),
+    ],
+)
+def test_fifo_bad_state_dict_changes_nothing(change):
+    source = FifoTable(SPEC, 4)
+    source.insert(unrolls(0, 3))
+    state = source.state_dict()
+    change(state)
+    table = FifoTable(SPEC, 4)
+    table.insert(unrolls(10, 1))
+    with pytest.raises(ReplayError, match="state"):
+        table.load_state_dict(state)
+    assert (table.size, table.inserted, table.removed) == (1, 1, 0)
+    assert indices(table.sample(1).data) == [10]
+
+
+def test_fifo_shard_snapshot_restores_the_queue(tmp_path):
+    from easyrl.roles.memory import restore
+
+    table = FifoTable(SPEC, 8)
+    memory = MemoryServer(table, FifoLimiter(table), 2, 1, BetaSchedule(0, 0, 0))
+    path = tmp_path / "checkpoints" / "memory-0.npz"
+    try:
+        memory._submit("insert", (unrolls(0, 5), None, 5), 1.0)
+        deadline = time.monotonic() + 5
+        while memory._ready.qsize() == 0 and time.monotonic() < deadline:
+            time.sleep(0.01)  # the table thread prefetches one batch of 2 (taken from the queue)
+        assert memory.snapshot(path) == table.size == 3
+        assert memory.counters["snapshot_items"] == 3
+    finally:
+        memory.close()
+    fresh = FifoTable(SPEC, 8)
+    assert restore(fresh, path) == 3
+    assert indices(fresh.sample(3).data) == [2, 3, 4]

@@ -59,6 +59,23 @@ def die_with_parent() -> None:
         return
 
 
+def child_pythonpath(current: str | None = None) -> str:
+    """PYTHONPATH for the role processes: the launcher's own import directories that are not
+    part of the Python installation (its script's directory, the config's, the current one:
+    wherever user modules named in the config, such as a custom env, torso or algorithm, are
+    found), then the entries of `current`.
+    """
+    prefixes = {os.path.abspath(p) for p in (sys.prefix, sys.base_prefix, sys.exec_prefix)}
+    own = [os.path.abspath(p or os.curdir) for p in sys.path]
+    own = [
+        p
+        for p in own
+        if os.path.isdir(p) and not any(p == q or p.startswith(q + os.sep) for q in prefixes)
+    ]
+    entries = [*own, *filter(None, (current or "").split(os.pathsep))]
+    return os.pathsep.join(dict.fromkeys(entries))
+
+
 def spawn_role(
     role: str,
     task: int,
@@ -133,6 +150,7 @@ class LocalCluster:
         env = dict(os.environ)
         env[CLUSTER_ENV] = self.spec.to_json()
         env[rpc.TOKEN_ENV] = self.token
+        env["PYTHONPATH"] = child_pythonpath(env.get("PYTHONPATH"))
         env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
         env["PYTHONUNBUFFERED"] = "1"
         if role != "learner":
@@ -180,16 +198,14 @@ class LocalCluster:
         """Restarts crashed processes; returns a failure reason when one cannot be.
 
         A PS shard comes back on its address and restores its newest checkpoint (variables,
-        optimizer slots, version, counters, round); workers reconnect. A replay memory shard
-        comes back with its newest snapshot (a trajectory FIFO empty); during synchronous
-        rounds its part of the round would be lost, so the run ends instead.
+        optimizer slots, version, counters, round); workers reconnect. A replay or trajectory
+        memory shard comes back with its newest snapshot; an aggregate one (synchronous
+        rounds) comes back empty, and the learner abandons the round it lost part of.
         """
         for child in self.children:
             code = child.process.poll()
             if code is None:
                 continue
-            if child.role == "memory" and self.cfg.replay.kind == "aggregate":
-                return f"{child.name} exited with code {code}:\n{tail(child)}"
             if code == 0 and child.role in WORKER_ROLES:
                 continue  # a worker that saw the run stopping exits cleanly
             if child.restarts >= MAX_RESTARTS:

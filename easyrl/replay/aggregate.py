@@ -4,6 +4,11 @@ A round is everything the actors produce under one published weight round ``r``.
 table collects round ``r`` until it holds at least ``round_size`` items, then releases the
 whole round to the learner at once and starts collecting ``r + 1``. Items tagged with an
 older round than the one being collected are refused and counted, never mixed in.
+
+A table of a restarted shard cannot know what its previous process held: the first round
+it collects is marked incomplete (items shipped before the restart are gone, and their
+actors wait for the next round), and the learner abandons that round instead of waiting
+for it. Every later round starts after the restart, so it is whole.
 """
 
 import numpy as np
@@ -19,12 +24,16 @@ class AggregateTable:
         spec: column name -> (item shape, dtype).
         capacity: most items held at once; an insert beyond it is refused with an error.
         round_size: items that complete a round (what this shard's actors ship per round).
+        restarted: this shard ran before (a restart or a resumed run): the first round
+            the table collects is incomplete.
 
     Raises:
         ReplayError: a malformed spec, or sizes that are not positive or cannot hold a round.
     """
 
-    def __init__(self, spec: TableSpec, capacity: int, round_size: int) -> None:
+    def __init__(
+        self, spec: TableSpec, capacity: int, round_size: int, restarted: bool = False
+    ) -> None:
         self._spec = validate_spec(spec)
         if not 1 <= round_size <= capacity:
             raise ReplayError(
@@ -42,6 +51,9 @@ class AggregateTable:
         """Items dropped: inserted for a round already released, or held for a round a
         newer one superseded."""
         self.released_rounds = 0
+        self._restarted = restarted
+        self.incomplete_round: int | None = None
+        """The round this restarted table cannot complete (None: every round is whole)."""
 
     @property
     def spec(self) -> TableSpec:
@@ -80,6 +92,7 @@ class AggregateTable:
             )
         if round_ > self.round:
             self._advance(int(round_))
+        self._first_round_seen()
         self._parts.append({k: np.array(v, copy=True) for k, v in batch.items()})
         self._size += n
         self.inserted += n
@@ -87,7 +100,8 @@ class AggregateTable:
 
     def ready(self, round_: int) -> bool:
         """Whether round `round_` is complete and can be released."""
-        return round_ == self.round and self._size >= self.round_size
+        whole = round_ != self.incomplete_round
+        return round_ == self.round and whole and self._size >= self.round_size
 
     def take(self, round_: int) -> dict[str, np.ndarray]:
         """Releases every item of the complete round `round_` and starts the next round.
@@ -110,6 +124,12 @@ class AggregateTable:
         """Starts collecting `round_` when it is newer (a learner resumed at that round)."""
         if round_ > self.round:
             self._advance(round_)
+        self._first_round_seen()
+
+    def _first_round_seen(self) -> None:
+        if self._restarted:  # the first round a restarted table meets lacks earlier items
+            self._restarted = False
+            self.incomplete_round = self.round
 
     def _advance(self, round_: int) -> None:
         self.refused += self._size

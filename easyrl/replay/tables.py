@@ -18,7 +18,8 @@ from easyrl.replay.sumtree import SumTree
 TableSpec = dict[str, tuple[tuple[int, ...], np.dtype]]
 """Per-column item shape (without the batch dimension) and dtype, by column name."""
 
-_DATA_PREFIX = "data/"
+DATA_PREFIX = "data/"
+"""Prefix of the column arrays in a table snapshot (`state_dict`)."""
 
 
 def _check_int(name: str, value: object, minimum: int) -> int:
@@ -312,7 +313,7 @@ class _RingBuffer:
         size = self.size
         state: dict[str, Any] = {"capacity": self.capacity, "inserted": self.inserted}
         for name, column in self.columns.items():
-            state[_DATA_PREFIX + name] = column[:size].copy()
+            state[DATA_PREFIX + name] = column[:size].copy()
         return state
 
     def check_state(self, state: dict[str, Any]) -> int:
@@ -337,9 +338,9 @@ class _RingBuffer:
         inserted = _check_int("state['inserted']", state["inserted"], 0)
         size = min(inserted, self.capacity)
         for name, (shape, dtype) in self.spec.items():
-            array = state.get(_DATA_PREFIX + name)
+            array = state.get(DATA_PREFIX + name)
             if not isinstance(array, np.ndarray):
-                raise ReplayError(f"state dict lacks array {_DATA_PREFIX + name!r}")
+                raise ReplayError(f"state dict lacks array {DATA_PREFIX + name!r}")
             if array.dtype != dtype or array.shape != (size, *shape):
                 raise ReplayError(
                     f"state dict column {name!r}: expected {dtype} {(size, *shape)}, "
@@ -356,7 +357,7 @@ class _RingBuffer:
         """
         size = min(inserted, self.capacity)
         for name, column in self.columns.items():
-            column[:size] = state[_DATA_PREFIX + name]
+            column[:size] = state[DATA_PREFIX + name]
             column[size:] = 0
         self.inserted = inserted
 
@@ -537,7 +538,7 @@ class UniformTable(_Table):
         Returns:
             The entry names.
         """
-        return ["capacity", "inserted", *(_DATA_PREFIX + name for name in self._ring.spec)]
+        return ["capacity", "inserted", *(DATA_PREFIX + name for name in self._ring.spec)]
 
 
 class PrioritizedTable(_Table):
@@ -753,7 +754,7 @@ class PrioritizedTable(_Table):
         return [
             "capacity",
             "inserted",
-            *(_DATA_PREFIX + name for name in self._ring.spec),
+            *(DATA_PREFIX + name for name in self._ring.spec),
             "priorities",
             "max_priority",
             "alpha",

@@ -12,7 +12,13 @@ from typing import Any
 import numpy as np
 
 from easyrl.errors import ReplayError
-from easyrl.replay.tables import SampleBatch, TableSpec, validate_batch, validate_spec
+from easyrl.replay.tables import (
+    DATA_PREFIX,
+    SampleBatch,
+    TableSpec,
+    validate_batch,
+    validate_spec,
+)
 
 
 class FifoTable:
@@ -95,6 +101,59 @@ class FifoTable:
             probabilities=np.ones(batch_size, np.float64),
             data=data,
         )
+
+    def state_dict(self) -> dict[str, Any]:
+        """Plain-data snapshot of the queue.
+
+        Returns:
+            ``capacity``, ``inserted`` and ``removed`` ints and ``data/<column>`` arrays of
+            shape ``[size, *shape]``, oldest item first.
+        """
+        slots = np.arange(self.removed, self.inserted) % self.capacity  # [size]
+        state: dict[str, Any] = {
+            "capacity": self.capacity,
+            "inserted": self.inserted,
+            "removed": self.removed,
+        }
+        for name, column in self._columns.items():
+            state[DATA_PREFIX + name] = column[slots]
+        return state
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restores a snapshot from `state_dict`: the same items in the same order, and the
+        same counters (so keys continue where they stopped).
+
+        Raises:
+            ReplayError: the snapshot does not match this table; the table is unchanged.
+        """
+        expected = {"capacity", "inserted", "removed", *(DATA_PREFIX + n for n in self._spec)}
+        if set(state) != expected:
+            raise ReplayError(
+                f"state dict mismatch: missing {sorted(expected - set(state))}, "
+                f"unexpected {sorted(set(state) - expected)}"
+            )
+        counts = {}
+        for key in ("capacity", "inserted", "removed"):
+            value = state[key]
+            if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < 0:
+                raise ReplayError(f"state[{key!r}] must be an int >= 0, got {value!r}")
+            counts[key] = int(value)
+        size = counts["inserted"] - counts["removed"]
+        if counts["capacity"] != self.capacity or not 0 <= size <= self.capacity:
+            raise ReplayError(
+                f"state dict holds {size} items for capacity {counts['capacity']}; "
+                f"this table's capacity is {self.capacity}"
+            )
+        for name, (shape, dtype) in self._spec.items():
+            array = state[DATA_PREFIX + name]
+            if not isinstance(array, np.ndarray) or array.shape != (size, *shape):
+                raise ReplayError(f"state dict column {name!r} is not a {(size, *shape)} array")
+            if array.dtype != dtype:
+                raise ReplayError(f"state dict column {name!r} is {array.dtype}, not {dtype}")
+        slots = np.arange(counts["removed"], counts["inserted"]) % self.capacity
+        for name, column in self._columns.items():
+            column[slots] = state[DATA_PREFIX + name]
+        self.inserted, self.removed = counts["inserted"], counts["removed"]
 
     def update_priorities(self, keys: Any, priorities: Any) -> int:
         """A FIFO has no priorities.

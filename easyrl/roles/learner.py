@@ -77,7 +77,7 @@ class Learner:
         self.updates = 0
         self._reported = 0
         self._last_report = time.monotonic()
-        self.counters = {"dropped_stale": 0, "dropped_nonfinite": 0}
+        self.counters = {"dropped_stale": 0, "dropped_nonfinite": 0, "abandoned_rounds": 0}
 
     # --- threads ---------------------------------------------------------------------
 
@@ -162,7 +162,8 @@ class Learner:
 
         Returns:
             (the round's items from all shards, round_), or (None, newer round) when some
-            shard already collects a newer round (this learner resumed behind it).
+            shard already collects a newer round (this learner resumed behind it), or
+            (None, -1) when a restarted shard lost part of the round.
         """
         request = pb.SampleRequest(round=round_, timeout_s=1.0)
         parts: dict[int, dict] = {}
@@ -172,6 +173,8 @@ class Learner:
             for shard, reply in zip(missing, replies, strict=True):
                 if reply.round > round_:
                     return None, reply.round
+                if reply.incomplete:
+                    return None, -1
                 if reply.ready:
                     parts[shard] = codec.decode_batch(reply.tensors)
             if time.monotonic() - self._last_report > 2.0:
@@ -196,6 +199,11 @@ class Learner:
                 if found > round_:  # resumed behind the memories: skip to their round
                     log.info("memory collects round %d; publishing it", found)
                     round_ = found
+                    self._publish(round_)
+                elif found < 0:  # a memory shard restarted mid-round: collect it anew
+                    log.warning("round %d lost items on a restarted memory shard", round_)
+                    self.counters["abandoned_rounds"] += 1
+                    round_ += 1
                     self._publish(round_)
                 continue
             if not self.updates:

@@ -30,7 +30,7 @@ import numpy as np
 from easyrl.errors import RateLimitTimeout, ReplayError
 from easyrl.replay.aggregate import AggregateTable
 from easyrl.replay.rate_limiter import RateLimiter
-from easyrl.replay.tables import PrioritizedTable, UniformTable, validate_batch
+from easyrl.replay.tables import DATA_PREFIX, PrioritizedTable, UniformTable, validate_batch
 from easyrl.replay.trajectory import FifoLimiter, FifoTable
 from easyrl.transport import codec
 from easyrl.transport import easyrl_pb2 as pb
@@ -186,6 +186,8 @@ class MemoryServer(pb_grpc.ReplayMemoryServicer):
         table.catch_up(round_)
         if table.round > round_:  # the caller is behind: tell it which round is collected
             return pb.SampleResponse(ready=False, round=table.round)
+        if table.incomplete_round == round_:
+            return pb.SampleResponse(ready=False, round=round_, incomplete=True)
         if not table.ready(round_):
             return None
         batch = table.take(round_)
@@ -320,7 +322,8 @@ class MemoryServer(pb_grpc.ReplayMemoryServicer):
 
     @property
     def snapshots(self) -> bool:
-        """Whether this shard's table can be snapshotted (uniform and prioritized replay)."""
+        """Whether this shard's table can be snapshotted (replay and trajectory tables; an
+        aggregate round is not: a restarted shard makes the learner abandon the round)."""
         return hasattr(self.table, "state_dict")
 
     def snapshot(self, path: Path) -> int:
@@ -339,7 +342,7 @@ class MemoryServer(pb_grpc.ReplayMemoryServicer):
         tmp = path.with_suffix(".tmp.npz")
         np.savez(tmp, **state)
         os.replace(tmp, path)
-        items = min(int(state["inserted"]), int(state["capacity"]))
+        items = len(next(v for k, v in state.items() if k.startswith(DATA_PREFIX)))
         self.counters["snapshot_items"] = items
         return items
 
@@ -372,7 +375,9 @@ def round_size(cfg, module, num_actors: int, num_memory: int, shard: int) -> int
     )
 
 
-def build(cfg, spec, shard: int, cluster=None, snapshot: Path | None = None) -> MemoryServer:
+def build(
+    cfg, spec, shard: int, cluster=None, snapshot: Path | None = None, restarted: bool = False
+) -> MemoryServer:
     """Builds a memory shard from the config's `replay` section and a table spec.
 
     Args:
@@ -380,7 +385,9 @@ def build(cfg, spec, shard: int, cluster=None, snapshot: Path | None = None) -> 
         spec: the table's column spec (from the algorithm's `replay_spec`).
         shard: this shard's index.
         cluster: the cluster spec (needed by an aggregate table to size its rounds).
-        snapshot: a replay table restores this snapshot when it exists.
+        snapshot: a replay or trajectory table restores this snapshot when it exists.
+        restarted: this shard ran before in this run directory (an aggregate table then
+            marks its first round incomplete).
     """
     r = cfg.replay
     seed = cfg.run.seed * 1000 + shard
@@ -389,22 +396,23 @@ def build(cfg, spec, shard: int, cluster=None, snapshot: Path | None = None) -> 
 
         module = registry.module(cfg.algorithm.name)
         size = round_size(cfg, module, cluster.actor, len(cluster.memory), shard)
-        table = AggregateTable(spec, r.capacity, size)
+        table = AggregateTable(spec, r.capacity, size, restarted)
         return MemoryServer(table, None, 1, 1, BetaSchedule(0, 0, 0), shard)
     batch_size = cfg.algorithm.params.batch_size
     if r.kind == "trajectory":  # items are unrolls; one shipment is one unroll per env
         table = FifoTable(spec, r.capacity)
         limiter = FifoLimiter(table)
         limiter.check_batch_sizes(cfg.env.num_envs, batch_size)
-        return MemoryServer(table, limiter, batch_size, r.prefetch, BetaSchedule(0, 0, 0), shard)
-    if r.kind == "prioritized":
-        table = PrioritizedTable(spec, r.capacity, alpha=r.alpha, seed=seed)
+        beta = BetaSchedule(0, 0, 0)
     else:
-        table = UniformTable(spec, r.capacity, seed=seed)
+        if r.kind == "prioritized":
+            table = PrioritizedTable(spec, r.capacity, alpha=r.alpha, seed=seed)
+        else:
+            table = UniformTable(spec, r.capacity, seed=seed)
+        limiter = RateLimiter(r.min_size_to_sample, r.samples_per_insert, r.error_buffer)
+        limiter.check_batch_sizes(cfg.actor.send_every * cfg.env.num_envs, batch_size)
+        beta = BetaSchedule(r.beta, r.beta_final, r.beta_anneal_steps)
     restored = restore(table, snapshot) if snapshot is not None else 0
-    limiter = RateLimiter(r.min_size_to_sample, r.samples_per_insert, r.error_buffer)
-    limiter.check_batch_sizes(cfg.actor.send_every * cfg.env.num_envs, batch_size)
-    beta = BetaSchedule(r.beta, r.beta_final, r.beta_anneal_steps)
     memory = MemoryServer(table, limiter, batch_size, r.prefetch, beta, shard)
     memory.counters["restored_items"] = restored
     return memory
@@ -419,7 +427,11 @@ def run(ctx) -> int:
     obs_space, action_space = ctx.spaces()
     spec = ctx.algorithm_module().replay_spec(ctx.cfg.algorithm.params, obs_space, action_space)
     path = ctx.run_dir / "checkpoints" / f"memory-{ctx.task}.npz"
-    memory = build(ctx.cfg, spec, ctx.task, ctx.cluster, snapshot=path)
+    marker = path.with_suffix(".started")  # left by an earlier process of this shard
+    restarted = marker.exists()
+    marker.parent.mkdir(parents=True, exist_ok=True)
+    marker.touch()
+    memory = build(ctx.cfg, spec, ctx.task, ctx.cluster, snapshot=path, restarted=restarted)
     server, _ = make_server(ctx.cluster.memory[ctx.task], ctx.token, tls=ctx.tls())
     pb_grpc.add_ReplayMemoryServicer_to_server(memory, server)
     server.start()

@@ -77,6 +77,7 @@ class ParameterServer(pb_grpc.ParameterServerServicer):
         self.stopping = threading.Event()
         self.stop_reason = ""
         self.shutdown_requested = threading.Event()
+        self._clock = time.monotonic()  # when the run started, as if it had never stopped
         if checkpoint_path is not None and checkpoint_path.exists():
             self._restore(checkpoint_path)
 
@@ -116,7 +117,12 @@ class ParameterServer(pb_grpc.ParameterServerServicer):
                 return
             arrays = {f"var/{n}": v.numpy() for n, v in self._variables.items()}
             arrays.update({f"opt/{k}": v for k, v in self._optimizer.state().items()})
-            meta = {"version": self.version, "round": self.round, "counters": self.counters}
+            meta = {
+                "version": self.version,
+                "round": self.round,
+                "counters": self.counters,
+                "elapsed_s": self.elapsed(),
+            }
             if self.stats is not None:
                 meta["stats"] = self.stats.state()
         arrays["meta"] = np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8)
@@ -136,9 +142,16 @@ class ParameterServer(pb_grpc.ParameterServerServicer):
         self.version = int(meta["version"])
         self.round = int(meta.get("round", 0))
         self.counters.update(meta["counters"])
+        self._clock -= float(meta.get("elapsed_s", 0.0))
         if self.stats is not None and "stats" in meta:
             self.stats.load_state(meta["stats"])
         log.info("PS shard %d restored version %d from %s", self.shard, self.version, path)
+
+    def elapsed(self) -> float:
+        """Seconds the run has trained: since this shard started plus what its checkpoint
+        had counted (a restarted shard 0 keeps `stop.max_seconds` and metric times going;
+        the time between the last checkpoint and the restart is not counted)."""
+        return time.monotonic() - self._clock
 
     # --- RPCs ------------------------------------------------------------------------
 
@@ -309,12 +322,12 @@ class ParameterServer(pb_grpc.ParameterServerServicer):
         return pb.ShutdownResponse()
 
 
-def metrics_loop(ps: ParameterServer, cfg, run_dir: Path, start: float, done: threading.Event):
+def metrics_loop(ps: ParameterServer, cfg, run_dir: Path, done: threading.Event):
     """Shard 0: writes metrics every `run.log_interval_s` and raises the stop flag."""
     writer = MetricsWriter(run_dir)
     while not done.wait(cfg.run.log_interval_s):
         snapshot = {**ps.stats.snapshot(update_rates=True), **ps.own_counters()}
-        elapsed = time.monotonic() - start
+        elapsed = ps.elapsed()
         reason = None if ps.stopping.is_set() else stop_reason(cfg.stop, snapshot, elapsed)
         if reason:
             log.info("stop condition: %s", reason)
@@ -352,10 +365,7 @@ def run(ctx) -> int:
     done = threading.Event()
     threads = []
     if stats is not None:
-        start = time.monotonic()
-        threads.append(
-            threading.Thread(target=metrics_loop, args=(ps, cfg, ctx.run_dir, start, done))
-        )
+        threads.append(threading.Thread(target=metrics_loop, args=(ps, cfg, ctx.run_dir, done)))
     for thread in threads:
         thread.daemon = True
         thread.start()
