@@ -8,6 +8,10 @@ time of the runs that reached the target.
     python benchmarks/bench_solve.py configs/cartpole_apex.yaml --runs 3 --write
     python benchmarks/bench_solve.py configs/cartpole_apex.yaml --runs 1 \
         --set cluster.ps=2 --set cluster.memory=2 --set cluster.learner=2 --write
+    python benchmarks/bench_solve.py configs/cartpole_ppo.yaml --runs 3 \
+        --plot benchmarks/curves/cartpole_ppo.png --write
+
+`--plot FILE` draws the learning curves of every run (`easyrl plot`) into FILE.
 """
 
 import argparse
@@ -55,6 +59,7 @@ def main() -> None:
     parser.add_argument("config")
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--set", dest="overrides", action="append", default=[])
+    parser.add_argument("--plot", metavar="FILE", help="learning curves of the runs (PNG)")
     args = parse_args(parser, tuned_malloc=False)
     started, load_before = time.monotonic(), load_average()
     results = []
@@ -63,6 +68,12 @@ def main() -> None:
             result = solve_once(args.config, args.overrides, Path(tmp) / f"run{i}")
             print(json.dumps(result), flush=True)
             results.append(result)
+        if args.plot:
+            from easyrl.tools.plot import plot
+
+            runs = [Path(tmp) / f"run{i}" for i in range(args.runs)]
+            Path(args.plot).parent.mkdir(parents=True, exist_ok=True)
+            print(f"wrote {plot(runs, args.plot)}")
     solved = [r["wall_s"] for r in results if r["exit"] == 0]
     rows = [
         [i, r["wall_s"], r["exit"], r["env_steps"], r["updates"], r["return_mean"], r["reason"]]
@@ -73,6 +84,9 @@ def main() -> None:
     )
     median = f"{statistics.median(solved):.1f} s" if solved else "no run reached the target"
     body = f"{table}\n\nSolved {len(solved)}/{len(results)}; median wall time: {median}.\n"
+    if args.plot:
+        image = Path(args.plot).resolve().relative_to(Path(__file__).resolve().parent)
+        body += f"\nLearning curves of these runs: ![learning curves]({image})\n"
     print(body)
     if args.write:
         name = "solve " + " ".join([Path(args.config).stem, *args.overrides])
