@@ -568,7 +568,7 @@ def test_snapshot_then_restore_gives_back_the_table(tmp_path, kind):
     table = make_table()
     memory = MemoryServer(table, RateLimiter(1), BATCH, 2, BetaSchedule(0.4, 1.0, 100))
     try:
-        memory._submit("insert", (make_batch(0, 40), None, 40), 1.0)  # wraps the ring
+        memory._submit("insert", (make_batch(0, 40), None, 40, lambda: True), 1.0)  # wraps the ring
         path = tmp_path / "checkpoints" / "memory-0.npz"
         assert memory.snapshot(path) == 32
         assert memory.counters["snapshot_items"] == 32
@@ -584,3 +584,18 @@ def test_snapshot_then_restore_gives_back_the_table(tmp_path, kind):
     assert restore(make_table(), tmp_path / "missing.npz") == 0
     with pytest.raises(ReplayError):  # a snapshot of another table changes nothing
         restore(UniformTable(SPEC, 16, seed=1), path)
+
+
+def test_insert_whose_caller_gave_up_is_not_stored():
+    table = UniformTable(SPEC, 32, seed=1)
+    memory = MemoryServer(table, RateLimiter(1), BATCH, 2, BetaSchedule(0.4, 1.0, 100))
+    try:
+        # The call's deadline passed while the op waited in the queue: storing it would
+        # make the actor's resend a duplicate.
+        with pytest.raises(ReplayError, match="gave up"):
+            memory._submit("insert", (make_batch(0, 8), None, 8, lambda: False), 1.0)
+        assert table.size == 0 and memory.counters["inserts_abandoned"] == 8
+        memory._submit("insert", (make_batch(0, 8), None, 8, lambda: True), 1.0)
+        assert table.size == 8 and memory.counters["inserts"] == 8
+    finally:
+        memory.close()

@@ -219,7 +219,7 @@ def test_fifo_shard_snapshot_restores_the_queue(tmp_path):
     memory = MemoryServer(table, FifoLimiter(table), 2, 1, BetaSchedule(0, 0, 0))
     path = tmp_path / "checkpoints" / "memory-0.npz"
     try:
-        memory._submit("insert", (unrolls(0, 5), None, 5), 1.0)
+        memory._submit("insert", (unrolls(0, 5), None, 5, lambda: True), 1.0)
         deadline = time.monotonic() + 5
         while memory._ready.qsize() == 0 and time.monotonic() < deadline:
             time.sleep(0.01)  # the table thread prefetches one batch of 2 (taken from the queue)

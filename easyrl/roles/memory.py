@@ -11,6 +11,10 @@ An aggregate table (synchronous rounds) has no rate limiter and no prefetch: an
 Insert carries its weight round, and a Sample for round r waits until the round is
 complete, then takes all of it.
 
+An offline run (`input.dir`) fills a uniform table from the dataset at start (see
+`load_dataset`) and only serves samples: no inserts come, so the rate limiter asks for
+nothing but a non-empty table, and no snapshot is taken (the dataset is the snapshot).
+
 This module does not import TensorFlow.
 """
 
@@ -152,7 +156,10 @@ class MemoryServer(pb_grpc.ReplayMemoryServicer):
         if self.rounds:
             return self._try_round(op)
         if op.kind == "insert":
-            batch, priorities, n = op.args
+            batch, priorities, n, active = op.args
+            if not active():  # the caller's deadline passed while the op waited: not stored
+                self.counters["inserts_abandoned"] += n
+                raise ReplayError("the caller gave up before the insert ran")
             if not self.limiter.can_insert(n):
                 return None
             self.table.insert(batch, priorities)
@@ -237,6 +244,8 @@ class MemoryServer(pb_grpc.ReplayMemoryServicer):
     def Insert(self, request, context):
         batch = codec.decode_batch(request.tensors)
         n = validate_batch(self.table.spec, batch)
+        if isinstance(self.table, FifoTable) and n > self.table.capacity:  # would wait forever
+            raise ReplayError(f"{n} unrolls never fit a trajectory table of {self.table.capacity}")
         priorities = None
         if request.HasField("priorities"):
             priorities = codec.decode_array(request.priorities).astype(np.float64)
@@ -249,8 +258,9 @@ class MemoryServer(pb_grpc.ReplayMemoryServicer):
             if priorities is not None or request.round < 0:
                 raise ReplayError("an aggregate table takes a round >= 0 and no priorities")
             return self._submit("insert", (batch, request.round, n), timeout)
+        active = context.is_active if context is not None else (lambda: True)
         try:
-            return self._submit("insert", (batch, priorities, n), timeout)
+            return self._submit("insert", (batch, priorities, n, active), timeout)
         except RateLimitTimeout as err:
             context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(err))
 
@@ -275,8 +285,8 @@ class MemoryServer(pb_grpc.ReplayMemoryServicer):
             return pb.SampleResponse(ready=False)
 
     def _take_round(self, request, context) -> pb.SampleResponse:
-        if request.round < 0:
-            raise ReplayError("round must be >= 0")
+        if request.round < 0 or request.batch_size != 0:
+            raise ReplayError("an aggregate table takes a round >= 0 and batch_size 0 (all of it)")
         # Give up before the caller's deadline does, and never release a round to a caller
         # that is gone: its items would be lost.
         timeout = within_deadline(context, request.timeout_s)
@@ -375,6 +385,41 @@ def round_size(cfg, module, num_actors: int, num_memory: int, shard: int) -> int
     )
 
 
+def load_dataset(cfg, spec, shard: int, num_memory: int) -> tuple[UniformTable, int]:
+    """Builds memory `shard`'s table of an offline run: the dataset shards k with
+    k % num_memory == shard, turned into items by the algorithm's `dataset_items`.
+
+    Returns:
+        (the filled uniform table, the number of dataset shards loaded).
+
+    Raises:
+        ReplayError: the share is empty or does not fit `replay.capacity`, or the items do
+            not match the replay spec.
+    """
+    from easyrl.algorithms import registry
+    from easyrl.offline.dataset import list_shards, read_steps
+
+    directory = cfg.input.dir
+    indices = list(range(shard, len(list_shards(directory)), num_memory))
+    if not indices:
+        raise ReplayError(
+            f"memory shard {shard} gets no shard of dataset {directory} (it has "
+            f"{len(list_shards(directory))}); use at most that many memory shards"
+        )
+    module = registry.module(cfg.algorithm.name)
+    items = module.dataset_items(cfg.algorithm.params, read_steps(directory, indices))
+    n = validate_batch(spec, items)
+    if n > cfg.replay.capacity:
+        raise ReplayError(
+            f"replay.capacity {cfg.replay.capacity} is too small for memory shard {shard}'s "
+            f"share of the dataset ({n} items); raise replay.capacity to at least {n}"
+        )
+    table = UniformTable(spec, cfg.replay.capacity, seed=cfg.run.seed * 1000 + shard)
+    table.insert(items)
+    log.info("memory shard %d loaded %d items from %d dataset shards", shard, n, len(indices))
+    return table, len(indices)
+
+
 def build(
     cfg, spec, shard: int, cluster=None, snapshot: Path | None = None, restarted: bool = False
 ) -> MemoryServer:
@@ -390,6 +435,15 @@ def build(
             marks its first round incomplete).
     """
     r = cfg.replay
+    if cfg.input.dir is not None:  # offline: the dataset's items, sampling only
+        num_memory = len(cluster.memory) if cluster is not None else 1
+        table, shards = load_dataset(cfg, spec, shard, num_memory)
+        limiter = RateLimiter(min(r.min_size_to_sample, table.size))
+        limiter.on_insert(table.size)  # before the table thread starts reading it
+        batch_size = cfg.algorithm.params.batch_size
+        memory = MemoryServer(table, limiter, batch_size, r.prefetch, BetaSchedule(0, 0, 0), shard)
+        memory.counters.update(loaded_items=table.size, loaded_shards=shards)
+        return memory
     seed = cfg.run.seed * 1000 + shard
     if r.kind == "aggregate":
         from easyrl.algorithms import registry
@@ -432,7 +486,13 @@ def run(ctx) -> int:
     marker.parent.mkdir(parents=True, exist_ok=True)
     marker.touch()
     memory = build(ctx.cfg, spec, ctx.task, ctx.cluster, snapshot=path, restarted=restarted)
-    server, _ = make_server(ctx.cluster.memory[ctx.task], ctx.token, tls=ctx.tls())
+    snapshots = memory.snapshots and ctx.cfg.input.dir is None  # a dataset is reloaded
+    # Every actor keeps one Insert in flight, and one the rate limiter holds back occupies
+    # a handler thread: enough threads that learners' Samples never queue behind them.
+    workers = 16 + ctx.cluster.actor + 4 * ctx.cluster.learner
+    server, _ = make_server(
+        ctx.cluster.memory[ctx.task], ctx.token, max_workers=workers, tls=ctx.tls()
+    )
     pb_grpc.add_ReplayMemoryServicer_to_server(memory, server)
     server.start()
     log.info("memory shard %d listening on %s", ctx.task, ctx.cluster.memory[ctx.task])
@@ -441,7 +501,7 @@ def run(ctx) -> int:
         while not (stop.is_set() or memory.stopping.is_set()):
             stop.wait(0.2)
             due = time.monotonic() - last_snapshot >= ctx.cfg.run.checkpoint_interval_s
-            if memory.snapshots and due:
+            if snapshots and due:
                 try:
                     memory.snapshot(path)
                 except OSError as err:  # a full disk must not take the replay down with it
@@ -449,7 +509,7 @@ def run(ctx) -> int:
                 last_snapshot = time.monotonic()
     finally:
         memory.close()
-        if memory.snapshots:  # on Shutdown and SIGTERM: what the table holds now
+        if snapshots:  # on Shutdown and SIGTERM: what the table holds now
             log.info("snapshot of %d items written", memory.snapshot(path))
         server.stop(grace=1.0).wait()
     return 0
