@@ -1,5 +1,6 @@
-"""The `easyrl` command: `train` (whole cluster locally), `run` (one role process), and the
-tools on a run directory: `rollout` (play its policy), `export` (SavedModel), `plot`."""
+"""The `easyrl` command: `train` (whole cluster locally), `run` (one role process), `k8s`
+(Kubernetes manifests), and the tools on a run directory: `rollout` (play its policy),
+`export` (SavedModel), `plot`."""
 
 import argparse
 import logging
@@ -58,6 +59,23 @@ def _parser() -> argparse.ArgumentParser:
     export.add_argument("--out", required=True, metavar="DIR", help="the SavedModel directory")
     export.add_argument("--checkpoint", choices=("best", "latest"), help=checkpoint_help)
 
+    k8s = sub.add_parser("k8s", help="Kubernetes manifests for a config's cluster")
+    k8s.add_argument("config", help="YAML config file")
+    k8s.add_argument("--image", required=True, help="container image (see the Dockerfile)")
+    k8s.add_argument("--namespace", default="default", help="namespace (default: default)")
+    k8s.add_argument("--name", help="prefix of the objects' names (default: run.name)")
+    k8s.add_argument("--out", metavar="DIR", help="write one file per role into DIR")
+    k8s.add_argument("--token-file", metavar="FILE", help="put this token in a Secret")
+    k8s.add_argument(
+        "--volume",
+        choices=("pvc", "emptydir"),
+        default="pvc",
+        help="run directory of the shards: a persistent volume each (default) or emptyDir",
+    )
+    k8s.add_argument("--storage-class", help="storage class of the persistent volumes")
+    k8s.add_argument("--cluster-domain", default="cluster.local", help="the cluster's DNS domain")
+    add_common(k8s)
+
     plot = sub.add_parser("plot", help="learning curves of runs from their metrics.jsonl")
     plot.add_argument("run_dirs", nargs="+", metavar="RUN_DIR", help="run directories")
     plot.add_argument("--out", required=True, metavar="FILE", help="the image, e.g. curve.png")
@@ -114,6 +132,36 @@ def run_role(args) -> int:
     return import_module(f"easyrl.roles.{args.role}").run(ctx)
 
 
+def k8s_cmd(args) -> int:
+    """`easyrl k8s`: prints the manifests of a config's cluster, or writes them to a folder."""
+    from easyrl.cluster import k8s
+
+    token = k8s.read_token(args.token_file) if args.token_file else None
+    options = k8s.Options(
+        image=args.image,
+        name=args.name,
+        namespace=args.namespace,
+        token=token,
+        volume=args.volume,
+        storage_class=args.storage_class,
+        cluster_domain=args.cluster_domain,
+    )
+    cfg = config_lib.load(args.config, args.overrides)
+    groups = k8s.manifests(cfg, options)
+    if args.out:
+        for path in k8s.write(groups, args.out):
+            print(f"wrote {path}", file=sys.stderr)
+    else:
+        print(k8s.render([doc for docs in groups.values() for doc in docs]), end="")
+    if token is None:
+        print(
+            "no --token-file: create the token Secret first:\n  "
+            + k8s.secret_command(args.name or cfg.run.name, args.namespace),
+            file=sys.stderr,
+        )
+    return 0
+
+
 def rollout_cmd(args) -> int:
     """`easyrl rollout`: plays a run's greedy policy, one line per episode and the mean."""
     from easyrl.tools.rollout import rollout
@@ -157,11 +205,13 @@ def main(argv=None) -> int:
     )
     try:
         if args.command == "train":
-            from easyrl.cluster.launcher import train
+            from easyrl.api import train
 
-            return train(config_lib.load(args.config, args.overrides))
+            return train(args.config, out=sys.stdout, set=args.overrides).exit_code
         if args.command in TOOLS:
             return TOOLS[args.command](args)
+        if args.command == "k8s":
+            return k8s_cmd(args)
         return run_role(args)
     except EasyRLError as err:
         print(f"easyrl: error: {err}", file=sys.stderr)

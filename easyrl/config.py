@@ -40,6 +40,8 @@ __all__ = [
     "ReplayConfig",
     "AtariConfig",
     "EvalConfig",
+    "InputConfig",
+    "OutputConfig",
     "RunConfig",
     "SecurityConfig",
     "StopConfig",
@@ -90,7 +92,8 @@ class EnvConfig(_Section):
     SECTION: ClassVar[str] = "env"
 
     id: str = "CartPole-v1"
-    """Gymnasium environment id."""
+    """Gymnasium environment id; `package.module:Id-v0` imports the module first (which registers
+    Id-v0), `package.module:MyEnv` names a gymnasium.Env class of your own (see easyrl.envs)."""
     num_envs: int = 8
     """Environments per actor, stepped together as one vector env."""
     vector: Literal["sync", "async"] = "sync"
@@ -109,8 +112,9 @@ class ModelConfig(_Section):
 
     SECTION: ClassVar[str] = "model"
 
-    kind: Literal["mlp", "conv"] = "mlp"
-    """Network family: mlp (flat observations) or conv (image frames [H, W, C], e.g. Atari)."""
+    kind: str = "mlp"
+    """Network family: mlp (flat observations), conv (image frames [H, W, C], e.g. Atari), or
+    the `package.module:Class` path of a custom torso (see easyrl.models.build_torso)."""
     hidden: tuple[int, ...] = (64, 64)
     """Units of each hidden dense layer (for conv: the dense layers after the convolutions)."""
     activation: Literal["relu", "tanh", "elu"] = "relu"
@@ -164,8 +168,8 @@ class ClusterConfig(_Section):
     """Replay memory shards (None: 1, or 0 for an algorithm whose actors push gradients)."""
     learner: int | None = None
     """Learners (None: 1, or 0 for an algorithm whose actors push gradients)."""
-    actor: int = 2
-    """Actors."""
+    actor: int | None = None
+    """Actors (None: 2; an offline run, `input.dir`, has none and keeps None)."""
     evaluator: int = 0
     """Evaluators (0 or 1): run the greedy policy on fresh envs every `eval.interval_s`."""
     host: str = "127.0.0.1"
@@ -237,6 +241,39 @@ class EvalConfig(_Section):
 
 
 @dataclass(frozen=True)
+class OutputConfig(_Section):
+    """Recording what the actors collect into a dataset (see easyrl.offline.dataset)."""
+
+    SECTION: ClassVar[str] = "output"
+
+    dir: str | None = None
+    """Dataset directory the actors write their shards to (None: no recording); relative to
+    the working directory. It must not hold shards yet."""
+    max_file_mb: float = 32.0
+    """An actor starts a new shard before its current one would pass this many MiB."""
+    min_return_mean: float | None = None
+    """Start recording once the actor's mean return over its last `stop.window` episodes
+    reaches this (None: from the start)."""
+    max_steps: int | None = None
+    """Stop recording after this many steps in total over the actors (whole episodes, so a
+    little more); the run then stops, successfully (None: record until the run stops)."""
+
+
+@dataclass(frozen=True)
+class InputConfig(_Section):
+    """Training from a dataset instead of actors (an offline run)."""
+
+    SECTION: ClassVar[str] = "input"
+
+    dir: str | None = None
+    """Dataset directory (None: online training); relative to the working directory. Memory
+    shard i loads the dataset's shards k with k % cluster.memory == i; no actors run."""
+    ope_episodes: int = 200
+    """Logged episodes the evaluator estimates the policy's value on after each evaluation
+    (importance sampling; needs behaviour probabilities in the dataset; 0: none)."""
+
+
+@dataclass(frozen=True)
 class RunConfig(_Section):
     """Run identity, output and periodic tasks."""
 
@@ -254,6 +291,9 @@ class RunConfig(_Section):
     """Seconds between metric log lines."""
     rpc_timeout_s: float = 10.0
     """Deadline of one gRPC call, in seconds."""
+    peer_timeout_s: float = 300.0
+    """Seconds a worker waits at start for its PS and memory shards to answer the health check
+    (and for the PS shards to hold weights) before it exits non-zero naming the ones missing."""
 
 
 @dataclass(frozen=True)
@@ -279,7 +319,8 @@ class AlgorithmConfig:
     """The algorithm: its registered name and its hyper-parameters."""
 
     name: str
-    """Registered algorithm name (see easyrl.algorithms.registry.known())."""
+    """Registered algorithm name (see easyrl.algorithms.registry.known()), or the name of an
+    algorithm module of your own (e.g. my_pkg.my_algo; see easyrl.algorithms.registry)."""
     params: Any
     """The algorithm's frozen `Params` instance; flat next to `name` in YAML."""
 
@@ -310,6 +351,10 @@ class Config:
     """Run identity and periodic tasks."""
     security: SecurityConfig = field(default_factory=SecurityConfig)
     """gRPC security."""
+    output: OutputConfig = field(default_factory=OutputConfig)
+    """Recording what the actors collect."""
+    input: InputConfig = field(default_factory=InputConfig)
+    """Training from a recorded dataset."""
 
 
 # ---------------------------------------------------------------------------------------------
@@ -352,6 +397,7 @@ _RULES: dict[type, tuple[tuple[str, _Check], ...]] = {
         ("frame_stack", _ge(1)),
     ),
     ModelConfig: (
+        ("kind", _Check(lambda v: v in ("mlp", "conv") or ":" in v, "mlp, conv or module:Class")),
         ("hidden", _each(_ge(1))),
         ("conv", _Check(lambda v: all(min(layer) >= 1 for layer in v), "all >= 1")),
     ),
@@ -370,7 +416,7 @@ _RULES: dict[type, tuple[tuple[str, _Check], ...]] = {
         ("ps", _ge(1)),
         ("memory", _opt(_ge(0))),
         ("learner", _opt(_ge(0))),
-        ("actor", _ge(1)),
+        ("actor", _Check(lambda v: v is None or v >= 1, ">= 1")),
         ("evaluator", _between(0, 1)),
     ),
     EvalConfig: (("episodes", _ge(1)), ("interval_s", _ge(0)), ("num_envs", _ge(1))),
@@ -386,10 +432,13 @@ _RULES: dict[type, tuple[tuple[str, _Check], ...]] = {
         ("max_env_steps", _opt(_ge(1))),
         ("max_seconds", _opt(_gt(0))),
     ),
+    OutputConfig: (("max_file_mb", _gt(0)), ("max_steps", _opt(_ge(1)))),
+    InputConfig: (("ope_episodes", _ge(0)),),
     RunConfig: (
         ("checkpoint_interval_s", _gt(0)),
         ("log_interval_s", _gt(0)),
         ("rpc_timeout_s", _gt(0)),
+        ("peer_timeout_s", _gt(0)),
     ),
 }
 
@@ -402,6 +451,12 @@ _CROSS_RULES: dict[type, tuple[tuple[Callable[[Any], bool], str], ...]] = {
     ),
     SecurityConfig: (
         (lambda s: (s.tls_cert is None) == (s.tls_key is None), "tls_cert and tls_key go together"),
+    ),
+    OutputConfig: (
+        (
+            lambda o: o.dir is not None or (o.max_steps is None and o.min_return_mean is None),
+            "max_steps and min_return_mean need dir",
+        ),
     ),
 }
 
@@ -681,11 +736,12 @@ def from_dict(raw: Mapping[str, Any], overrides: Sequence[str] = ()) -> Config:
 
 
 def _resolve(cfg: Config) -> Config:
-    """Fills in what the algorithm decides (the replay kind) and checks that the sections
-    fit the algorithm's flow.
+    """Fills in what the algorithm decides (the replay kind), checks that the sections
+    fit the algorithm's flow and imports a custom torso's module (so a bad path fails here).
 
     Raises:
-        ConfigError: the replay kind or the cluster shape does not suit the algorithm.
+        ConfigError: the replay kind or the cluster shape does not suit the algorithm, or
+            `model.kind` names an object that cannot be imported or called.
     """
     module = registry.module(cfg.algorithm.name)
     kinds = module.REPLAY_KINDS
@@ -693,8 +749,11 @@ def _resolve(cfg: Config) -> Config:
     if kind not in kinds and kind is not None:
         works = f"works with {' or '.join(kinds)}" if kinds else "uses no replay memory"
         raise ConfigError(f"replay.kind: {cfg.algorithm.name} {works}, got {kind!r}")
+    if ":" in cfg.model.kind and not callable(registry.load_object(cfg.model.kind, "model.kind")):
+        raise ConfigError(f"model.kind: {cfg.model.kind!r} is not a class or function")
     if cfg.stop.eval_return_mean is not None and not cfg.cluster.evaluator:
         raise ConfigError("stop.eval_return_mean needs an evaluator: set cluster.evaluator: 1")
+    cfg = _resolve_offline(cfg, module)
     cluster = _resolve_cluster(cfg.algorithm.name, module.FLOW, cfg.cluster)
     cfg = dataclasses.replace(cfg, cluster=cluster)
     if module.FLOW == "sync_rounds":
@@ -709,6 +768,56 @@ def _resolve(cfg: Config) -> Config:
                 f"{cfg.cluster.actor} actors; every shard needs an actor to fill its rounds"
             )
     return dataclasses.replace(cfg, replay=dataclasses.replace(cfg.replay, kind=kind))
+
+
+def _resolve_offline(cfg: Config, module) -> Config:
+    """Checks the `output` and `input` sections against the algorithm, the cluster and the
+    dataset; makes their directories absolute; gives an online run 2 actors by default.
+
+    Raises:
+        ConfigError: a missing dataset directory (the message gives the record command), a
+            dataset of another env or other spaces, an algorithm that cannot train from a
+            dataset (no `dataset_items`) or only from one (OFFLINE_ONLY) without `input.dir`,
+            actors or actor-based stop conditions in an offline run (whose `cluster.actor`
+            stays None: no actors).
+    """
+    name, out, inp = cfg.algorithm.name, cfg.output, cfg.input
+    if out.dir is not None:
+        out = dataclasses.replace(out, dir=str(Path(out.dir).absolute()))
+    if inp.dir is None:
+        if getattr(module, "OFFLINE_ONLY", False):
+            raise ConfigError(
+                f"input.dir: {name} trains from a recorded dataset only (it has no actors' "
+                "collector); set input.dir, e.g. to data/cartpole recorded by `easyrl train "
+                "configs/cartpole_record.yaml`"
+            )
+        actors = 2 if cfg.cluster.actor is None else cfg.cluster.actor
+        cluster = dataclasses.replace(cfg.cluster, actor=actors)
+        return dataclasses.replace(cfg, cluster=cluster, output=out)
+    if module.FLOW != "async_replay" or not hasattr(module, "dataset_items"):
+        raise ConfigError(
+            f"input.dir: {name} cannot train from a dataset (it needs the async_replay flow "
+            "and a dataset_items function in its module)"
+        )
+    if out.dir is not None:
+        raise ConfigError("output.dir: an offline run (input.dir) has no actors to record")
+    if cfg.cluster.actor is not None:
+        raise ConfigError(
+            f"cluster.actor: an offline run (input.dir) trains from the dataset without actors; "
+            f"leave cluster.actor out, got {cfg.cluster.actor}"
+        )
+    for key in ("episode_return_mean", "max_env_steps"):
+        if getattr(cfg.stop, key) is not None:
+            raise ConfigError(
+                f"stop.{key}: an offline run (input.dir) steps no training envs; stop it with "
+                "stop.eval_return_mean (cluster.evaluator: 1) or stop.max_seconds"
+            )
+    from easyrl.envs import env_options, env_spaces
+    from easyrl.offline.dataset import check_dataset
+
+    inp = dataclasses.replace(inp, dir=str(Path(inp.dir).absolute()))
+    check_dataset(inp.dir, cfg.env.id, *env_spaces(cfg.env.id, **env_options(cfg.env)))
+    return dataclasses.replace(cfg, input=inp)
 
 
 def _resolve_cluster(name: str, flow: str, cluster: ClusterConfig) -> ClusterConfig:

@@ -277,3 +277,54 @@ def test_plot_errors_name_the_run_and_the_missing_package(tmp_path, monkeypatch,
     monkeypatch.setitem(sys.modules, "matplotlib.figure", None)
     with pytest.raises(EasyRLError, match=r"pip install -e '\.\[plot\]'"):
         plot([tmp_path / "a"], out)
+
+
+@pytest.mark.timeout(240)
+def test_tools_on_the_run_directory_of_a_real_training_run(tmp_path):
+    """A short real `easyrl train` (PPO on CartPole with an evaluator) leaves a run directory
+    that rollout (best and latest), export (loaded without easyrl) and plot all work on."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    run_dir = tmp_path / "run"
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}
+    env.pop("EASYRL_TOKEN", None)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [root, env.get("PYTHONPATH")]))
+    overrides = (
+        f"run.dir={run_dir}",
+        "stop.episode_return_mean=null",
+        "stop.max_env_steps=6000",
+        "cluster.evaluator=1",
+        "eval.interval_s=1",
+        "eval.episodes=2",
+        "run.log_interval_s=0.5",
+    )
+    command = [sys.executable, "-m", "easyrl.cli", "train", f"{root}/configs/cartpole_ppo.yaml"]
+    for override in overrides:
+        command += ["--set", override]
+    done = subprocess.run(
+        command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=200
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert (run_dir / "checkpoints" / "ps-0.npz").exists()
+    assert (run_dir / "checkpoints" / "best.npz").exists(), "the evaluator saved no best policy"
+
+    for which in ("best", "latest"):
+        result = rollout(run_dir, episodes=2, checkpoint=which, seed=3)
+        assert len(result.returns) == 2 and all(r >= 1 for r in result.returns), result
+
+    out = tmp_path / "exported"
+    export(run_dir, out)
+    obs = np.random.default_rng(0).normal(size=(16, 4)).astype(np.float32)
+    np.save(tmp_path / "obs.npy", obs)
+    cases = {"ppo": (str(out), str(tmp_path / "obs.npy"))}
+    subprocess.run(
+        [sys.executable, "-c", LOAD_WITH_PLAIN_TF, json.dumps(cases), str(tmp_path / "a.npz")],
+        cwd=tmp_path,
+        env=env,
+        check=True,
+        timeout=120,
+    )
+    with np.load(tmp_path / "a.npz") as actions:
+        np.testing.assert_array_equal(actions["ppo"], load_policy(run_dir).algo.greedy(obs))
+
+    image = plot([run_dir], tmp_path / "curve.png")
+    assert image.read_bytes()[:8] == PNG_MAGIC and image.stat().st_size > 10_000

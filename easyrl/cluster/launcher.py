@@ -23,6 +23,8 @@ from easyrl import config as config_lib
 from easyrl.cluster.spec import CLUSTER_ENV, ClusterSpec
 from easyrl.errors import EasyRLError, TransportError
 from easyrl.metrics import reached_goal
+from easyrl.offline.dataset import check_output_dir
+from easyrl.offline.recorder import recorded_steps
 from easyrl.transport import easyrl_pb2 as pb
 from easyrl.transport import rpc
 
@@ -140,7 +142,7 @@ class LocalCluster:
             ps=tuple(f"{c.host}:{p}" for p in ports[: c.ps]),
             memory=tuple(f"{c.host}:{p}" for p in ports[c.ps :]),
             learner=c.learner,
-            actor=c.actor,
+            actor=c.actor or 0,  # None: an offline run, no actors
             evaluator=c.evaluator,
         )
         self.children: list[Child] = []
@@ -306,6 +308,11 @@ def progress_line(elapsed: float, counters: dict, restarts: int) -> str:
     )
 
 
+def recording_done(output, counters: dict) -> bool:
+    """Whether the actors wrote the `output.max_steps` steps asked for (run's end)."""
+    return output.max_steps is not None and recorded_steps(counters) >= output.max_steps
+
+
 def default_run_dir(cfg) -> str:
     """runs/<name>-<YYYYmmdd-HHMMSS> under the current directory."""
     return str(Path("runs") / f"{cfg.run.name}-{time.strftime('%Y%m%d-%H%M%S')}")
@@ -316,6 +323,8 @@ def train(cfg, out=sys.stdout) -> int:
     (0 when the goal was reached)."""
     run_dir = Path(cfg.run.dir or default_run_dir(cfg)).resolve()
     cfg = replace(cfg, run=replace(cfg.run, dir=str(run_dir)))
+    if cfg.output.dir is not None:
+        check_output_dir(cfg.output.dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     config_path = run_dir / "config.yaml"
     config_lib.save(cfg, config_path)
@@ -329,7 +338,7 @@ def train(cfg, out=sys.stdout) -> int:
         # Every role starts at once: importing TensorFlow costs each process ~2 s of CPU,
         # and workers retry their first calls until the servers listen.
         for role in ("ps", "memory", "learner", "actor", "evaluator"):
-            cluster.start_role(role, getattr(cfg.cluster, role))
+            cluster.start_role(role, getattr(cfg.cluster, role) or 0)  # actor None: offline
         cluster.wait_ready()
         next_log = time.monotonic()
         while reason is None:
@@ -344,11 +353,17 @@ def train(cfg, out=sys.stdout) -> int:
                 restarts = sum(c.restarts for c in cluster.children)
                 elapsed = time.monotonic() - start
                 print(progress_line(elapsed, status["counters"], restarts), file=out, flush=True)
+            if status and recording_done(cfg.output, status["counters"]):
+                reason = f"output.max_steps reached: {cfg.output.max_steps} steps recorded"
+                break
             if status:
                 if status["stopping"]:
                     ps_stopping = True
                     reason = status["stop_reason"] or "stopped by PS shard 0"
-        exit_code = 0 if reached_goal(cfg.stop, reason) else 1
+        if cfg.output.max_steps is not None:  # a recording run's goal: all steps written
+            exit_code = 0 if reason.startswith("output.max_steps") else 1
+        else:
+            exit_code = 0 if reached_goal(cfg.stop, reason) else 1
     except KeyboardInterrupt:
         reason, exit_code = "interrupted", 130
     except EasyRLError as err:

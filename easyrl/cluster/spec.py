@@ -61,8 +61,8 @@ class ClusterSpec:
                         f"(also as {where}{first!r})"
                     )
                 seen[key] = (role, address)
-        if self.actor < 1:
-            raise ConfigError("cluster.actor: must be >= 1")
+        if self.actor < 0:  # 0: an offline run (input.dir) trains without actors
+            raise ConfigError("cluster.actor: must be >= 0")
         if self.learner < 0:
             raise ConfigError("cluster.learner: must be >= 0")
         if self.evaluator < 0:

@@ -20,12 +20,12 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import functools
-import importlib
 from typing import Any
 
 import gymnasium
 import numpy as np
 
+from easyrl.algorithms import registry
 from easyrl.errors import ConfigError, EasyRLError
 
 __all__ = [
@@ -45,6 +45,10 @@ ASYNC_CONTEXT = "spawn"
 VECTOR_MODES = ("sync", "async")
 """Accepted values of ``make_vector_env(vector=...)``."""
 
+CUSTOM_NAMESPACE = "easyrl-custom"
+"""Gymnasium namespace of the ids under which ``"module:MyEnv"`` environment classes are
+registered."""
+
 _NUM_SUGGESTIONS = 3
 
 
@@ -52,17 +56,23 @@ def _resolve_spec(env_id: str) -> gymnasium.envs.registration.EnvSpec:
     """Looks up the registered spec of an environment id.
 
     Accepts gymnasium's ``"module:EnvId-v0"`` form too: the module is imported first so that it
-    registers its environments, exactly as ``gymnasium.make`` does.
+    registers its environments, exactly as ``gymnasium.make`` does. When no environment is
+    registered under the part after the colon but the module has an attribute of that name (a
+    ``gymnasium.Env`` subclass, or a function returning an env), ``"module:MyEnv"`` is
+    registered as ``"easyrl-custom/module.MyEnv-v0"`` with that entry point and used: every
+    process of a run registers it the same way.
 
     Args:
-        env_id: A registered environment id, optionally prefixed by ``"module:"``.
+        env_id: A registered environment id, optionally prefixed by ``"module:"``, or
+            ``"module:MyEnv"`` naming an environment class or factory.
 
     Returns:
         The environment's ``EnvSpec``.
 
     Raises:
         ConfigError: `env_id` is not a non-empty string, its module cannot be imported, or no
-            environment is registered under it; the message lists the closest registered ids.
+            environment is registered under it nor defined by the module; the message lists
+            the closest registered ids.
     """
     if not isinstance(env_id, str) or not env_id:
         raise ConfigError(f"env_id must be a non-empty string, got {env_id!r}")
@@ -73,12 +83,9 @@ def _resolve_spec(env_id: str) -> gymnasium.envs.registration.EnvSpec:
         register_ale()
     if ":" in env_id:
         module, name = env_id.split(":", 1)
-        try:
-            importlib.import_module(module)
-        except ImportError as exc:
-            raise ConfigError(
-                f"cannot import module {module!r} of environment id {env_id!r}: {exc}"
-            ) from exc
+        found = registry.import_module(module, f"environment id {env_id!r}")
+        if name not in gymnasium.registry and callable(getattr(found, name, None)):
+            name = _register_custom(module, name)
     try:
         return gymnasium.spec(name)
     except gymnasium.error.Error as exc:
@@ -89,7 +96,17 @@ def _resolve_spec(env_id: str) -> gymnasium.envs.registration.EnvSpec:
             if close
             else "no similar id is registered"
         )
+        if ":" in env_id:
+            hint += f" (module {module!r} defines no environment class or function {name!r})"
         raise ConfigError(f"unknown environment id {env_id!r}: {hint} ({exc})") from exc
+
+
+def _register_custom(module: str, attribute: str) -> str:
+    """Registers `module:attribute` (an Env class or factory) under a derived id; returns it."""
+    env_id = f"{CUSTOM_NAMESPACE}/{module}.{attribute}-v0"
+    if env_id not in gymnasium.registry:
+        gymnasium.register(env_id, entry_point=f"{module}:{attribute}")
+    return env_id
 
 
 def _check_make_args(max_episode_steps: int | None, kwargs: dict | None) -> dict[str, Any]:
@@ -337,3 +354,14 @@ def final_observations(obs: np.ndarray, infos: dict, done: np.ndarray) -> np.nda
             raise EasyRLError(f"sub-environment {i} is done but has no final observation")
         out[i] = final[i]
     return out
+
+
+def _register_builtin_envs() -> None:
+    """Registers easyrl's own environments with gymnasium (`easyrl/LinearBandit-v0`, see
+    `easyrl.envs.bandit`), so that every process that creates environments knows them."""
+    from easyrl.envs import bandit
+
+    bandit.register()
+
+
+_register_builtin_envs()

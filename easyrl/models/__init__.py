@@ -128,12 +128,36 @@ class FlatTorso(tf.Module):
 def build_torso(model, obs_shape: tuple[int, ...], name: str, rng: np.random.Generator):
     """The torso the config's `model` section describes, for observations of `obs_shape`.
 
+    `model.kind` "mlp" and "conv" are built in. Any other kind is a `package.module:Torso`
+    path to a class (or function) of your own, called as `Torso(model, obs_shape, name, rng)`
+    with the same arguments as here:
+
+        model      the config's `model` section (read `hidden`, `activation`, ... as you like);
+        obs_shape  the shape of one observation, e.g. (4,) or (84, 84, 4);
+        name       the prefix of every variable name, e.g. "q/torso";
+        rng        a numpy Generator to draw initial values from (not TF's random ops), so
+                   that every process of a run builds the same initial network.
+
+    It returns a `tf.Module` whose call maps observations `[B, *obs_shape]` (the observation
+    space's dtype: cast them yourself) to float32 features `[B, out_dim]`, traceable by a
+    `tf.function(autograph=False)`; its `out_dim` attribute is that width, and each of its
+    variables is created with an explicit unique name under `name/` (e.g. f"{name}/0/w";
+    `Dense` and `MLP` do this). The algorithm adds its heads on top.
+
     Returns:
         A module mapping `[B, *obs_shape]` to features `[B, out_dim]` (its `out_dim`).
 
     Raises:
-        ValueError: an mlp on non-flat observations, or a conv on non-image ones.
+        ValueError: an mlp on non-flat observations, a conv on non-image ones, or a custom
+            torso that breaks the contract above.
+        ConfigError: a custom torso's path cannot be imported.
     """
+    if ":" in model.kind:
+        from easyrl.algorithms.registry import load_object
+
+        torso = load_object(model.kind, "model.kind")(model, tuple(obs_shape), name, rng)
+        _check_torso(torso, model.kind, name)
+        return torso
     if model.kind == "conv":
         return ConvTorso(
             obs_shape, model.conv, model.hidden, model.activation, name, rng, model.padding
@@ -144,6 +168,22 @@ def build_torso(model, obs_shape: tuple[int, ...], name: str, rng: np.random.Gen
             "use model.kind: conv for image frames"
         )
     return FlatTorso(obs_shape[0], model.hidden, model.activation, name, rng)
+
+
+def _check_torso(torso, kind: str, name: str) -> None:
+    """Raises ValueError when a custom torso breaks the contract of `build_torso`."""
+    if not isinstance(torso, tf.Module):
+        raise ValueError(f"{kind} returned {type(torso).__name__}, not a tf.Module")
+    out_dim = getattr(torso, "out_dim", None)
+    if isinstance(out_dim, bool) or not isinstance(out_dim, int | np.integer) or out_dim < 1:
+        raise ValueError(f"{kind}: out_dim must be a positive int, got {out_dim!r}")
+    names = [v.name.removesuffix(":0") for v in torso.trainable_variables]
+    strays = [n for n in names if not n.startswith(f"{name}/")]
+    if strays or len(set(names)) != len(names):
+        raise ValueError(
+            f"{kind}: every variable needs an explicit unique name under {name + '/'!r}, "
+            f"got {sorted(names)}"
+        )
 
 
 def named_variables(module: tf.Module) -> dict[str, tf.Variable]:

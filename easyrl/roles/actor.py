@@ -15,6 +15,10 @@ loop around it depends on the algorithm's flow:
 - actor gradients (A3C): no memory and no learner: compute gradients on each
   collected unroll, push them to every PS shard, continue with the values the push
   returns. Actor 0 initializes the PS shards.
+
+With `output.dir` set, `_step` also hands every vector step to an
+`easyrl.offline.recorder.Recorder`, which writes whole episodes to the dataset (flushed
+when the actor stops, SIGTERM included).
 """
 
 import functools
@@ -93,6 +97,13 @@ class Actor:
             "dropped_nonfinite": 0,
         }
         self.episodes = EpisodeTracker(ctx.cfg.env.num_envs)
+        self.recorder = None
+        if ctx.cfg.output.dir is not None:
+            from easyrl.offline.recorder import Recorder
+
+            self.recorder = Recorder(
+                ctx.cfg, ctx.task, ctx.cluster.actor, ctx.run_dir, *ctx.spaces()
+            )
         self._reported_steps = self._reported_updates = 0
         self._last_report = time.monotonic()
 
@@ -137,6 +148,7 @@ class Actor:
         if not force and time.monotonic() - self._last_report < 0.5:
             return
         returns, lengths = self.episodes.take()
+        recording = self.recorder is not None
         reply = self.weights.clients[0].call(
             "Report",
             pb.ReportRequest(
@@ -146,7 +158,7 @@ class Actor:
                 updates=updates - self._reported_updates,
                 episode_returns=returns,
                 episode_lengths=lengths,
-                stats={**stats, **self.counters},
+                stats={**stats, **self.counters, **(self.recorder.stats() if recording else {})},
             ),
         )
         self._reported_steps, self._reported_updates = steps, updates
@@ -158,9 +170,12 @@ class Actor:
     def run(self) -> None:
         """Waits for initial weights, then acts until the run stops."""
         cfg, flow = self.ctx.cfg, self.algo.flow
+        peers = [*self.weights.clients, *([self.memory] if self.memory else [])]
+        if not self.ctx.wait_for_peers(peers, self.stop):
+            return
         if self.ctx.cluster.learner == 0 and self.ctx.task == 0 and self.weights.initialize():
             log.info("actor 0 initialized the PS shards (no learner in this cluster)")
-        if not self.weights.wait_initialized(self.stop):
+        if not self.weights.wait_initialized(self.stop, cfg.run.peer_timeout_s):
             return
         # The flow's main loop, and the communication threads beside it.
         loop, bodies = {
@@ -182,6 +197,8 @@ class Actor:
         finally:
             self.stop.set()
             env.close()
+            if self.recorder is not None:
+                self.recorder.close()
             for thread in threads:
                 thread.join(timeout=5)
 
@@ -199,6 +216,9 @@ class Actor:
         next_obs, rewards, terminated, truncated, infos = env.step(actions)
         done = terminated | truncated
         real_next = final_observations(next_obs, infos, done)
+        if self.recorder is not None:
+            logp = getattr(collector, "last_action_logp", None)
+            self.recorder.step(obs, actions, rewards, terminated, truncated, real_next, logp)
         out = collector.observe(rewards, next_obs, real_next, terminated, truncated)
         self.episodes.step(rewards, done)
         return next_obs, out
@@ -274,6 +294,8 @@ class Actor:
             if collector.resets_envs:
                 obs, _ = env.reset()
                 self.episodes.discard_open()
+                if self.recorder is not None:
+                    self.recorder.reset()
 
 
 def run(ctx) -> int:

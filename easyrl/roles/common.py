@@ -4,6 +4,7 @@ import logging
 import queue
 import signal
 import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -41,17 +42,50 @@ class RoleContext:
     def client(self, role: str, index: int) -> rpc.Client:
         """A client for server `index` of `role` ("ps" or "memory")."""
         address = getattr(self.cluster, role)[index]
+        sec = self.cfg.security
         return rpc.Client(
             rpc.stub_class(role),
             address,
             self.token,
             timeout_s=self.cfg.run.rpc_timeout_s,
-            tls_ca=self.cfg.security.tls_ca,
+            tls_ca=sec.tls_ca,
+            # Servers with `tls_ca` ask for client certificates (mutual TLS): show ours.
+            tls_cert=sec.tls_cert,
+            tls_key=sec.tls_key,
         )
 
     def clients(self, role: str) -> list[rpc.Client]:
         """Clients for every server of `role`."""
         return [self.client(role, i) for i in range(len(getattr(self.cluster, role)))]
+
+    def wait_for_peers(self, clients: list[rpc.Client], stop: threading.Event) -> bool:
+        """Blocks until every server of `clients` answers the health check SERVING (a worker
+        may start before its servers, e.g. all pods of a Kubernetes run at once).
+
+        Returns:
+            False if `stop` was set first, else True.
+
+        Raises:
+            TransportError: some are still not serving after `run.peer_timeout_s`; the
+                message names their addresses.
+        """
+        timeout_s = self.cfg.run.peer_timeout_s
+        deadline = time.monotonic() + timeout_s
+        waiting = list(clients)
+        log.info("waiting up to %g s for %d peer(s) to serve", timeout_s, len(waiting))
+        while not stop.is_set():
+            left = deadline - time.monotonic()
+            waiting = [c for c in waiting if not c.serving(min(1.0, max(left, 0.1)))]
+            if not waiting:
+                return True
+            if time.monotonic() >= deadline:
+                addresses = ", ".join(c.address for c in waiting)
+                raise TransportError(
+                    f"peers unreachable or not serving after {timeout_s:g} s "
+                    f"(run.peer_timeout_s): {addresses}"
+                )
+            stop.wait(min(0.5, max(left, 0.0)))
+        return False
 
     def tls(self) -> rpc.TLSFiles | None:
         """The server's TLS files from the config's `security` section, or None."""
@@ -305,11 +339,25 @@ class ShardedWeights:
             self._flat[shard].assign(flat)
             self.local_versions[shard] = version
 
-    def wait_initialized(self, stop: threading.Event, poll_s: float = 0.2) -> bool:
-        """Blocks until every shard holds values and loads them; False if `stop` was set."""
+    def wait_initialized(
+        self, stop: threading.Event, timeout_s: float | None = None, poll_s: float = 0.2
+    ) -> bool:
+        """Blocks until every shard holds values and loads them; False if `stop` was set.
+
+        Raises:
+            TransportError: the shards hold no values after `timeout_s` (None: wait on).
+        """
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
         while not stop.is_set():
             if self.fetch():
                 self.swap_in()
                 return True
+            if deadline is not None and time.monotonic() >= deadline:
+                addresses = ", ".join(c.address for c in self.clients)
+                raise TransportError(
+                    f"the PS shards ({addresses}) hold no weights after {timeout_s:g} s "
+                    "(run.peer_timeout_s): is the chief (learner 0, or actor 0 when there is "
+                    "no learner) running?"
+                )
             stop.wait(poll_s)
         return False

@@ -7,6 +7,11 @@ returns are game scores), reports the returns to PS shard 0 (they appear as
 `eval_return_mean` in the progress line, `metrics.jsonl` and TensorBoard, and can stop
 the run: `stop.eval_return_mean`) and keeps the weights of the best evaluation so far
 in `checkpoints/best.npz`. Works with every algorithm: it only needs `greedy`.
+
+In an offline run (`input.dir`) whose algorithm has `action_logp` and whose dataset holds
+behaviour probabilities, each evaluation also estimates the learned policy's return on a
+fixed sample of logged episodes by importance sampling (`easyrl.offline.ope`) and reports
+it with the returns: `evaluator/eval_ope_is` and `evaluator/eval_ope_wis` in the metrics.
 """
 
 import json
@@ -18,6 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from easyrl.envs import evaluation_options, make_vector_env, play_episodes
+from easyrl.offline.ope import OffPolicyEvaluator
 from easyrl.roles.common import ShardedWeights, stop_event_on_signals
 from easyrl.transport import easyrl_pb2 as pb
 
@@ -62,7 +68,9 @@ def evaluate_forever(ctx, algo, stop: threading.Event) -> None:
     """The evaluator's loop (see the module docstring)."""
     cfg = ctx.cfg
     weights = ShardedWeights(ctx.clients("ps"), algo.variables)
-    if not weights.wait_initialized(stop):
+    if not ctx.wait_for_peers(weights.clients, stop):
+        return
+    if not weights.wait_initialized(stop, cfg.run.peer_timeout_s):
         return
     options = evaluation_options(cfg.env)
     seed = cfg.run.seed + EVAL_SEED_OFFSET + ctx.task * cfg.eval.num_envs
@@ -70,6 +78,7 @@ def evaluate_forever(ctx, algo, stop: threading.Event) -> None:
         cfg.env.id, cfg.eval.num_envs, vector=cfg.env.vector, seed=seed, **options
     )
     best = BestCheckpoint(ctx.run_dir / "checkpoints" / "best.npz")
+    ope = OffPolicyEvaluator.from_config(cfg, algo)
     ps0 = weights.clients[0]
     evaluation = 0
     try:
@@ -83,17 +92,21 @@ def evaluate_forever(ctx, algo, stop: threading.Event) -> None:
             if len(returns) < cfg.eval.episodes:
                 break
             mean = float(np.mean(returns))
+            estimates = ope.estimate(algo.action_logp) if ope is not None else {}
             reply = ps0.call(
                 "Report",
-                pb.ReportRequest(role="evaluator", task=ctx.task, eval_returns=returns),
+                pb.ReportRequest(
+                    role="evaluator", task=ctx.task, eval_returns=returns, stats=estimates
+                ),
             )
             saved = best.offer(mean, algo.variables, {"versions": versions, "returns": returns})
             log.info(
-                "evaluation %d: mean return %.1f over %d episodes (PS versions %s)%s",
+                "evaluation %d: mean return %.1f over %d episodes (PS versions %s)%s%s",
                 evaluation,
                 mean,
                 len(returns),
                 versions,
+                "".join(f", {k} {v:.1f}" for k, v in estimates.items()),
                 "; best so far, saved" if saved else "",
             )
             evaluation += 1

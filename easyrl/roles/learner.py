@@ -145,9 +145,11 @@ class Learner:
 
     def run(self) -> None:
         """Initializes (chief) or pulls the weights, then trains until stopped."""
+        if not self.ctx.wait_for_peers([*self.weights.clients, *self.memories], self.stop):
+            return
         if self.ctx.task == 0 and self.weights.initialize():
             log.info("chief learner initialized the PS shards")
-        if not self.weights.wait_initialized(self.stop):
+        if not self.weights.wait_initialized(self.stop, self.ctx.cfg.run.peer_timeout_s):
             return
         try:
             if self.algo.flow == "sync_rounds":

@@ -30,6 +30,9 @@ from easyrl.transport.rpc import invalid_argument_on_error, within_deadline
 
 log = logging.getLogger(__name__)
 
+REPORTERS = ("actor", "learner", "evaluator")
+"""The roles whose Report carries counts (a publish-only Report has no role)."""
+
 
 class ParameterServer(pb_grpc.ParameterServerServicer):
     """One PS shard.
@@ -265,8 +268,15 @@ class ParameterServer(pb_grpc.ParameterServerServicer):
                 f"Report goes to PS shard 0, not shard {self.shard} (other shards only take "
                 "publish_round)"
             )
+        if not publish_only and (request.role not in REPORTERS or request.task < 0):
+            raise ValueError(
+                f"Report: role must be one of {', '.join(REPORTERS)} with a task >= 0, got "
+                f"{request.role!r} task {request.task}"
+            )
         if request.env_steps < 0 or request.updates < 0:
             raise ValueError("Report: counts must be >= 0")
+        if any(length < 0 for length in request.episode_lengths):
+            raise ValueError("Report: episode lengths must be >= 0")
         if len(request.episode_lengths) not in (0, len(request.episode_returns)):
             raise ValueError("Report: episode_lengths must match episode_returns")
         returns = [*request.episode_returns, *request.eval_returns]

@@ -3,6 +3,8 @@
 Servers check a shared token carried in call metadata (`authorization: Bearer
 <token>`) with an interceptor; clients attach it to every call, give every call
 a deadline, and retry UNAVAILABLE with capped exponential backoff and jitter.
+Every server also serves the standard health-checking service (`grpc.health.v1`),
+open without the token so that a kubelet's grpc readiness probe can ask it.
 """
 
 import functools
@@ -17,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from easyrl.errors import ConfigError, EasyRLError, TransportError
 from easyrl.transport import easyrl_pb2_grpc as pb_grpc
@@ -26,6 +29,9 @@ log = logging.getLogger(__name__)
 TOKEN_ENV = "EASYRL_TOKEN"
 MAX_MESSAGE_BYTES = 256 * 1024 * 1024
 _AUTH_KEY = "authorization"
+HEALTH_METHODS = "/grpc.health.v1.Health/"
+"""Method prefix of the health service: answered without the token (it tells only whether the
+server is serving, and probes carry no metadata)."""
 
 
 def new_token() -> str:
@@ -105,11 +111,53 @@ class _TokenInterceptor(grpc.ServerInterceptor):
         self._deny = grpc.unary_unary_rpc_method_handler(deny)
 
     def intercept_service(self, continuation, handler_call_details):
+        if handler_call_details.method.startswith(HEALTH_METHODS):
+            return continuation(handler_call_details)
         metadata = dict(handler_call_details.invocation_metadata or ())
         given = metadata.get(_AUTH_KEY, "")
         if secrets.compare_digest(given.encode(), self._expected.encode()):
             return continuation(handler_call_details)
         return self._deny
+
+
+class HealthReportingServer(grpc.Server):
+    """A gRPC server that serves the standard health service (`grpc.health.v1`, overall
+    status, service name ""): NOT_SERVING until `start()` (a role builds or restores its
+    state before it starts its server, so SERVING means ready), SERVING from then on, and
+    NOT_SERVING again from `stop()` on (open Watch streams hear it before the server goes).
+
+    Args:
+        server: the server to serve through; every other call is passed on to it.
+    """
+
+    def __init__(self, server: grpc.Server):
+        self._server = server
+        self.health = health.HealthServicer()
+        self.health.set("", health_pb2.HealthCheckResponse.NOT_SERVING)
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
+
+    def add_generic_rpc_handlers(self, generic_rpc_handlers):
+        self._server.add_generic_rpc_handlers(generic_rpc_handlers)
+
+    def add_registered_method_handlers(self, service_name, method_handlers):
+        self._server.add_registered_method_handlers(service_name, method_handlers)
+
+    def add_insecure_port(self, address):
+        return self._server.add_insecure_port(address)
+
+    def add_secure_port(self, address, server_credentials):
+        return self._server.add_secure_port(address, server_credentials)
+
+    def start(self):
+        self._server.start()
+        self.health.set("", health_pb2.HealthCheckResponse.SERVING)
+
+    def stop(self, grace):
+        self.health.enter_graceful_shutdown()
+        return self._server.stop(grace)
+
+    def wait_for_termination(self, timeout=None):
+        return self._server.wait_for_termination(timeout)
 
 
 def make_server(
@@ -118,8 +166,12 @@ def make_server(
     *,
     max_workers: int = 16,
     tls: TLSFiles | None = None,
-) -> tuple[grpc.Server, int]:
-    """Creates (not starts) a gRPC server bound to `address` ("host:port", port 0 = free).
+) -> tuple[HealthReportingServer, int]:
+    """Creates (not starts) a gRPC server bound to `address` ("host:port", port 0 = free),
+    with the health service (see `HealthReportingServer`).
+
+    The host is resolved by the operating system (a name in /etc/hosts works: a Kubernetes
+    StatefulSet pod binds its own stable DNS name that way).
 
     Args:
         address: where to listen; never defaults to 0.0.0.0.
@@ -139,6 +191,7 @@ def make_server(
         interceptors=interceptors,
         options=_server_options(),
     )
+    server = HealthReportingServer(server)
     try:
         if tls is None:
             port = server.add_insecure_port(address)
@@ -197,7 +250,11 @@ class Client:
         token: shared token, or None when the server runs insecure.
         timeout_s: per-call deadline.
         retry_s: how long UNAVAILABLE is retried before a call gives up.
-        tls_ca: CA certificate to verify a TLS server with (None: plaintext).
+        tls_ca: CA certificate to verify a TLS server with (None: plaintext, or the
+            system's roots when `tls_cert` is given).
+        tls_cert: this client's certificate chain, presented to a server that asks for one
+            (mutual TLS); goes with `tls_key`.
+        tls_key: the private key of `tls_cert`.
     """
 
     BACKOFF_START_S = 0.05
@@ -212,18 +269,27 @@ class Client:
         timeout_s: float = 10.0,
         retry_s: float = 30.0,
         tls_ca: str | None = None,
+        tls_cert: str | None = None,
+        tls_key: str | None = None,
     ):
         if timeout_s <= 0 or retry_s < 0:
             raise ValueError("timeout_s must be > 0 and retry_s >= 0")
+        if (tls_cert is None) != (tls_key is None):
+            raise ValueError("tls_cert and tls_key go together")
         self.address = address
         self.timeout_s = timeout_s
         self.retry_s = retry_s
-        if tls_ca:
-            creds = grpc.ssl_channel_credentials(root_certificates=Path(tls_ca).read_bytes())
+        if tls_ca or tls_cert:
+            creds = grpc.ssl_channel_credentials(
+                root_certificates=Path(tls_ca).read_bytes() if tls_ca else None,
+                private_key=Path(tls_key).read_bytes() if tls_key else None,
+                certificate_chain=Path(tls_cert).read_bytes() if tls_cert else None,
+            )
             self._channel = grpc.secure_channel(address, creds, options=_client_options())
         else:
             self._channel = grpc.insecure_channel(address, options=_client_options())
         self._stub = stub_class(self._channel)
+        self._health = health_pb2_grpc.HealthStub(self._channel)
         self._metadata = ((_AUTH_KEY, f"Bearer {token}"),) if token else ()
 
     def call(
@@ -254,6 +320,19 @@ class Client:
                     raise error from None
             time.sleep(min(delay, max(0.0, give_up - time.monotonic())) * random.uniform(0.5, 1))
             delay = min(delay * 2, self.BACKOFF_CAP_S)
+
+    def serving(self, timeout_s: float) -> bool:
+        """Asks the server's health service (no token, no retries) whether it is serving.
+
+        Returns:
+            True when it answers SERVING within `timeout_s`; False when it is unreachable,
+            not started yet or shutting down.
+        """
+        try:
+            reply = self._health.Check(health_pb2.HealthCheckRequest(), timeout=timeout_s)
+        except grpc.RpcError:
+            return False
+        return reply.status == health_pb2.HealthCheckResponse.SERVING
 
     def close(self) -> None:
         """Closes the channel."""

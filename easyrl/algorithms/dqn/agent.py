@@ -98,9 +98,19 @@ class DQN:
 
     def act(self, obs: np.ndarray, epsilon: float, rng: np.random.Generator) -> np.ndarray:
         """Epsilon-greedy actions for a batch of observations `[N, obs]` -> `[N]`."""
+        return self.act_with_logp(obs, epsilon, rng)[0]
+
+    def act_with_logp(self, obs: np.ndarray, epsilon: float, rng: np.random.Generator):
+        """Epsilon-greedy actions `[N]` and their log-probabilities `[N]` float32 under the
+        epsilon-greedy policy: log((1 - eps) + eps / A) for the greedy action, log(eps / A)
+        for any other."""
         greedy = self._greedy(np.asarray(obs, self.obs_dtype)).numpy()
         explore = rng.random(len(obs)) < epsilon
-        return np.where(explore, rng.integers(self.num_actions, size=len(obs)), greedy)
+        actions = np.where(explore, rng.integers(self.num_actions, size=len(obs)), greedy)
+        uniform = epsilon / self.num_actions
+        with np.errstate(divide="ignore"):  # epsilon 0: log(0) = -inf for other actions
+            logp = np.log(np.where(actions == greedy, 1.0 - epsilon + uniform, uniform))
+        return actions, logp.astype(np.float32)
 
     def greedy(self, obs: np.ndarray) -> np.ndarray:
         """Greedy actions `[N]` (evaluation)."""
@@ -195,7 +205,8 @@ class EpsilonGreedyCollector:
         self.epsilon = actor_epsilon(
             self.dqn.params, self.actor_index, self.num_actors, self.env_steps
         )
-        self._obs, self._actions = obs, self.dqn.act(obs, self.epsilon, rng)
+        self._actions, self.last_action_logp = self.dqn.act_with_logp(obs, self.epsilon, rng)
+        self._obs = obs
         return self._actions
 
     def observe(self, rewards, next_obs, real_next_obs, terminated, truncated) -> dict | None:

@@ -435,6 +435,7 @@ class RolloutCollector:
         self._action[t] = action.numpy()
         self._logp[t] = logp.numpy()
         self._value[t] = value.numpy()
+        self.last_action_logp = self._logp[t].copy()  # behaviour log-probs, for recording
         self._acted = True
         if self.algo.discrete:
             return self._action[t].copy()

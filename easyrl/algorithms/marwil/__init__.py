@@ -1,0 +1,171 @@
+"""MARWIL (Wang et al. 2018, "Exponentially Weighted Imitation Learning for Batched
+Historical Data"): imitation of logged actions weighted by exp(beta * advantage); beta = 0 is
+behaviour cloning (`easyrl.algorithms.bc`).
+
+Trains from a recorded dataset only (`input.dir`; OFFLINE_ONLY: no actors, no collector).
+Items are single steps with their discounted return-to-go, computed per episode from the
+dataset's rows (`dataset_items`):
+
+    R_t = r_t + gamma * R_{t+1},   R_T = 0 after the episode's last step
+
+Truncated episodes are not bootstrapped (no value function exists when the dataset is
+loaded): their last steps' returns are underestimated, as in RLlib's MARWIL. Loss on a
+batch (`agent.MARWIL`), with c the moving average of the squared advantage norm:
+
+    A            = R - V(s)
+    policy_loss  = -mean(stop_gradient(exp(beta * A / sqrt(c))) * log pi(a | s))
+    value_loss   = 0.5 * mean(A^2)
+    loss         = policy_loss + vf_coeff * value_loss        (beta = 0: policy_loss only,
+                                                               -mean(log pi(a | s)))
+    c           <- c + adv_norm_update_rate * (mean(A^2) - c)  (after each batch)
+"""
+
+from dataclasses import dataclass
+from typing import Literal
+
+import gymnasium as gym
+import numpy as np
+
+from easyrl.errors import ConfigError
+from easyrl.offline.dataset import episode_bounds
+
+FLOW = "async_replay"
+"""Execution flow: the learner samples the memory shards (which hold the dataset)."""
+REPLAY_KINDS = ("uniform",)
+"""Replay tables MARWIL works with: the dataset's steps, sampled uniformly."""
+OFFLINE_ONLY = True
+"""Trains from `input.dir` only: the config refuses a run without it."""
+
+
+@dataclass(frozen=True)
+class Params:
+    """Hyper-parameters of MARWIL."""
+
+    beta: float = 1.0
+    """Advantage weighting exponent (0: behaviour cloning)."""
+    vf_coeff: float = 1.0
+    """Weight of the value loss (unused when beta = 0: no value head is trained)."""
+    gamma: float = 0.99
+    """Discount of the returns-to-go."""
+    batch_size: int = 256
+    """Steps per learner batch."""
+    adv_norm_start: float = 100.0
+    """Initial moving average of the squared advantage norm (RLlib's default)."""
+    adv_norm_update_rate: float = 1e-8
+    """Rate of the moving average of the squared advantage norm (RLlib's default)."""
+    optimizer: Literal["adam", "rmsprop", "sgd"] = "adam"
+    """Optimizer the PS shards apply gradients with."""
+    lr: float = 1e-3
+    """Learning rate."""
+    lr_decay_rate: float = 1.0
+    """Multiply the learning rate by this every `lr_decay_steps` updates (1.0: constant)."""
+    lr_decay_steps: int = 1000
+    """Updates between learning-rate decays."""
+    grad_clip: float = 40.0
+    """Global-norm gradient clip (0 disables)."""
+    max_staleness: int = 20
+    """PS shards drop gradients computed against a version older than this many updates."""
+    log_std_init: float = 0.0
+    """Initial log standard deviation of the Gaussian policy (Box actions only)."""
+
+    def __post_init__(self):
+        check_params("marwil", self)
+
+
+def check_params(name: str, p: Params) -> None:
+    """Raises ConfigError naming the first out-of-range value of `p` (NaN fails every
+    check)."""
+    checks = {
+        "beta": (p.beta >= 0.0, ">= 0"),
+        "vf_coeff": (p.vf_coeff >= 0.0, ">= 0"),
+        "gamma": (0.0 <= p.gamma <= 1.0, "in [0, 1]"),
+        "batch_size": (p.batch_size >= 1, ">= 1"),
+        "adv_norm_start": (p.adv_norm_start > 0.0, "> 0"),
+        "adv_norm_update_rate": (0.0 <= p.adv_norm_update_rate <= 1.0, "in [0, 1]"),
+        "lr": (p.lr > 0.0, "> 0"),
+        "grad_clip": (p.grad_clip >= 0.0, ">= 0"),
+        "max_staleness": (p.max_staleness >= 0, ">= 0"),
+        "log_std_init": (bool(np.isfinite(p.log_std_init)), "finite"),
+    }
+    for key, (holds, valid) in checks.items():
+        if not holds:
+            raise ConfigError(f"{name}: {key} must be {valid}, got {getattr(p, key)!r}")
+
+
+def optimizer(params: Params):
+    """The optimizer the PS shards apply this algorithm's gradients with."""
+    from easyrl.algorithms.optimizers import staircase_spec
+
+    return staircase_spec(params)
+
+
+def check_spaces(obs_space, action_space, name: str = "marwil") -> None:
+    """Raises ConfigError unless the observation is a flat Box and the action space is
+    Discrete or a flat Box."""
+    if not isinstance(obs_space, gym.spaces.Box) or len(obs_space.shape) != 1:
+        raise ConfigError(f"{name} with an mlp needs a flat Box observation, got {obs_space}")
+    if isinstance(action_space, gym.spaces.Discrete):
+        return
+    if not (isinstance(action_space, gym.spaces.Box) and len(action_space.shape) == 1):
+        raise ConfigError(f"{name} needs a Discrete or a flat Box action space, got {action_space}")
+
+
+def replay_spec(params: Params, obs_space, action_space) -> dict:
+    """Columns of one item (a logged step), as {name: (per-item shape, dtype)}.
+
+    Raises:
+        ConfigError: unsupported spaces.
+    """
+    check_spaces(obs_space, action_space)
+    if isinstance(action_space, gym.spaces.Discrete):
+        action = ((), np.dtype(np.int64))
+    else:
+        action = (tuple(action_space.shape), np.dtype(np.float32))
+    return {
+        "obs": (tuple(obs_space.shape), np.dtype(np.float32)),
+        "action": action,
+        "return": ((), np.dtype(np.float32)),
+    }
+
+
+def returns_to_go(rewards: np.ndarray, bounds: np.ndarray, gamma: float) -> np.ndarray:
+    """Discounted returns-to-go `[rows]` float32 of the episodes `bounds[j]:bounds[j + 1]`
+    (see the module docstring; accumulated in float64)."""
+    out = np.zeros(len(rewards), np.float64)
+    for lo, hi in zip(bounds[:-1], bounds[1:]):
+        g = 0.0
+        for i in range(hi - 1, lo - 1, -1):
+            g = float(rewards[i]) + gamma * g
+            out[i] = g
+    return out.astype(np.float32)
+
+
+def dataset_items(params: Params, steps: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Items (obs, action, return-to-go) of the rows of `read_steps` (whole episodes,
+    sorted by episode and t).
+
+    Raises:
+        DatasetError: the rows are not whole episodes.
+    """
+    bounds = episode_bounds(steps)
+    action = steps["action"]
+    action = action.astype(np.int64 if action.dtype.kind in "iu" else np.float32)
+    return {
+        "obs": steps["obs"].astype(np.float32),
+        "action": action,
+        "return": returns_to_go(steps["reward"], bounds, params.gamma),
+    }
+
+
+def build(params: Params, obs_space, action_space, model, seed: int = 0, learner: bool = False):
+    """Builds the TF side (see `agent.MARWIL`); every role builds the same networks.
+
+    Raises:
+        ConfigError: `model.kind` is not "mlp", or the spaces are unsupported.
+    """
+    if model.kind != "mlp":
+        raise ConfigError(f"marwil supports model.kind 'mlp' only, got {model.kind!r}")
+    check_spaces(obs_space, action_space)
+    from easyrl.algorithms.marwil.agent import MARWIL
+
+    return MARWIL(params, obs_space, action_space, model, seed)

@@ -1,0 +1,202 @@
+"""Fixtures shared by the protocol tests: PS and memory shards served in this process the
+way `easyrl run --role ps|memory` serves them (`easyrl.roles.ps.run`,
+`easyrl.roles.memory.run`: the role's servicer, built from a config, behind
+`rpc.make_server` with the run's token and the config's TLS files)."""
+
+import os
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import time  # noqa: E402
+from dataclasses import dataclass  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+
+from easyrl import config as config_lib  # noqa: E402
+from easyrl.cluster.spec import ClusterSpec  # noqa: E402
+from easyrl.metrics import RunStats  # noqa: E402
+from easyrl.roles import memory as memory_role  # noqa: E402
+from easyrl.roles.common import RoleContext  # noqa: E402
+from easyrl.roles.ps import ParameterServer  # noqa: E402
+from easyrl.transport import easyrl_pb2 as pb  # noqa: E402
+from easyrl.transport import easyrl_pb2_grpc as pb_grpc  # noqa: E402
+from easyrl.transport import rpc  # noqa: E402
+
+CONFIGS = Path(__file__).resolve().parent.parent / "configs"
+
+_SMALL_RUN = ("env.num_envs=2", "cluster.actor=1")
+_SMALL_REPLAY = (
+    "algorithm.batch_size=4",
+    "replay.capacity=16",
+    "replay.min_size_to_sample=4",
+    "replay.prefetch=1",
+)
+TABLE_CONFIGS = {
+    "uniform": ("cartpole_apex.yaml", ("replay.kind=uniform", *_SMALL_REPLAY)),
+    "prioritized": ("cartpole_apex.yaml", ("replay.kind=prioritized", *_SMALL_REPLAY)),
+    "trajectory": (
+        "cartpole_impala.yaml",
+        (
+            "algorithm.batch_size=2",
+            "algorithm.unroll_length=3",
+            "replay.capacity=8",
+            "replay.prefetch=1",
+        ),
+    ),
+    "aggregate": (
+        "cartpole_ppo.yaml",
+        ("replay.kind=aggregate", "algorithm.rollout_length=4", "replay.capacity=32"),
+    ),
+}
+"""A shipped config per replay table kind, shrunk to a few items: {kind: (file, overrides)}."""
+
+
+@dataclass
+class Shards:
+    """One PS shard and one memory shard of a run, served on 127.0.0.1.
+
+    `ctx` is a role context of that run pointing at both (`ctx.client("ps", 0)` is how a
+    worker of the run connects)."""
+
+    ctx: RoleContext
+    ps: ParameterServer
+    memory: memory_role.MemoryServer
+
+
+def _context(cfg, token: str | None, run_dir: Path, ps: str, memory: str) -> RoleContext:
+    cluster = ClusterSpec(ps=(ps,), memory=(memory,), learner=1, actor=cfg.cluster.actor)
+    return RoleContext(cfg=cfg, task=0, cluster=cluster, token=token, run_dir=run_dir)
+
+
+def _frozen(value):
+    """A value compared with ==: arrays become (dtype, shape, bytes)."""
+    if isinstance(value, np.ndarray):
+        return (value.dtype.str, value.shape, value.tobytes())
+    return value
+
+
+class RoleServers:
+    """Starts shards like the roles do and stops them all on `close`.
+
+    Args:
+        run_dir: the run directory of the contexts (nothing is written there).
+    """
+
+    def __init__(self, run_dir: Path):
+        self.run_dir = run_dir
+        self._servers = []
+        self._memories = []
+
+    @staticmethod
+    def config(kind: str, *overrides: str):
+        """The shipped config for replay table `kind`, shrunk, with `overrides` (e.g.
+        "security.tls_ca=...") on top."""
+        name, table = TABLE_CONFIGS[kind]
+        return config_lib.load(CONFIGS / name, [*_SMALL_RUN, *table, *overrides])
+
+    def _serve(self, servicer, add, ctx: RoleContext, workers: int) -> str:
+        server, port = rpc.make_server("127.0.0.1:0", ctx.token, max_workers=workers, tls=ctx.tls())
+        add(servicer, server)
+        server.start()
+        self._servers.append(server)
+        return f"127.0.0.1:{port}"
+
+    def start(self, cfg, token: str | None) -> Shards:
+        """Serves PS shard 0 (with the run's counters) and memory shard 0 of `cfg`'s run."""
+        ctx = _context(cfg, token, self.run_dir, "127.0.0.1:1", "127.0.0.1:2")
+        params = cfg.algorithm.params
+        module = ctx.algorithm_module()
+        ps = ParameterServer(
+            0, module.optimizer(params), params.max_staleness, None, RunStats(cfg.stop.window)
+        )
+        ps_address = self._serve(
+            ps, pb_grpc.add_ParameterServerServicer_to_server, ctx, 16 + ctx.cluster.actor
+        )
+        spec = module.replay_spec(params, *ctx.spaces())
+        memory = memory_role.build(cfg, spec, 0, ctx.cluster)
+        self._memories.append(memory)
+        memory_address = self._serve(memory, pb_grpc.add_ReplayMemoryServicer_to_server, ctx, 16)
+        return Shards(_context(cfg, token, self.run_dir, ps_address, memory_address), ps, memory)
+
+    @staticmethod
+    def items(spec: dict, start: int, n: int) -> dict[str, np.ndarray]:
+        """`n` items matching a table spec; every value derives from the item's index."""
+        k = np.arange(start, start + n)
+        return {
+            name: (k.reshape(-1, *[1] * len(shape)) + np.zeros(shape)).astype(dtype)
+            for name, (shape, dtype) in spec.items()
+        }
+
+    @staticmethod
+    def state(servicer) -> dict:
+        """Everything a shard holds that a request could change, read in this process.
+
+        PS: version, round, flags, counters (but `pulls`, which reading the values moves),
+        recent returns and the serialized values. Memory: status counters, table size and
+        content (a copy of the table's `state_dict`, or what an aggregate table holds).
+        """
+        status = servicer.Status(pb.StatusRequest(), None)
+        state = {
+            "stopping": status.stopping,
+            "counters": {k: v for k, v in status.counters.items() if not k.endswith("/pulls")},
+        }
+        if isinstance(servicer, ParameterServer):
+            pull = servicer.Pull(pb.PullRequest(known_version=-1), None)
+            state.update(
+                version=status.version,
+                initialized=status.initialized,
+                stop_reason=status.stop_reason,
+                shutdown=servicer.shutdown_requested.is_set(),
+                returns=list(status.recent_returns),
+                round=pull.round,
+                values=[t.SerializeToString(deterministic=True) for t in pull.tensors],
+            )
+            return state
+        table = servicer.table
+        if hasattr(table, "state_dict"):
+            content = table.state_dict()
+        else:  # an aggregate table: the round it collects and the items held for it
+            content = {
+                "round": table.round,
+                "size": table.size,
+                "inserted": table.inserted,
+                "refused": table.refused,
+                "released_rounds": table.released_rounds,
+                "incomplete_round": table.incomplete_round,
+            }
+            for name in table.spec:
+                parts = [part[name] for part in table._parts]
+                content[f"data/{name}"] = np.concatenate(parts) if parts else None
+        state["table"] = {k: _frozen(v) for k, v in content.items()}
+        return state
+
+    @staticmethod
+    def settled_state(servicer, timeout_s: float = 5.0) -> dict:
+        """`state` once it stopped moving (a memory shard's table thread fills its
+        prefetch queue after inserts)."""
+        deadline = time.monotonic() + timeout_s
+        state = RoleServers.state(servicer)
+        while True:
+            time.sleep(0.05)
+            again = RoleServers.state(servicer)
+            if again == state:
+                return state
+            assert time.monotonic() < deadline, "the shard's state kept changing"
+            state = again
+
+    def close(self) -> None:
+        """Stops every server started."""
+        for memory in self._memories:
+            memory.close()
+        for server in self._servers:
+            server.stop(None).wait()
+
+
+@pytest.fixture(scope="module")
+def role_servers(tmp_path_factory):
+    """A `RoleServers` whose shards live until the end of the test module."""
+    servers = RoleServers(tmp_path_factory.mktemp("run"))
+    yield servers
+    servers.close()
