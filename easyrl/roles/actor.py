@@ -105,7 +105,7 @@ class Actor:
                 ctx.cfg, ctx.task, ctx.cluster.actor, ctx.run_dir, *ctx.spaces()
             )
         self._reported_steps = self._reported_updates = 0
-        self._last_report = time.monotonic()
+        self._last_report = self._last_stop_check = time.monotonic()
 
     def _sender(self) -> None:
         while not self.stop.is_set():
@@ -125,6 +125,19 @@ class Actor:
                     if getattr(err, "code", None) not in RETRY_INSERT:
                         raise
                     self.counters["rate_limited"] += 1
+                    self._stop_if_run_stopping()
+
+    def _stop_if_run_stopping(self, every_s: float = 2.0) -> None:
+        """While inserts are refused the main loop waits on the full outbox and does not
+        report, so the sender asks PS shard 0 (at most every `every_s`) whether the run is
+        over: once learners stop, the rate limiter refuses inserts forever."""
+        now = time.monotonic()
+        if now - self._last_stop_check < every_s:
+            return
+        self._last_stop_check = now
+        if self.weights.clients[0].call("Status", pb.StatusRequest()).stopping:
+            log.info("run is stopping")
+            self.stop.set()
 
     def _weight_sync(self) -> None:
         while not self.stop.is_set():
