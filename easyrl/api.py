@@ -34,7 +34,7 @@ from easyrl.errors import ConfigError, EasyRLError
 
 __all__ = ["TrainResult", "load", "train"]
 
-YAML_DOCUMENT_END = "...\n"
+_YAML_DOCUMENT_END = "...\n"
 """What `yaml.safe_dump` appends to a lone scalar."""
 
 
@@ -167,7 +167,7 @@ def _override_strings(overrides: Mapping[str, Any], prefix: str) -> list[str]:
                 f"{dotted}: {type(value).__name__} {value!r} is not a plain config value "
                 "(use str, int, float, bool, None, lists and mappings)"
             ) from err
-        strings.append(f"{dotted}={text.removesuffix(YAML_DOCUMENT_END).strip()}")
+        strings.append(f"{dotted}={text.removesuffix(_YAML_DOCUMENT_END).strip()}")
     return strings
 
 

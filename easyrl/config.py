@@ -751,6 +751,12 @@ def _resolve(cfg: Config) -> Config:
         raise ConfigError(f"replay.kind: {cfg.algorithm.name} {works}, got {kind!r}")
     if ":" in cfg.model.kind and not callable(registry.load_object(cfg.model.kind, "model.kind")):
         raise ConfigError(f"model.kind: {cfg.model.kind!r} is not a class or function")
+    model_kinds = getattr(module, "MODEL_KINDS", ("mlp",))
+    if ("custom" if ":" in cfg.model.kind else cfg.model.kind) not in model_kinds:
+        raise ConfigError(
+            f"model.kind: {cfg.algorithm.name} builds its networks from model.kind "
+            f"{' or '.join(model_kinds)} ('custom' = a module:Class torso), got {cfg.model.kind!r}"
+        )
     if cfg.stop.eval_return_mean is not None and not cfg.cluster.evaluator:
         raise ConfigError("stop.eval_return_mean needs an evaluator: set cluster.evaluator: 1")
     cfg = _resolve_offline(cfg, module)
@@ -801,6 +807,11 @@ def _resolve_offline(cfg: Config, module) -> Config:
         )
     if out.dir is not None:
         raise ConfigError("output.dir: an offline run (input.dir) has no actors to record")
+    if cfg.replay.kind not in (None, "uniform") or "uniform" not in module.REPLAY_KINDS:
+        raise ConfigError(
+            f"replay.kind: an offline run (input.dir) samples the dataset uniformly; {name} "
+            f"works with {', '.join(module.REPLAY_KINDS)}, got replay.kind {cfg.replay.kind!r}"
+        )
     if cfg.cluster.actor is not None:
         raise ConfigError(
             f"cluster.actor: an offline run (input.dir) trains from the dataset without actors; "
@@ -817,7 +828,8 @@ def _resolve_offline(cfg: Config, module) -> Config:
 
     inp = dataclasses.replace(inp, dir=str(Path(inp.dir).absolute()))
     check_dataset(inp.dir, cfg.env.id, *env_spaces(cfg.env.id, **env_options(cfg.env)))
-    return dataclasses.replace(cfg, input=inp)
+    replay = dataclasses.replace(cfg.replay, kind="uniform")
+    return dataclasses.replace(cfg, input=inp, replay=replay)
 
 
 def _resolve_cluster(name: str, flow: str, cluster: ClusterConfig) -> ClusterConfig:

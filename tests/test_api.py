@@ -387,3 +387,25 @@ def test_child_pythonpath_carries_the_launchers_own_directories(tmp_path, monkey
     assert entries[:2] == [os.getcwd(), str(tmp_path)]
     assert entries[-1] == "already" and len(entries) == len(set(entries))
     assert not any(e.startswith(sys.base_prefix) for e in entries)  # the stdlib, site-packages
+
+
+@pytest.mark.parametrize(
+    "name, kind, accepted",
+    [
+        ("dqn", "my_nets:ResidualMLP", True),
+        ("impala", "my_nets:ResidualMLP", True),
+        ("a3c", "my_nets:ResidualMLP", True),
+        ("ppo", "my_nets:ResidualMLP", False),
+        ("sac", "my_nets:ResidualMLP", False),
+        ("ppo", "conv", False),
+    ],
+)
+def test_model_kind_must_suit_the_algorithm_at_load(example_on_path, name, kind, accepted):
+    raw = {"algorithm": {"name": name}, "model": {"kind": kind}}
+    if name == "sac":
+        raw["env"] = {"id": "Pendulum-v1"}
+    if accepted:
+        assert config_lib.from_dict(raw).model.kind == kind
+        return
+    with pytest.raises(ConfigError, match=rf"model.kind: {name} builds its networks from model"):
+        config_lib.from_dict(raw)

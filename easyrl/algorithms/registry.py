@@ -13,6 +13,8 @@ importable module of your own) that exposes
                   learner run (see `easyrl.roles.actor` and `easyrl.roles.learner`).
     REPLAY_KINDS  the replay table kinds it works with, the default first ("uniform",
                   "prioritized", "trajectory", "aggregate"); () for no replay memory.
+    MODEL_KINDS   (optional, default ("mlp",)) the `model.kind`s its networks are built from:
+                  "mlp", "conv", "custom" (a `module:Class` torso via `models.build_torso`).
     Params        a frozen dataclass of hyper-parameters, each field typed, with a default and
                   a one-line docstring under it; the config's `algorithm` keys next to `name`
                   load into it, strictly. Check values in `__post_init__` (raise ConfigError).
@@ -47,12 +49,13 @@ from easyrl.errors import ConfigError
 _MODULES = {
     "a3c": "easyrl.algorithms.a3c",
     "bc": "easyrl.algorithms.bc",
+    "bcq": "easyrl.algorithms.bcq",
     "ddpg": "easyrl.algorithms.ddpg",
     "dqn": "easyrl.algorithms.dqn",
     "es": "easyrl.algorithms.es",
     "impala": "easyrl.algorithms.impala",
-    "marwil": "easyrl.algorithms.marwil",
     "linucb": "easyrl.algorithms.linucb",
+    "marwil": "easyrl.algorithms.marwil",
     "ppo": "easyrl.algorithms.ppo",
     "sac": "easyrl.algorithms.sac",
     "td3": "easyrl.algorithms.td3",

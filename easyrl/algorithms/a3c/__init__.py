@@ -25,6 +25,8 @@ FLOW = "actor_gradients"
 """Execution flow: ps and actor roles only; actors push gradients of their own unrolls."""
 REPLAY_KINDS = ()
 """A3C uses no replay table."""
+MODEL_KINDS = impala.MODEL_KINDS
+"""Network kinds: IMPALA's."""
 
 
 @dataclass(frozen=True)

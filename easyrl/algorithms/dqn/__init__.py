@@ -9,6 +9,8 @@ FLOW = "async_replay"
 """Execution flow: actors ship transitions, learners sample asynchronously."""
 REPLAY_KINDS = ("prioritized", "uniform")
 """Replay tables DQN works with; the first is the default."""
+MODEL_KINDS = ("mlp", "conv", "custom")
+"""Network kinds: MLP, conv torso, or a custom `module:Class` torso."""
 
 
 @dataclass(frozen=True)
@@ -80,6 +82,48 @@ def replay_spec(params: Params, obs_space, action_space) -> dict:
         "reward": ((), np.dtype(np.float32)),
         "next_obs": (obs_shape, obs_dtype),
         "discount": ((), np.dtype(np.float32)),
+    }
+
+
+def dataset_items(params: Params, steps: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Batch DQN: the n-step transitions (`replay_spec` columns) of a dataset's rows (the
+    rows of `easyrl.offline.dataset.read_steps`: whole episodes, sorted by episode and t),
+    the ones the actors' `NStepAccumulator` makes from the same steps (in row order). For the
+    row of step t, with m = min(n, steps left in its episode):
+
+        reward   = sum_{k<m} gamma^k r_{t+k}
+        next_obs = next_obs_{t+m-1}                 (the real final observation at the end)
+        discount = 0 if the episode terminated at t+m-1, else gamma^m
+
+    An episode whose last row is truncated (or carries neither flag: cut by the recorder)
+    bootstraps from its final observation.
+
+    Raises:
+        DatasetError: the rows are not whole sorted episodes, or a row before an episode's
+            last one is terminated or truncated.
+    """
+    from easyrl.offline.dataset import DatasetError, episode_bounds
+
+    bounds = episode_bounds(steps)
+    rows = np.arange(bounds[-1])  # [R]
+    last = np.repeat(bounds[1:] - 1, np.diff(bounds))  # [R] last row of each row's episode
+    terminated = np.asarray(steps["terminated"], bool)  # [R]
+    if ((terminated | np.asarray(steps["truncated"], bool)) & (rows != last)).any():
+        raise DatasetError("an episode ends (terminated or truncated) before its last row")
+    m = np.minimum(params.n_step, last - rows + 1)  # [R] steps in each row's return
+    reward = np.asarray(steps["reward"], np.float64)
+    returns = np.zeros(len(rows))  # [R]
+    for k in range(params.n_step):
+        ahead = np.minimum(rows + k, last)  # [R] clipped: masked out where k >= m
+        returns += np.where(k < m, params.gamma**k * reward[ahead], 0.0)
+    end = rows + m - 1  # [R] row whose next_obs the transition bootstraps from
+    discount = np.where(terminated[end], 0.0, float(params.gamma) ** m)
+    return {
+        "obs": steps["obs"],
+        "action": np.asarray(steps["action"], np.int64),
+        "reward": returns.astype(np.float32),
+        "next_obs": steps["next_obs"][end],
+        "discount": discount.astype(np.float32),
     }
 
 

@@ -31,6 +31,8 @@ FLOW = "async_replay"
 """Execution flow: actors ship unrolls, learners sample batches of them asynchronously."""
 REPLAY_KINDS = ("trajectory",)
 """Replay tables IMPALA works with: a FIFO table of whole unrolls."""
+MODEL_KINDS = ("mlp", "conv", "custom")
+"""Network kinds: MLP, conv torso, or a custom `module:Class` torso."""
 
 OPTIMIZERS = ("adam", "rmsprop", "sgd")
 """Optimizer kinds the PS shards know."""
@@ -173,16 +175,15 @@ def check_spaces(obs_space, action_space, model, algorithm: str = "impala") -> N
 
     Raises:
         ConfigError: the action space is not Discrete, the observation is not a Box, or its
-            rank does not fit `model.kind` (mlp: flat [D]; conv: frames [H, W, C]).
+            rank does not fit `model.kind` (mlp: flat [D]; conv: frames [H, W, C]; a custom
+            torso is not checked here).
     """
     if not isinstance(action_space, gym.spaces.Discrete):
         raise ConfigError(f"{algorithm} needs a Discrete action space, got {action_space}")
     if not isinstance(obs_space, gym.spaces.Box):
         raise ConfigError(f"{algorithm} needs a Box observation space, got {obs_space}")
-    rank = {"mlp": 1, "conv": 3}.get(model.kind)
-    if rank is None:
-        raise ConfigError(f"{algorithm} supports model.kind 'mlp' or 'conv', got {model.kind!r}")
-    if len(obs_space.shape) != rank:
+    rank = {"mlp": 1, "conv": 3}.get(model.kind)  # a custom torso takes what it takes
+    if rank is not None and len(obs_space.shape) != rank:
         raise ConfigError(
             f"{algorithm} with model.kind {model.kind!r} needs observations of rank {rank}, "
             f"got shape {obs_space.shape}"
