@@ -1,28 +1,25 @@
 """Fixtures shared by the protocol tests: PS and memory shards served in this process the
 way `easyrl run --role ps|memory` serves them (`easyrl.roles.ps.run`,
 `easyrl.roles.memory.run`: the role's servicer, built from a config, behind
-`rpc.make_server` with the run's token and the config's TLS files)."""
+`rpc.make_server` with the run's token and the config's TLS files).
 
-import os
+The easyrl roles (and TensorFlow, which the PS imports) are imported when a fixture is
+used, not when the suite starts.
+"""
 
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
 
-import time  # noqa: E402
-from dataclasses import dataclass  # noqa: E402
-from pathlib import Path  # noqa: E402
+import numpy as np
+import pytest
+from test_cluster import launch  # noqa: F401 (the `launch` fixture: `easyrl train` runs)
 
-import numpy as np  # noqa: E402
-import pytest  # noqa: E402
-
-from easyrl import config as config_lib  # noqa: E402
-from easyrl.cluster.spec import ClusterSpec  # noqa: E402
-from easyrl.metrics import RunStats  # noqa: E402
-from easyrl.roles import memory as memory_role  # noqa: E402
-from easyrl.roles.common import RoleContext  # noqa: E402
-from easyrl.roles.ps import ParameterServer  # noqa: E402
-from easyrl.transport import easyrl_pb2 as pb  # noqa: E402
-from easyrl.transport import easyrl_pb2_grpc as pb_grpc  # noqa: E402
-from easyrl.transport import rpc  # noqa: E402
+if TYPE_CHECKING:
+    from easyrl.roles.common import RoleContext
+    from easyrl.roles.memory import MemoryServer
+    from easyrl.roles.ps import ParameterServer
 
 CONFIGS = Path(__file__).resolve().parent.parent / "configs"
 
@@ -60,12 +57,15 @@ class Shards:
     `ctx` is a role context of that run pointing at both (`ctx.client("ps", 0)` is how a
     worker of the run connects)."""
 
-    ctx: RoleContext
-    ps: ParameterServer
-    memory: memory_role.MemoryServer
+    ctx: "RoleContext"
+    ps: "ParameterServer"
+    memory: "MemoryServer"
 
 
-def _context(cfg, token: str | None, run_dir: Path, ps: str, memory: str) -> RoleContext:
+def _context(cfg, token: str | None, run_dir: Path, ps: str, memory: str) -> "RoleContext":
+    from easyrl.cluster.spec import ClusterSpec
+    from easyrl.roles.common import RoleContext
+
     cluster = ClusterSpec(ps=(ps,), memory=(memory,), learner=1, actor=cfg.cluster.actor)
     return RoleContext(cfg=cfg, task=0, cluster=cluster, token=token, run_dir=run_dir)
 
@@ -93,10 +93,14 @@ class RoleServers:
     def config(kind: str, *overrides: str):
         """The shipped config for replay table `kind`, shrunk, with `overrides` (e.g.
         "security.tls_ca=...") on top."""
+        from easyrl import config as config_lib
+
         name, table = TABLE_CONFIGS[kind]
         return config_lib.load(CONFIGS / name, [*_SMALL_RUN, *table, *overrides])
 
-    def _serve(self, servicer, add, ctx: RoleContext, workers: int) -> str:
+    def _serve(self, servicer, add, ctx, workers: int) -> str:
+        from easyrl.transport import rpc
+
         server, port = rpc.make_server("127.0.0.1:0", ctx.token, max_workers=workers, tls=ctx.tls())
         add(servicer, server)
         server.start()
@@ -105,6 +109,11 @@ class RoleServers:
 
     def start(self, cfg, token: str | None) -> Shards:
         """Serves PS shard 0 (with the run's counters) and memory shard 0 of `cfg`'s run."""
+        from easyrl.metrics import RunStats
+        from easyrl.roles import memory as memory_role
+        from easyrl.roles.ps import ParameterServer
+        from easyrl.transport import easyrl_pb2_grpc as pb_grpc
+
         ctx = _context(cfg, token, self.run_dir, "127.0.0.1:1", "127.0.0.1:2")
         params = cfg.algorithm.params
         module = ctx.algorithm_module()
@@ -137,12 +146,14 @@ class RoleServers:
         recent returns and the serialized values. Memory: status counters, table size and
         content (a copy of the table's `state_dict`, or what an aggregate table holds).
         """
+        from easyrl.transport import easyrl_pb2 as pb
+
         status = servicer.Status(pb.StatusRequest(), None)
         state = {
             "stopping": status.stopping,
             "counters": {k: v for k, v in status.counters.items() if not k.endswith("/pulls")},
         }
-        if isinstance(servicer, ParameterServer):
+        if not hasattr(servicer, "table"):  # a PS shard
             pull = servicer.Pull(pb.PullRequest(known_version=-1), None)
             state.update(
                 version=status.version,

@@ -182,6 +182,9 @@ def test_empty_request(role_servers, shards, raw, role, method, code):
 
 
 def _set(**fields):
+    """Sets fields of the first tensor; a callable value gets the old shape (for `shape`) or
+    the tensor (for the others)."""
+
     def mutate(tensors):
         first = pb.Tensor()
         first.CopyFrom(tensors[0])
@@ -207,10 +210,17 @@ def _recast(dtype):
 
 
 def _with(extra):
+    """Appends `extra(first tensor)`."""
+
     def mutate(tensors):
         return [*tensors, extra(tensors[0])]
 
     return mutate
+
+
+def _permuted(shape: list[int]) -> list[int]:
+    """The same element count in another layout: reversed (1-D: a trailing 1 added)."""
+    return shape + [1] if len(shape) == 1 else shape[::-1]
 
 
 def _renamed(name):
@@ -229,13 +239,10 @@ TENSOR_MUTATIONS = {
     "dtype-float64-recast": _recast(np.float64),
     "dtype-int32-recast": _recast(np.int32),
     "dtype-relabelled-float64": _set(dtype="float64"),
-    "shape-reversed": _set(shape=lambda s: s[::-1] + [1] if s == s[::-1] else s[::-1]),
+    "shape-permuted": _set(shape=_permuted),
     "shape-extra-dim": _set(shape=lambda s: [*s, 1]),
     "shape-flat": _set(shape=lambda s: [math.prod(s)] + ([1] if len(s) == 1 else [])),
     "shape-scalar": _set(shape=[], data=lambda t: t.data[: np.dtype(t.dtype).itemsize]),
-    "bytes-one-more": _set(data=lambda t: t.data + b"\0"),
-    "bytes-one-less": _set(data=lambda t: t.data[:-1]),
-    "bytes-none": _set(data=b""),
     "shape-huge": _set(shape=[2**40, 2**40]),
     "shape-huge-overflowing": _set(shape=[2**62, 2**62, 2**62]),
     "shape-huge-empty": _set(shape=[0, 2**62], data=b""),
@@ -245,6 +252,9 @@ TENSOR_MUTATIONS = {
         shape=[-2, -3], data=lambda t: t.data[: 6 * np.dtype(t.dtype).itemsize]
     ),
     "shape-int64-min": _set(shape=[-(2**63)]),
+    "bytes-one-more": _set(data=lambda t: t.data + b"\0"),
+    "bytes-one-less": _set(data=lambda t: t.data[:-1]),
+    "bytes-none": _set(data=b""),
     "name-empty": _set(name=""),
     "name-unknown": _set(name="no/such/tensor"),
     "name-nested-under-first": _with(lambda t: _renamed(f"{t.name}/x")(t)),
@@ -255,30 +265,21 @@ TENSOR_MUTATIONS = {
 }
 
 
-def _ps_tensors(shard, mutation, values):
-    return TENSOR_MUTATIONS[mutation](codec.encode_named(values))
-
-
-def _mutated_push(shard, mutation):
-    tensors = _ps_tensors(shard, mutation, PS_GRADS)
-    return pb.PushRequest(version=shard.ps.version, gradients=tensors)
-
-
-def _mutated_assign(shard, mutation):
-    tensors = _ps_tensors(shard, mutation, {k: v + 1 for k, v in PS_VALUES.items()})
-    return pb.AssignRequest(tensors=tensors, only_if_empty=False)
-
-
 @pytest.mark.parametrize("mutation", TENSOR_MUTATIONS)
 @pytest.mark.parametrize("method", ["Push", "Assign"])
 def test_ps_malformed_tensors(role_servers, shards, raw, method, mutation):
-    shard = shards["prioritized"]
-    build = _mutated_push if method == "Push" else _mutated_assign
-    payload = build(shard, mutation).SerializeToString()
+    mutate = TENSOR_MUTATIONS[mutation]
+    if method == "Push":  # against the current version: only the tensors are wrong
+        version = shards["prioritized"].ps.version
+        request = pb.PushRequest(version=version, gradients=mutate(codec.encode_named(PS_GRADS)))
+    else:  # overwriting the values
+        values = {k: v + 1 for k, v in PS_VALUES.items()}
+        request = pb.AssignRequest(tensors=mutate(codec.encode_named(values)))
+    payload = request.SerializeToString()
     check_refused(role_servers, shards, raw, "ps", "prioritized", method, payload, INVALID)
 
 
-def _insert(shard, batch, **fields) -> bytes:
+def _insert(batch, **fields) -> bytes:
     return pb.InsertRequest(tensors=codec.encode_batch(batch), **fields).SerializeToString()
 
 
@@ -307,7 +308,7 @@ def _no_items(batch):
 @pytest.mark.parametrize("kind", KINDS)
 def test_insert_bad_batch(role_servers, shards, raw, kind, bad):
     spec = shards[kind].memory.table.spec
-    payload = _insert(shards[kind], bad(role_servers.items(spec, 100, 3)))
+    payload = _insert(bad(role_servers.items(spec, 100, 3)))
     check_refused(role_servers, shards, raw, "memory", kind, "Insert", payload, INVALID)
 
 
@@ -315,7 +316,7 @@ def test_insert_bad_batch(role_servers, shards, raw, kind, bad):
 def test_insert_larger_than_the_table(role_servers, shards, raw, kind):
     """More items than the table can ever hold at once (a replay ring keeps the newest)."""
     table = shards[kind].memory.table
-    payload = _insert(shards[kind], role_servers.items(table.spec, 100, table.capacity + 1))
+    payload = _insert(role_servers.items(table.spec, 100, table.capacity + 1))
     details = check_refused(role_servers, shards, raw, "memory", kind, "Insert", payload, INVALID)
     assert str(table.capacity) in details
 
@@ -355,7 +356,7 @@ def test_insert_priorities_to_a_table_without_priorities(role_servers, shards, r
 @pytest.mark.parametrize("round_", [-1, -(2**63)])
 def test_insert_negative_round(role_servers, shards, raw, round_):
     spec = shards["aggregate"].memory.table.spec
-    payload = _insert(shards["aggregate"], role_servers.items(spec, 100, 3), round=round_)
+    payload = _insert(role_servers.items(spec, 100, 3), round=round_)
     check_refused(role_servers, shards, raw, "memory", "aggregate", "Insert", payload, INVALID)
 
 

@@ -1,12 +1,12 @@
 """Authentication and TLS, end to end: PS and memory shards served the way the roles serve
 them refuse every RPC without the run's token, speak TLS (and mutual TLS) with
-certificates made here, and a cluster of real role processes trains over mutual TLS
-without its token ever showing in a command line, the saved config or a log."""
+certificates made here, and `easyrl train` runs real role processes over mutual TLS
+without its token ever showing in a command line, the saved config or a log.
+"""
 
 import datetime
 import ipaddress
-import os
-import time
+import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -17,10 +17,8 @@ from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
-from test_cluster import BASE_OVERRIDES, CONFIG, ROOT, _assert_no_processes_left
+from test_cluster import _assert_no_processes_left, _role_pids
 
-from easyrl import config as config_lib
-from easyrl.cluster.launcher import LocalCluster
 from easyrl.errors import TransportError
 from easyrl.transport import codec, rpc
 from easyrl.transport import easyrl_pb2 as pb
@@ -338,66 +336,52 @@ def _proc_file(pid: int, name: str) -> bytes:
         return b""
 
 
-@pytest.mark.timeout(150)
-def test_role_processes_train_over_mutual_tls_and_never_show_the_token(tmp_path, pki, monkeypatch):
-    """The launcher's `LocalCluster` starts every role as a process (token in the
-    environment, cluster in EASYRL_CLUSTER) with TLS files in the saved config; the run's
-    counters move, and the token shows nowhere but in the children's environment."""
-    monkeypatch.setenv(
-        "PYTHONPATH", os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
-    )
-    monkeypatch.delenv(rpc.TOKEN_ENV, raising=False)
-    run_dir = (tmp_path / "run").resolve()
-    overrides = [*BASE_OVERRIDES, f"run.dir={run_dir}", "cluster.actor=1", "stop.max_seconds=120"]
-    cfg = config_lib.load(CONFIG, [*overrides, *pki.overrides()])
-    run_dir.mkdir()
-    config_path = run_dir / "config.yaml"
-    config_lib.save(cfg, config_path)  # as `easyrl train` does
-    token = rpc.new_token()
-    cluster = LocalCluster(cfg, config_path, token)
-    try:
-        for role in ("ps", "memory", "learner", "actor"):
-            cluster.start_role(role, getattr(cfg.cluster, role))
-        from easyrl.roles.common import RoleContext
-
-        ctx = RoleContext(cfg=cfg, task=0, cluster=cluster.spec, token=token, run_dir=run_dir)
-        ps, memory = ctx.client("ps", 0), ctx.client("memory", 0)
-        deadline = time.monotonic() + 120
-        while True:
-            counters = dict(ps.call("Status", pb.StatusRequest(), retry_s=60).counters)
-            if counters.get("updates", 0) > 0 and counters["ps/0/applied"] > 0:
-                break
-            for child in cluster.children:
-                assert child.process.poll() is None, (
-                    f"{child.name} exited:\n{child.log_path.read_text()}"
-                )
-            assert time.monotonic() < deadline, f"no updates: {counters}"
-            time.sleep(0.5)
-        assert counters["env_steps"] > 0 and counters["actor/0/env_steps"] > 0
-        assert counters["learner/0/updates"] > 0
-        status = memory.call("Status", pb.StatusRequest()).counters
-        assert status["memory/0/inserts"] > 0 and status["memory/0/samples"] > 0
-
-        # The token reached every child, through its environment only.
-        secret = token.encode()
-        for child in cluster.children:
-            pid = child.process.pid
-            assert f"{rpc.TOKEN_ENV}={token}".encode() in _proc_file(pid, "environ"), child.name
-            cmdline = _proc_file(pid, "cmdline")
-            assert b"--role" in cmdline and secret not in cmdline, child.name
-        # A plaintext client, or one without the run's certificate, gets nothing.
-        for tls in ({}, {"tls_ca": pki.ca}):
-            plain = rpc.Client(rpc.stub_class("ps"), cluster.spec.ps[0], token, retry_s=0, **tls)
-            with pytest.raises(TransportError) as info:
-                plain.call("Status", pb.StatusRequest())
-            assert info.value.code == grpc.StatusCode.UNAVAILABLE
-            plain.close()
-        ps.close()
-        memory.close()
-    finally:
-        cluster.shutdown(workers_stopping=False)
-    files = [p for p in run_dir.rglob("*") if p.is_file()]
-    assert config_path in files and any(p.suffix == ".log" for p in files)
-    for path in files:  # the saved config, the logs, checkpoints and metrics
-        assert secret not in path.read_bytes(), path
-    _assert_no_processes_left(run_dir)
+@pytest.mark.timeout(200)
+def test_easyrl_train_over_mutual_tls_never_shows_the_token(launch, pki):
+    """`easyrl train` with TLS files in the config: every role and the launcher itself talk
+    mutual TLS, the run trains to its budget, and the token shows nowhere but in the
+    children's environment (not in a command line, the saved config, a log)."""
+    run = launch("stop.max_env_steps=3000", "cluster.actor=1", *pki.overrides())
+    run.poll_until(lambda: (run.metrics() or [{}])[-1].get("updates", 0) > 0, 150, "updates")
+    pids = {
+        f"{role}-0": _role_pids(run.config_path, role, 0)
+        for role in ("ps", "memory", "learner", "actor")
+    }
+    token = None
+    for name, found in pids.items():
+        assert len(found) == 1, (name, found)
+        environ = dict(
+            line.split(b"=", 1)
+            for line in _proc_file(found[0], "environ").split(b"\0")
+            if b"=" in line
+        )
+        token = token or environ[rpc.TOKEN_ENV.encode()]
+        assert environ[rpc.TOKEN_ENV.encode()] == token, name  # one token for the run
+        cmdline = _proc_file(found[0], "cmdline")
+        assert b"--role" in cmdline and token not in cmdline, name
+    assert len(token) >= 32
+    # A plaintext client, or one without the run's certificate, gets nothing.
+    address = json.loads(
+        dict(
+            line.split(b"=", 1)
+            for line in _proc_file(pids["ps-0"][0], "environ").split(b"\0")
+            if b"=" in line
+        )[b"EASYRL_CLUSTER"]
+    )["ps"][0]
+    for tls in ({}, {"tls_ca": pki.ca}):
+        plain = rpc.Client(rpc.stub_class("ps"), address, token.decode(), retry_s=0, **tls)
+        with pytest.raises(TransportError) as info:
+            plain.call("Status", pb.StatusRequest())
+        assert info.value.code == grpc.StatusCode.UNAVAILABLE
+        plain.close()
+    code = run.wait(150)
+    assert code == 0, f"exit code {code}:\n{run.output()}\n{run.logs()}"
+    counters = run.summary()["servers"]["ps/0"]["counters"]
+    assert counters["env_steps"] >= 3000 and counters["ps/0/applied"] > 0, counters
+    memory = run.summary()["servers"]["memory/0"]["counters"]
+    assert memory["memory/0/inserts"] > 0 and memory["memory/0/samples"] > 0, memory
+    files = [p for p in run.run_dir.rglob("*") if p.is_file()]
+    assert run.config_path in files and any(p.suffix == ".log" for p in files)
+    for path in [*files, run.out_path]:  # saved config, logs, checkpoints, metrics, output
+        assert token not in path.read_bytes(), path
+    _assert_no_processes_left(run.run_dir)

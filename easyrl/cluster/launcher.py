@@ -174,7 +174,17 @@ class LocalCluster:
     def client(self, role: str, task: int, retry_s: float = 5.0) -> rpc.Client:
         """A client for server `task` of `role`."""
         address = getattr(self.spec, role)[task]
-        return rpc.Client(rpc.stub_class(role), address, self.token, timeout_s=5.0, retry_s=retry_s)
+        sec = self.cfg.security  # the launcher's calls go over TLS too when the roles' do
+        return rpc.Client(
+            rpc.stub_class(role),
+            address,
+            self.token,
+            timeout_s=5.0,
+            retry_s=retry_s,
+            tls_ca=sec.tls_ca,
+            tls_cert=sec.tls_cert,
+            tls_key=sec.tls_key,
+        )
 
     def wait_ready(self) -> None:
         """Blocks until every server answers Status.
