@@ -773,6 +773,7 @@ def _resolve(cfg: Config) -> Config:
                 f"cluster.memory: {cfg.cluster.memory} memory shards but only "
                 f"{cfg.cluster.actor} actors; every shard needs an actor to fill its rounds"
             )
+    kind = cfg.replay.kind or kind  # an offline run samples its dataset uniformly
     return dataclasses.replace(cfg, replay=dataclasses.replace(cfg.replay, kind=kind))
 
 
