@@ -346,12 +346,14 @@ def report(r: dict, args) -> str:
         "started.",
         "Every process shares the machine's cores (clients included), so the shard's rate "
         "is a lower bound of what it serves with cores of its own.",
-        "The shard's queues: gRPC hands calls to 16 handler threads (`rpc.make_server`, "
-        "`max_workers=16`; grpcio queues further calls without a limit), handlers put "
-        "operations on the table thread's unbounded `_ops` queue and block until it answers. "
-        "Calls in flight are therefore bounded by the clients (one each here), not by the "
-        "server; the rate limiter (when configured) is the only server-side back-pressure "
-        "(an insert waits, then fails RESOURCE_EXHAUSTED after min(5 s, its deadline)).",
+        "The shard's queues: gRPC hands calls to 16 + actors + 4 x learners handler threads "
+        "(`roles.memory.run` sizes them from the cluster: here 16 + 32 + 4 = 52), so inserts "
+        "the rate limiter holds back never take the threads the learners' samples need; "
+        "handlers put operations on the table thread's `_ops` queue and block until it "
+        "answers. Calls in flight are bounded by the clients (one each, as actors do), not by "
+        "the server; the rate limiter (when configured) is the server-side back-pressure "
+        "(an insert waits, then fails RESOURCE_EXHAUSTED after min(5 s, its deadline); the "
+        "actor sends it again).",
     ]
     notes += [f"First {code}: `{text}`" for code, text in sorted(r["examples"].items())]
     return table + "\n\n" + "\n".join(f"- {n}" for n in notes) + "\n"
