@@ -8,7 +8,8 @@ own run directory under a temporary folder:
    whole episodes once their trailing mean return reaches 400 and the run stops after
    50,000 recorded steps (exit 0).
 2. `configs/cartpole_bc.yaml`, `configs/cartpole_marwil.yaml` (`cartpole_bcq.yaml`) with
-   `--set input.dir=DATA`: 0 actors; each stops (exit 0) at an evaluation return of 350.
+   `--set input.dir=DATA`: 0 actors; each stops (exit 0) at its evaluation target
+   (`stop.eval_return_mean`: 350 for BC and MARWIL).
 
 Reports the dataset (steps, episodes, the behaviour policy's mean episode return in it) and
 per offline run the wall time, exit code, stop reason, evaluation return, the off-policy
@@ -26,6 +27,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -95,7 +97,9 @@ def main() -> None:
             overrides = [f"input.dir={data}", *args.overrides]
             result = train_once(configs / name, overrides, Path(tmp) / Path(name).stem)
             print(json.dumps(result), flush=True)
-            rows.append([name, result["wall_s"], result["exit"], result["eval_return_mean"]])
+            target = yaml.safe_load((configs / name).read_text())["stop"]["eval_return_mean"]
+            rows.append([name, target, result["wall_s"], result["exit"]])
+            rows[-1].append(result["eval_return_mean"])
             rows[-1] += [result["eval_ope_is"], result["eval_ope_wis"], result["updates"]]
             rows[-1].append(result["reason"])
     body = ""
@@ -110,18 +114,19 @@ def main() -> None:
         f"episode return {dataset['return_mean']:.1f} (min {dataset['return_min']:.0f}); "
         f"behaviour log-probabilities: {'yes' if dataset['behaviour_logp'] else 'no'}.\n\n"
     )
-    headers = ["config", "wall s", "exit", "eval return", "OPE IS", "OPE WIS", "updates"]
-    body += markdown_table([*headers, "stop reason"], rows) + "\n\n"
+    headers = ["config", "target", "wall s", "exit", "eval return", "OPE IS", "OPE WIS"]
+    body += markdown_table([*headers, "updates", "stop reason"], rows) + "\n\n"
     body += (
         "Each offline run: `easyrl train configs/<config> --set input.dir=<dataset>` (0 actors; "
-        "target `stop.eval_return_mean: 350`, 10 greedy episodes per evaluation). OPE: "
+        "target: the config's `stop.eval_return_mean`, 10 greedy episodes per evaluation; "
+        "BCQ is reported when its config exists). OPE (algorithms with `action_logp`): "
         "trajectory-wise importance sampling of the learned stochastic policy on 100 logged "
         "episodes, undiscounted (IS weights over 400-500-step episodes are extreme: WIS is "
         "the readable one).\n"
     )
     print(body)
     if args.write:
-        title = "Offline: record CartPole, then BC / MARWIL to evaluation return 350"
+        title = "Offline: record CartPole with PPO, then BC / MARWIL (/ BCQ) from the dataset"
         write_section("offline cartpole", section_text(title, started, load_before, body))
 
 

@@ -181,7 +181,7 @@ def cluster_spec(cfg: config_lib.Config, name: str, options: Options) -> Cluster
         ps=addresses("ps"),
         memory=addresses("memory"),
         learner=c.learner,
-        actor=c.actor,
+        actor=c.actor or 0,  # None: an offline run, no actors
         evaluator=c.evaluator,
     )
 
