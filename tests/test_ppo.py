@@ -285,9 +285,9 @@ def test_params_are_checked(change):
         (gym.spaces.Box(0, 255, (8, 8, 3), np.uint8), DISCRETE, MODEL, "flat Box observation"),
         (OBS_SPACE, gym.spaces.MultiDiscrete([2, 2]), MODEL, "Discrete or a flat Box"),
         (OBS_SPACE, gym.spaces.Box(-np.inf, np.inf, (2,)), MODEL, "finite Box action bounds"),
-        (OBS_SPACE, DISCRETE, ModelConfig(kind="cnn"), "mlp"),
+        (OBS_SPACE, DISCRETE, ModelConfig(kind="conv"), "mlp"),
     ],
-    ids=["image", "multidiscrete", "unbounded", "cnn"],
+    ids=["image", "multidiscrete", "unbounded", "conv"],
 )
 def test_build_refuses_unsupported_setups(obs_space, action_space, model, match):
     with pytest.raises(ConfigError, match=match):

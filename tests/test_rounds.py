@@ -633,6 +633,7 @@ def aggregate_cfg(capacity: int):
         env=SimpleNamespace(num_envs=2),
         replay=SimpleNamespace(kind="aggregate", capacity=capacity),
         run=SimpleNamespace(seed=0),
+        input=SimpleNamespace(dir=None),
     )
 
 

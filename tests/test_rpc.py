@@ -203,6 +203,18 @@ def test_call_gives_up_on_unavailable_after_retry_budget(connect):
     assert 0.15 <= elapsed < 1.0, elapsed
 
 
+def test_unreachable_peer_is_logged_once_per_interval_not_per_retry(connect, caplog):
+    address = f"127.0.0.1:{free_port()}"
+    client = connect(address, TOKEN, timeout_s=2.0, retry_s=1.0)
+    with caplog.at_level("WARNING", logger="easyrl.transport.rpc"):
+        for _ in range(2):  # ~10 retries in all, well within one WARN_EVERY_S
+            with pytest.raises(TransportError):
+                status_of(client)
+    warnings = [r.getMessage() for r in caplog.records if address in r.getMessage()]
+    assert len(warnings) == 1, warnings
+    assert "unreachable; retrying for up to" in warnings[0]
+
+
 def test_retry_budget_from_constructor(connect):
     client = connect(f"127.0.0.1:{free_port()}", TOKEN, timeout_s=2.0, retry_s=0.2)
     start = time.monotonic()

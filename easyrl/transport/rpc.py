@@ -259,6 +259,8 @@ class Client:
 
     BACKOFF_START_S = 0.05
     BACKOFF_CAP_S = 2.0
+    WARN_EVERY_S = 5.0
+    """A peer that stays unreachable is logged at most this often per client."""
 
     def __init__(
         self,
@@ -279,6 +281,7 @@ class Client:
         self.address = address
         self.timeout_s = timeout_s
         self.retry_s = retry_s
+        self._last_warning = -self.WARN_EVERY_S
         if tls_ca or tls_cert:
             creds = grpc.ssl_channel_credentials(
                 root_certificates=Path(tls_ca).read_bytes() if tls_ca else None,
@@ -318,6 +321,10 @@ class Client:
                     )
                     error.code = code
                     raise error from None
+                if time.monotonic() - self._last_warning >= self.WARN_EVERY_S:
+                    self._last_warning = time.monotonic()
+                    left = max(0.0, give_up - time.monotonic())
+                    log.warning("%s unreachable; retrying for up to %.0f s", self.address, left)
             time.sleep(min(delay, max(0.0, give_up - time.monotonic())) * random.uniform(0.5, 1))
             delay = min(delay * 2, self.BACKOFF_CAP_S)
 

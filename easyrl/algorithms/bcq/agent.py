@@ -80,14 +80,7 @@ class BCQ(DQN):
             (gradients in the order of `self.variables`, stats with the `STAT_NAMES` keys,
             new priorities |y - Q(s, a)| `[B]`).
         """
-        flat_grads, stats, td_abs = self._step(
-            np.asarray(batch["obs"], self.obs_dtype),
-            np.asarray(batch["action"], np.int64),
-            np.asarray(batch["reward"], np.float32),
-            np.asarray(batch["next_obs"], self.obs_dtype),
-            np.asarray(batch["discount"], np.float32),
-            np.asarray(weights, np.float32),
-        )
+        flat_grads, stats, td_abs = self._step(*self.step_inputs(batch, weights))
         stats = dict(zip(STAT_NAMES, stats.numpy().tolist(), strict=True))
         return self._all_flat.split(flat_grads.numpy()), stats, td_abs.numpy()
 

@@ -134,7 +134,14 @@ class DQN:
         Returns:
             (gradients in the order of `self.variables`, stats, new priorities [B]).
         """
-        flat_grads, loss, q_mean, td_abs = self._step(
+        flat_grads, loss, q_mean, td_abs = self._step(*self.step_inputs(batch, weights))
+        stats = {"loss": float(loss), "q_mean": float(q_mean)}
+        return self._flat.split(flat_grads.numpy()), stats, td_abs.numpy()
+
+    def step_inputs(self, batch: dict, weights: np.ndarray) -> tuple[np.ndarray, ...]:
+        """The compiled step's inputs from a batch of n-step transitions and IS weights:
+        obs, action, reward, next_obs, discount, weights, in their dtypes."""
+        return (
             np.asarray(batch["obs"], self.obs_dtype),
             np.asarray(batch["action"], np.int64),
             np.asarray(batch["reward"], np.float32),
@@ -142,8 +149,6 @@ class DQN:
             np.asarray(batch["discount"], np.float32),
             np.asarray(weights, np.float32),
         )
-        stats = {"loss": float(loss), "q_mean": float(q_mean)}
-        return self._flat.split(flat_grads.numpy()), stats, td_abs.numpy()
 
     def sync_target(self) -> None:
         """Copies the online network into the target network."""
