@@ -178,7 +178,8 @@ def test_address_list_of_wrong_type(value):
 
 
 @pytest.mark.parametrize(
-    "role, count, minimum", [("actor", -1, 0), ("learner", -1, 0)]  # 0 actors: offline runs
+    "role, count, minimum",
+    [("actor", -1, 0), ("learner", -1, 0)],  # 0 actors: offline runs
 )
 def test_counts_below_the_minimum(role, count, minimum):
     with pytest.raises(ConfigError, match=f"cluster.{role}: must be >= {minimum}"):
