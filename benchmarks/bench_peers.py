@@ -198,9 +198,9 @@ def main() -> None:
     )
     print(body)
     if args.write:
-        write_section(
-            "peers", section_text("Peers: easyrl vs SB3 vs RLlib", started, load_before, body)
-        )
+        name = f"peers {args.only}".strip()  # a partial re-run gets its own section
+        title = f"Peers: easyrl vs SB3 vs RLlib {args.only}".strip()
+        write_section(name, section_text(title, started, load_before, body))
 
 
 if __name__ == "__main__":

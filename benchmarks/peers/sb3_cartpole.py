@@ -3,8 +3,11 @@
     python sb3_cartpole.py PPO|DQN BUDGET_STEPS CORES WINDOW
 
 Hyper-parameters: the RL Baselines3 Zoo's tuned CartPole-v1 entries (hyperparams/ppo.yml,
-hyperparams/dqn.yml), SB3's documented settings for this task. Prints one JSON line of
-progress (env steps, episodes, trailing mean return of WINDOW episodes) every 0.25 s.
+hyperparams/dqn.yml), SB3's documented settings for this task, including their
+`n_timesteps` (PPO 1e5, DQN 5e4): the learning-rate, clip-range and exploration schedules
+are fractions of the total, so training longer would change them. BUDGET_STEPS only caps
+it. Prints one JSON line of progress (env steps, episodes, trailing mean return of WINDOW
+episodes) every 0.25 s.
 """
 
 import json
@@ -81,7 +84,8 @@ def main() -> None:
             seed=0,
             device="cpu",
         )
-    model.learn(total_timesteps=budget, callback=Report(window))
+    n_timesteps = {"PPO": 100_000, "DQN": 50_000}[name]
+    model.learn(total_timesteps=min(budget, n_timesteps), callback=Report(window))
 
 
 if __name__ == "__main__":
