@@ -177,7 +177,7 @@ def main() -> None:
                 [
                     framework,
                     algo,
-                    f"{solved:.1f}" if solved else f"not within {args.budget_s:.0f} s",
+                    f"{solved:.1f}" if solved else f"not reached ({result['wall_s']:.0f} s)",
                     result["steps"],
                     result["steps_per_s"],
                     result["return_mean"],
