@@ -31,6 +31,7 @@ from easyrl.algorithms.td3.agent import (
     Critics,
     PolyakTargets,
     min_q,
+    scaled_greedy_fn,
     transition_columns,
 )
 from easyrl.errors import ConfigError
@@ -190,20 +191,9 @@ class SAC:
 
     @functools.cached_property
     def greedy_fn(self) -> tf.types.experimental.PolymorphicFunction:
-        """`greedy` as one compiled function with a fixed input signature (observations
-        `[N, obs]` float32 in, actions `[N, A]` float32 out); `easyrl export` saves it as a
-        SavedModel. tanh(mu(s)) scaled to the bounds in float64 as `scale_actions` does, so
-        both give the same actions."""
-        low = tf.constant(self.low.astype(np.float64))  # [A]
-        high = tf.constant(self.high.astype(np.float64))
-
-        def greedy(obs):
-            a = tf.clip_by_value(tf.cast(self._mean_action(obs), tf.float64), -1.0, 1.0)  # [N, A]
-            scaled = tf.clip_by_value(low + (a + 1.0) * 0.5 * (high - low), low, high)
-            return tf.cast(scaled, tf.float32)
-
-        spec = tf.TensorSpec([None, self.obs_dim], tf.float32)
-        return tf.function(greedy, autograph=False, input_signature=[spec])
+        """`greedy` as one compiled function (see `scaled_greedy_fn`): tanh(mu(s)) scaled to
+        the bounds."""
+        return scaled_greedy_fn(self._mean_action, self.low, self.high, self.obs_dim)
 
     def initial_priorities(self, batch: dict, noise: np.ndarray | None = None) -> np.ndarray:
         """Ape-X initial priorities `[B]`: |y - Q_1(s, a)| with the actor's copies of the

@@ -133,6 +133,23 @@ def flatten_grads(grads: list[tf.Tensor], clip: float) -> tf.Tensor:
     return tf.concat([tf.reshape(g, [-1]) for g in grads], axis=0)
 
 
+def scaled_greedy_fn(normalized_action, low: np.ndarray, high: np.ndarray, obs_dim: int):
+    """A deterministic policy as one compiled function with a fixed input signature
+    (observations `[N, obs_dim]` float32 in, actions `[N, A]` float32 out), what
+    `easyrl export` saves as a SavedModel: `normalized_action(obs)` in [-1, 1] scaled to the
+    bounds in float64 as `scale_actions` does, so both give the same actions."""
+    low = tf.constant(low.astype(np.float64))  # [A]
+    high = tf.constant(high.astype(np.float64))
+
+    def greedy(obs):
+        a = tf.clip_by_value(tf.cast(normalized_action(obs), tf.float64), -1.0, 1.0)  # [N, A]
+        scaled = tf.clip_by_value(low + (a + 1.0) * 0.5 * (high - low), low, high)
+        return tf.cast(scaled, tf.float32)
+
+    spec = tf.TensorSpec([None, obs_dim], tf.float32)
+    return tf.function(greedy, autograph=False, input_signature=[spec])
+
+
 class TD3:
     """TD3's (and DDPG's) pieces for the runtime: networks, acting, priorities, the losses.
 
@@ -238,20 +255,9 @@ class TD3:
 
     @functools.cached_property
     def greedy_fn(self) -> tf.types.experimental.PolymorphicFunction:
-        """`greedy` as one compiled function with a fixed input signature (observations
-        `[N, obs]` float32 in, actions `[N, A]` float32 out); `easyrl export` saves it as a
-        SavedModel. The actor's output scaled to the bounds in float64 as `scale_actions` does, so
-        both give the same actions."""
-        low = tf.constant(self.low.astype(np.float64))  # [A]
-        high = tf.constant(self.high.astype(np.float64))
-
-        def greedy(obs):
-            a = tf.clip_by_value(tf.cast(self._policy(obs), tf.float64), -1.0, 1.0)  # [N, A]
-            scaled = tf.clip_by_value(low + (a + 1.0) * 0.5 * (high - low), low, high)
-            return tf.cast(scaled, tf.float32)
-
-        spec = tf.TensorSpec([None, self.obs_dim], tf.float32)
-        return tf.function(greedy, autograph=False, input_signature=[spec])
+        """`greedy` as one compiled function (see `scaled_greedy_fn`): the actor's output
+        scaled to the bounds."""
+        return scaled_greedy_fn(self._policy, self.low, self.high, self.obs_dim)
 
     def initial_priorities(self, batch: dict) -> np.ndarray:
         """Ape-X initial priorities `[B]`: |y - Q_1(s, a)| with the actor's copies of the
