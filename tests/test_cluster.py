@@ -187,6 +187,13 @@ class Run:
             time.sleep(0.2)
         pytest.fail(f"timed out after {timeout_s:.0f}s waiting for {what}:\n{self.output()}")
 
+    def signal_role(self, role: str, task: int, signum: int) -> int:
+        """Sends `signum` to the one process of `role` `task` of this run; returns its pid."""
+        pids = _role_pids(self.config_path, role, task)
+        assert len(pids) == 1, (role, task, pids)
+        os.kill(pids[0], signum)
+        return pids[0]
+
     def cleanup(self) -> None:
         """Stops the launcher (SIGTERM = Ctrl-C, then SIGKILL) and kills its leftovers."""
         if self.process.poll() is None:
@@ -556,9 +563,7 @@ def test_actor_killed_is_restarted(launch):
         return metrics if metrics and metrics[-1].get("actor/1/env_steps", 0) > 0 else None
 
     run.poll_until(actor1_reported, 120, "actor 1 reporting env steps")
-    pids = _role_pids(run.config_path, "actor", 1)
-    assert len(pids) == 1, pids
-    os.kill(pids[0], signal.SIGKILL)
+    run.signal_role("actor", 1, signal.SIGKILL)
     kill_lines = len(run.metrics())
     at_kill = run.metrics()[kill_lines - 1]
 
@@ -602,9 +607,7 @@ def test_learner_killed_is_restarted_and_updates_keep_rising(launch):
         return metrics if metrics and metrics[-1].get("learner/0/updates", 0) >= 40 else None
 
     run.poll_until(learner_updated, 120, "learner 0 reporting updates")
-    pids = _role_pids(run.config_path, "learner", 0)
-    assert len(pids) == 1, pids
-    os.kill(pids[0], signal.SIGKILL)
+    run.signal_role("learner", 0, signal.SIGKILL)
     at_kill = run.metrics()[-1]
     code = run.wait(150)
     output = run.output()
@@ -637,9 +640,7 @@ def test_ps_killed_is_restarted_from_its_checkpoint(launch):
     run.poll_until(trained_and_checkpointed, 120, "updates and a PS checkpoint")
     with np.load(checkpoint) as data:
         saved_version = json.loads(data["meta"].tobytes())["version"]
-    pids = _role_pids(run.config_path, "ps", 0)
-    assert len(pids) == 1, pids
-    os.kill(pids[0], signal.SIGKILL)
+    run.signal_role("ps", 0, signal.SIGKILL)
     killed_at = len(run.metrics())
 
     def restored_status():
@@ -685,9 +686,7 @@ def test_memory_killed_is_restarted_from_its_snapshot(launch):
         return snapshot_items() >= 500 and metrics and metrics[-1].get("updates", 0) >= 20
 
     run.poll_until(trained_and_snapshotted, 120, "updates and a non-empty memory snapshot")
-    pids = _role_pids(run.config_path, "memory", 0)
-    assert len(pids) == 1, pids
-    os.kill(pids[0], signal.SIGKILL)
+    run.signal_role("memory", 0, signal.SIGKILL)
     # Read after the kill: the dead shard cannot write a newer one, and the restarted one
     # restores this file before it writes its first snapshot (3 s later).
     held = snapshot_items()
@@ -732,15 +731,13 @@ def test_sigterm_makes_every_role_save_what_it_owns_and_exit_within_10s(launch):
     )
     saved = {"ps": checkpoints / "ps-0.npz", "memory": checkpoints / "memory-0.npz"}
     for role, task in (("actor", 1), ("evaluator", 0), ("learner", 0), ("memory", 0), ("ps", 0)):
-        pids = _role_pids(run.config_path, role, task)
-        assert len(pids) == 1, (role, pids)
         sent = time.time()
-        os.kill(pids[0], signal.SIGTERM)
+        pid = run.signal_role(role, task, signal.SIGTERM)
         deadline = time.monotonic() + 10.0
-        while not _exited(pids[0]) and time.monotonic() < deadline:
+        while not _exited(pid) and time.monotonic() < deadline:
             time.sleep(0.05)
         took = time.time() - sent
-        assert _exited(pids[0]), f"{role}-{task} still running 10 s after SIGTERM:\n{run.logs()}"
+        assert _exited(pid), f"{role}-{task} still running 10 s after SIGTERM:\n{run.logs()}"
         if role in saved:  # a listening role checkpoints what it owns on the way out
             path = saved[role]
             assert path.exists() and path.stat().st_mtime >= sent - 0.01, (role, path)
@@ -776,9 +773,7 @@ def test_aggregate_memory_killed_mid_round_the_round_is_redone(launch):
         return lambda: (run.metrics() or [{}])[-1].get("learner/round", 0) >= n
 
     run.poll_until(round_at_least(3), 120, "three rounds")
-    pids = _role_pids(run.config_path, "memory", 0)
-    assert len(pids) == 1, pids
-    os.kill(pids[0], signal.SIGKILL)
+    run.signal_role("memory", 0, signal.SIGKILL)
     killed_round = run.metrics()[-1]["learner/round"]
     run.poll_until(round_at_least(killed_round + 3), 120, "rounds after the memory restart")
     code = run.wait(120)
