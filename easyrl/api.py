@@ -105,7 +105,7 @@ def train(
     return TrainResult(
         run_dir=run_dir,
         exit_code=exit_code,
-        reached_goal=reached_goal(cfg.stop, summary["reason"]),
+        reached_goal=reached_goal(cfg.stop, summary["reason"], cfg.output),
         reason=summary["reason"] or "",
         elapsed_s=summary["elapsed_s"],
         metrics=_last_record(run_dir / "metrics.jsonl"),

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from easyrl.config import StopConfig
+from easyrl.config import OutputConfig, StopConfig
 from easyrl.envs import make_vector_env, play_episodes
 from easyrl.metrics import RunStats, reached_goal, stop_reason
 from easyrl.roles.evaluator import BestCheckpoint
@@ -109,3 +109,17 @@ def test_eval_stop_needs_an_evaluator(cluster):
     raw = {"algorithm": {"name": "dqn"}, "stop": {"eval_return_mean": 1.0}, "cluster": cluster}
     with pytest.raises(ConfigError, match="needs an evaluator"):
         from_dict(raw)
+
+
+def test_recording_run_stops_and_succeeds_once_all_steps_are_written():
+    output = OutputConfig(dir="/tmp/data", max_steps=100)
+    stop = StopConfig(max_seconds=60.0)
+    written = {"actor/0/recorded_steps": 60.0, "actor/1/recorded_steps": 30.0}
+    assert stop_reason(stop, written, 10.0, output) is None
+    assert stop_reason(stop, written, 61.0, output) == "max_seconds reached: 61 s"
+    assert not reached_goal(stop, "max_seconds reached: 61 s", output)  # the budget ran out
+    written["actor/1/recorded_steps"] = 40.0
+    reason = stop_reason(stop, written, 61.0, output)
+    assert reason == "output.max_steps reached: 100 steps recorded"
+    assert reached_goal(stop, reason, output)
+    assert stop_reason(stop, written, 10.0) is None  # not a recording run

@@ -24,7 +24,6 @@ from easyrl.cluster.spec import CLUSTER_ENV, ClusterSpec
 from easyrl.errors import EasyRLError, TransportError
 from easyrl.metrics import reached_goal
 from easyrl.offline.dataset import check_output_dir
-from easyrl.offline.recorder import recorded_steps
 from easyrl.transport import easyrl_pb2 as pb
 from easyrl.transport import rpc
 
@@ -318,11 +317,6 @@ def progress_line(elapsed: float, counters: dict, restarts: int) -> str:
     )
 
 
-def recording_done(output, counters: dict) -> bool:
-    """Whether the actors wrote the `output.max_steps` steps asked for (run's end)."""
-    return output.max_steps is not None and recorded_steps(counters) >= output.max_steps
-
-
 def default_run_dir(cfg) -> str:
     """runs/<name>-<YYYYmmdd-HHMMSS> under the current directory."""
     return str(Path("runs") / f"{cfg.run.name}-{time.strftime('%Y%m%d-%H%M%S')}")
@@ -363,17 +357,11 @@ def train(cfg, out=sys.stdout) -> int:
                 restarts = sum(c.restarts for c in cluster.children)
                 elapsed = time.monotonic() - start
                 print(progress_line(elapsed, status["counters"], restarts), file=out, flush=True)
-            if status and recording_done(cfg.output, status["counters"]):
-                reason = f"output.max_steps reached: {cfg.output.max_steps} steps recorded"
-                break
             if status:
                 if status["stopping"]:
                     ps_stopping = True
                     reason = status["stop_reason"] or "stopped by PS shard 0"
-        if cfg.output.max_steps is not None:  # a recording run's goal: all steps written
-            exit_code = 0 if reason.startswith("output.max_steps") else 1
-        else:
-            exit_code = 0 if reached_goal(cfg.stop, reason) else 1
+        exit_code = 0 if reached_goal(cfg.stop, reason, cfg.output) else 1
     except KeyboardInterrupt:
         reason, exit_code = "interrupted", 130
     except EasyRLError as err:

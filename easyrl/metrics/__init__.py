@@ -117,14 +117,27 @@ class RunStats:
             self._last = (time.monotonic(), self._counters["env_steps"], self._counters["updates"])
 
 
-def stop_reason(stop, snapshot: dict[str, float], elapsed_s: float) -> str | None:
+def recorded_steps(counters: dict) -> float:
+    """Steps written to disk by all actors (`output:`), from PS shard 0's counters (each
+    actor reports its own as `actor/<task>/recorded_steps`)."""
+    return sum(
+        v for k, v in counters.items() if k.startswith("actor/") and k.endswith("/recorded_steps")
+    )
+
+
+def stop_reason(stop, snapshot: dict[str, float], elapsed_s: float, output=None) -> str | None:
     """Returns why the run should stop now, or None.
 
     Args:
         stop: the config's `stop` section.
         snapshot: a `RunStats.snapshot()`.
         elapsed_s: seconds since the run started.
+        output: the config's `output` section (a recording run ends once the actors wrote
+            `output.max_steps` steps), or None.
     """
+    if output is not None and output.max_steps is not None:
+        if recorded_steps(snapshot) >= output.max_steps:
+            return f"output.max_steps reached: {output.max_steps} steps recorded"
     target = stop.eval_return_mean
     if target is not None and snapshot.get("eval_return_mean", -np.inf) >= target:
         mean, episodes = snapshot["eval_return_mean"], int(snapshot["eval_episodes"])
@@ -143,11 +156,13 @@ def stop_reason(stop, snapshot: dict[str, float], elapsed_s: float) -> str | Non
     return None
 
 
-def reached_goal(stop, reason: str | None) -> bool:
-    """Whether a stop `reason` counts as success: a return target when one is set,
-    otherwise any budget stop."""
+def reached_goal(stop, reason: str | None, output=None) -> bool:
+    """Whether a stop `reason` counts as success: all `output.max_steps` steps recorded in
+    a recording run, else a return target when one is set, otherwise any budget stop."""
     if reason is None:
         return False
+    if output is not None and output.max_steps is not None:
+        return reason.startswith("output.max_steps reached")
     if stop.episode_return_mean is not None or stop.eval_return_mean is not None:
         return reason.startswith("target reached")
     return True

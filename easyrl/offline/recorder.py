@@ -4,8 +4,8 @@ Recording starts once the actor's own trailing mean episode return (over its las
 `stop.window` finished episodes) reaches `output.min_return_mean` (immediately when that is
 null), always at episode starts: only whole episodes are recorded. With `output.max_steps`,
 actor i of N records its share (`max_steps // N`, one more for the first `max_steps % N`
-actors), rounded up to whole episodes, then writes its last shard and stops recording; the
-launcher stops the run once the actors together wrote `max_steps` steps.
+actors), rounded up to whole episodes, then writes its last shard and stops recording; PS
+shard 0 stops the run once the actors together wrote `max_steps` steps (`metrics.stop_reason`).
 """
 
 import collections
@@ -17,14 +17,6 @@ import easyrl
 from easyrl.offline.dataset import DatasetWriter, make_schema
 
 log = logging.getLogger(__name__)
-
-
-def recorded_steps(counters: dict) -> float:
-    """Steps written to disk by all actors, from PS shard 0's counters (each actor reports
-    its own as `actor/<task>/recorded_steps`)."""
-    return sum(
-        v for k, v in counters.items() if k.startswith("actor/") and k.endswith("/recorded_steps")
-    )
 
 
 class Recorder:

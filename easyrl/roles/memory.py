@@ -400,11 +400,12 @@ def load_dataset(cfg, spec, shard: int, num_memory: int) -> tuple[UniformTable, 
     from easyrl.offline.dataset import list_shards, read_steps
 
     directory = cfg.input.dir
-    indices = list(range(shard, len(list_shards(directory)), num_memory))
+    count = len(list_shards(directory))
+    indices = list(range(shard, count, num_memory))
     if not indices:
         raise ReplayError(
             f"memory shard {shard} gets no shard of dataset {directory} (it has "
-            f"{len(list_shards(directory))}); use at most that many memory shards"
+            f"{count}); use at most that many memory shards"
         )
     module = registry.module(cfg.algorithm.name)
     items = module.dataset_items(cfg.algorithm.params, read_steps(directory, indices))

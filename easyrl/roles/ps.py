@@ -338,7 +338,9 @@ def metrics_loop(ps: ParameterServer, cfg, run_dir: Path, done: threading.Event)
     while not done.wait(cfg.run.log_interval_s):
         snapshot = {**ps.stats.snapshot(update_rates=True), **ps.own_counters()}
         elapsed = ps.elapsed()
-        reason = None if ps.stopping.is_set() else stop_reason(cfg.stop, snapshot, elapsed)
+        reason = None
+        if not ps.stopping.is_set():
+            reason = stop_reason(cfg.stop, snapshot, elapsed, cfg.output)
         if reason:
             log.info("stop condition: %s", reason)
             ps.stop_reason = reason
