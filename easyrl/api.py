@@ -89,7 +89,6 @@ def train(
         EasyRLError: called from another thread than the main one.
     """
     from easyrl.cluster import launcher
-    from easyrl.metrics import reached_goal
 
     if threading.current_thread() is not threading.main_thread():
         raise EasyRLError("easyrl.train must be called from the main thread (it handles signals)")
@@ -105,7 +104,7 @@ def train(
     return TrainResult(
         run_dir=run_dir,
         exit_code=exit_code,
-        reached_goal=reached_goal(cfg.stop, summary["reason"], cfg.output),
+        reached_goal=exit_code == 0,  # the launcher exits 0 exactly when the goal was reached
         reason=summary["reason"] or "",
         elapsed_s=summary["elapsed_s"],
         metrics=_last_record(run_dir / "metrics.jsonl"),
