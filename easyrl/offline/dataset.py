@@ -28,12 +28,12 @@ renamed, so a reader never sees half a shard.
 """
 
 import json
-import os
 import re
 from pathlib import Path
 
 import numpy as np
 
+from easyrl.atomic import save_npz, write_bytes
 from easyrl.errors import ConfigError, EasyRLError
 
 FORMAT_VERSION = 1
@@ -249,7 +249,7 @@ class DatasetWriter:
         self.actor, self.num_envs = actor, num_envs
         self.columns = schema_columns(schema)
         self.max_bytes = max_file_mb * 2**20
-        _write_atomic(self.directory / SCHEMA_FILE, json.dumps(schema, indent=2).encode())
+        write_bytes(self.directory / SCHEMA_FILE, json.dumps(schema, indent=2).encode())
         own = [p for p in list_shards(self.directory) if _SHARD.fullmatch(p.name)[1] == str(actor)]
         self.next_shard, next_episode = 0, 0
         if own:
@@ -332,10 +332,7 @@ class DatasetWriter:
             return
         batch = {k: np.concatenate([e[k] for e in self._episodes]) for k in self.columns}
         path = self.directory / f"shard-{self.actor}-{self.next_shard}.npz"
-        tmp = path.with_name(path.name + ".tmp")
-        with tmp.open("wb") as f:
-            np.savez_compressed(f, **batch)
-        os.replace(tmp, path)
+        save_npz(path, batch, compressed=True)
         self.next_shard += 1
         self.counters["written_steps"] += len(batch["t"])
         self.counters["written_episodes"] += len(self._episodes)
@@ -347,12 +344,6 @@ class DatasetWriter:
         self.flush()
         for env in range(self.num_envs):
             self.discard(env)
-
-
-def _write_atomic(path: Path, data: bytes) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_bytes(data)
-    os.replace(tmp, path)
 
 
 def check_output_dir(directory: str | Path) -> None:

@@ -16,12 +16,12 @@ it with the returns: `evaluator/eval_ope_is` and `evaluator/eval_ope_wis` in the
 
 import json
 import logging
-import os
 import threading
 from pathlib import Path
 
 import numpy as np
 
+from easyrl.atomic import save_npz
 from easyrl.envs import evaluation_options, make_vector_env, play_episodes
 from easyrl.offline.ope import OffPolicyEvaluator
 from easyrl.roles.common import ShardedWeights, stop_event_on_signals
@@ -56,10 +56,7 @@ class BestCheckpoint:
         arrays = {f"var/{name}": v.numpy() for name, v in variables.items()}
         meta = {**meta, "eval_return_mean": mean}
         arrays["meta"] = np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.path.with_suffix(".tmp.npz")
-        np.savez(tmp, **arrays)
-        os.replace(tmp, self.path)
+        save_npz(self.path, arrays)
         self.best = mean
         return True
 

@@ -20,7 +20,6 @@ This module does not import TensorFlow.
 
 import collections
 import logging
-import os
 import queue
 import threading
 import time
@@ -31,6 +30,7 @@ from pathlib import Path
 import grpc
 import numpy as np
 
+from easyrl.atomic import save_npz
 from easyrl.errors import RateLimitTimeout, ReplayError
 from easyrl.replay.aggregate import AggregateTable
 from easyrl.replay.rate_limiter import RateLimiter
@@ -348,10 +348,7 @@ class MemoryServer(pb_grpc.ReplayMemoryServicer):
             state = self._submit("snapshot", (), 0.0)
         else:
             state = self.table.state_dict()
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".tmp.npz")
-        np.savez(tmp, **state)
-        os.replace(tmp, path)
+        save_npz(path, state)
         items = len(next(v for k, v in state.items() if k.startswith(DATA_PREFIX)))
         self.counters["snapshot_items"] = items
         return items

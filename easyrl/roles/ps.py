@@ -11,7 +11,6 @@ with `Pull(min_round=r+1)`, which waits on a condition instead of spinning.
 
 import json
 import logging
-import os
 import threading
 import time
 from pathlib import Path
@@ -20,6 +19,7 @@ import numpy as np
 import tensorflow as tf
 
 from easyrl.algorithms.optimizers import OptimizerGroups, OptimizerSpec
+from easyrl.atomic import save_npz
 from easyrl.errors import EasyRLError
 from easyrl.metrics import MetricsWriter, RunStats, stop_reason
 from easyrl.models import FlatVariables
@@ -129,11 +129,7 @@ class ParameterServer(pb_grpc.ParameterServerServicer):
             if self.stats is not None:
                 meta["stats"] = self.stats.state()
         arrays["meta"] = np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8)
-        path = self._checkpoint_path
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".tmp.npz")
-        np.savez(tmp, **arrays)
-        os.replace(tmp, path)
+        save_npz(self._checkpoint_path, arrays)
 
     def _restore(self, path: Path) -> None:
         with np.load(path) as data:
