@@ -28,6 +28,7 @@ import yaml
 
 from easyrl.algorithms import registry
 from easyrl.errors import ConfigError
+from easyrl.imports import load_object
 
 __all__ = [
     "ActorConfig",
@@ -154,6 +155,12 @@ class ReplayConfig(_Section):
     """Allowed deviation from samples_per_insert, in samples (None: the replay's default)."""
     prefetch: int = 2
     """Ready sample batches kept per shard."""
+
+    @property
+    def prioritized(self) -> bool:
+        """Whether items carry priorities: actors compute initial ones, learners send new
+        ones back."""
+        return self.kind == "prioritized"
 
 
 @dataclass(frozen=True)
@@ -749,7 +756,7 @@ def _resolve(cfg: Config) -> Config:
     if kind not in kinds and kind is not None:
         works = f"works with {' or '.join(kinds)}" if kinds else "uses no replay memory"
         raise ConfigError(f"replay.kind: {cfg.algorithm.name} {works}, got {kind!r}")
-    if ":" in cfg.model.kind and not callable(registry.load_object(cfg.model.kind, "model.kind")):
+    if ":" in cfg.model.kind and not callable(load_object(cfg.model.kind, "model.kind")):
         raise ConfigError(f"model.kind: {cfg.model.kind!r} is not a class or function")
     model_kinds = getattr(module, "MODEL_KINDS", ("mlp",))
     if ("custom" if ":" in cfg.model.kind else cfg.model.kind) not in model_kinds:

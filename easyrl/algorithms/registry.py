@@ -7,31 +7,12 @@ built-in one. `load_object` resolves the `"module:attribute"` paths that name ot
 (custom torsos, `model.kind: my_pkg.nets:MyTorso`).
 
 Adding an algorithm: write one module (a package like `easyrl/algorithms/dqn/` or any
-importable module of your own) that exposes
-
-    FLOW          "async_replay", "sync_rounds" or "actor_gradients": the loop the actor and
-                  learner run (see `easyrl.roles.actor` and `easyrl.roles.learner`).
-    REPLAY_KINDS  the replay table kinds it works with, the default first ("uniform",
-                  "prioritized", "trajectory", "aggregate"); () for no replay memory.
-    MODEL_KINDS   (optional, default ("mlp",)) the `model.kind`s its networks are built from:
-                  "mlp", "conv", "custom" (a `module:Class` torso via `models.build_torso`).
-    Params        a frozen dataclass of hyper-parameters, each field typed, with a default and
-                  a one-line docstring under it; the config's `algorithm` keys next to `name`
-                  load into it, strictly. Check values in `__post_init__` (raise ConfigError).
-    optimizer(params)
-                  the optimizer the PS shards apply gradients with (an
-                  `easyrl.algorithms.optimizers.OptimizerSpec`, or {variable prefix: spec}).
-    replay_spec(params, obs_space, action_space)
-                  the replay columns, {name: (per-item shape, numpy dtype)} (when REPLAY_KINDS
-                  is not empty, or actors build such items themselves).
-    round_share(params, num_envs, actor_index, num_actors)
-                  (sync_rounds only) the items one actor ships per round.
-    build(params, obs_space, action_space, model, seed=0, learner=False)
-                  the TF side: an object with `flow`, `variables` ({name: tf.Variable}, the
-                  names every process agrees on), `greedy`, and the flow's hooks (`collector`,
-                  `learn` / `learn_round`, ...); `easyrl.algorithms.dqn` is the shortest model to
-                  copy. Import TensorFlow here, not at module level, so that loading a config
-                  stays cheap.
+importable module of your own) that follows `easyrl.algorithms.contract.AlgorithmModule`:
+FLOW, REPLAY_KINDS, a frozen `Params` dataclass (with the `RuntimeParams` the runtime reads:
+`max_staleness`, and `batch_size` when learners sample batches), `optimizer`, `replay_spec`,
+`build` (returning the flow's agent protocol), and `round_share` for synchronous rounds.
+`easyrl.algorithms.dqn` is the shortest model to copy; `examples/custom/` shows one outside
+the package.
 
 Register a built-in one in `_MODULES`; a module of your own needs no registration:
 `algorithm.name: my_pkg.my_algo` (it must be importable by every process of the run; the
@@ -42,9 +23,10 @@ import dataclasses
 import importlib
 import importlib.util
 from types import ModuleType
-from typing import Any
 
+from easyrl.algorithms.contract import FLOWS
 from easyrl.errors import ConfigError
+from easyrl.imports import import_module
 
 _MODULES = {
     "a3c": "easyrl.algorithms.a3c",
@@ -61,47 +43,10 @@ _MODULES = {
     "td3": "easyrl.algorithms.td3",
 }
 
-FLOWS = ("async_replay", "sync_rounds", "actor_gradients")
-"""The execution flows an algorithm module's FLOW may name."""
-
 
 def known() -> list[str]:
     """Returns the registered algorithm names, sorted."""
     return sorted(_MODULES)
-
-
-def import_module(name: str, what: str) -> ModuleType:
-    """Imports module `name` of user code that the config value `what` names.
-
-    Raises:
-        ConfigError: the module cannot be imported; the message names `what` and the cause.
-    """
-    try:
-        return importlib.import_module(name)
-    except ImportError as err:
-        raise ConfigError(f"cannot import module {name!r} of {what}: {err}") from err
-
-
-def load_object(path: str, key: str) -> Any:
-    """Returns the object a `"package.module:attribute"` path in the config names.
-
-    Args:
-        path: the module's dotted name, a colon, and the attribute (may be dotted, `A.b`).
-        key: the dotted config key holding `path`, for error messages.
-
-    Raises:
-        ConfigError: `path` is not of that form, its module cannot be imported, or the module
-            has no such attribute.
-    """
-    module_name, _, attribute = path.partition(":")
-    if not module_name or not attribute:
-        raise ConfigError(f"{key}: expected 'package.module:attribute', got {path!r}")
-    found: Any = import_module(module_name, f"{key} {path!r}")
-    for part in attribute.split("."):
-        if not hasattr(found, part):
-            raise ConfigError(f"{key}: module {module_name!r} has no attribute {attribute!r}")
-        found = getattr(found, part)
-    return found
 
 
 def module(name: str) -> ModuleType:
@@ -114,13 +59,14 @@ def module(name: str) -> ModuleType:
             the known names), the module fails to import, or it lacks part of the contract.
     """
     if name in _MODULES:
-        return importlib.import_module(_MODULES[name])
-    if "." not in name and not (name.isidentifier() and importlib.util.find_spec(name)):
+        found = importlib.import_module(_MODULES[name])
+    elif "." not in name and not (name.isidentifier() and importlib.util.find_spec(name)):
         raise ConfigError(
             f"algorithm.name: unknown algorithm {name!r}; known algorithms: {', '.join(known())} "
             "(or the name of your own algorithm module, e.g. my_pkg.my_algo)"
         )
-    found = import_module(name, f"algorithm.name {name!r}")
+    else:
+        found = import_module(name, f"algorithm.name {name!r}")
     _check_contract(found, name)
     return found
 
@@ -144,6 +90,15 @@ def _check_contract(found: ModuleType, name: str) -> None:
         raise ConfigError(
             f"algorithm.name: module {name!r} has FLOW {found.FLOW!r}; expected one of "
             f"{', '.join(FLOWS)}"
+        )
+    runtime = ["max_staleness"]
+    if set(found.REPLAY_KINDS) & {"uniform", "prioritized", "trajectory"}:
+        runtime.append("batch_size")  # learners sample batches of this size
+    lacking = [field for field in runtime if not hasattr(found.Params, field)]
+    if lacking:
+        raise ConfigError(
+            f"algorithm.name: {name}.Params lacks {', '.join(lacking)}, which the runtime "
+            "reads (see easyrl.algorithms.contract.RuntimeParams)"
         )
 
 

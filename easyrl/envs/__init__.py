@@ -25,8 +25,8 @@ from typing import Any
 import gymnasium
 import numpy as np
 
-from easyrl.algorithms import registry
 from easyrl.errors import ConfigError, EasyRLError
+from easyrl.imports import import_module
 
 __all__ = [
     "ASYNC_CONTEXT",
@@ -83,7 +83,7 @@ def _resolve_spec(env_id: str) -> gymnasium.envs.registration.EnvSpec:
         register_ale()
     if ":" in env_id:
         module, name = env_id.split(":", 1)
-        found = registry.import_module(module, f"environment id {env_id!r}")
+        found = import_module(module, f"environment id {env_id!r}")
         if name not in gymnasium.registry and callable(getattr(found, name, None)):
             name = _register_custom(module, name)
     try:

@@ -153,7 +153,7 @@ def build_torso(model, obs_shape: tuple[int, ...], name: str, rng: np.random.Gen
         ConfigError: a custom torso's path cannot be imported.
     """
     if ":" in model.kind:
-        from easyrl.algorithms.registry import load_object
+        from easyrl.imports import load_object
 
         torso = load_object(model.kind, "model.kind")(model, tuple(obs_shape), name, rng)
         _check_torso(torso, model.kind, name)

@@ -1,44 +1,42 @@
 """Actor: steps a vector of environments with its local copy of the policy.
 
-Threads: the main loop (inference + env step + post-processing), a sender thread
-(bounded queue -> memory shard `actor_index % num_memory`) and a weight-sync
-thread (PS shards -> a "latest weights" slot the main loop swaps in between
-steps).
+The loop is the flow's (`easyrl.flows`: `act` of async_replay, sync_rounds or
+actor_gradients); this module is its plumbing: the agent's collector (`act`, then `observe`,
+per vector step), a sender thread (bounded outbox -> memory shard `actor_index %
+num_memory`), a weight-sync thread (PS shards -> a "latest weights" slot the loop swaps in
+between steps), and reports of env steps and episodes to PS shard 0.
 
-The algorithm supplies a collector (`act`, then `observe`, per vector step); the
-loop around it depends on the algorithm's flow:
-- async replay (DQN, IMPALA): act, ship every `send_every` steps, sync weights every
-  `weight_sync_every` steps, never wait.
-- synchronous rounds (PPO, ES): collect this actor's share of round r with the
-  weights of round r, ship it tagged with r, then wait (long-poll, no spinning) for
-  the learner to publish round r + 1.
-- actor gradients (A3C): no memory and no learner: compute gradients on each
-  collected unroll, push them to every PS shard, continue with the values the push
-  returns. Actor 0 initializes the PS shards.
-
-With `output.dir` set, `_step` also hands every vector step to an
+With `output.dir` set, `step` also hands every vector step to an
 `easyrl.offline.recorder.Recorder`, which writes whole episodes to the dataset (flushed
 when the actor stops, SIGTERM included).
 """
 
-import functools
 import logging
 import queue
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
+from typing import cast
 
 import grpc
 import numpy as np
 
+from easyrl.algorithms.contract import (
+    Agent,
+    Collector,
+    GradientsAgent,
+    PrioritizedAgent,
+    ReplayAgent,
+    RoundsAgent,
+)
 from easyrl.envs import env_options, final_observations, make_vector_env
 from easyrl.errors import TransportError
+from easyrl.flows import actor_gradients, async_replay, sync_rounds
 from easyrl.roles.common import (
     ShardedWeights,
-    guarded,
     put_until_stopped,
     stop_event_on_signals,
 )
+from easyrl.seeds import derive_seed
 from easyrl.transport import codec
 from easyrl.transport import easyrl_pb2 as pb
 
@@ -78,9 +76,16 @@ class EpisodeTracker:
 
 
 class Actor:
-    """The actor's loops (see the module docstring)."""
+    """The actor's loops (see the module docstring).
 
-    def __init__(self, ctx, algo, stop: threading.Event):
+    Args:
+        ctx: the role context.
+        algo: the built agent; its `flow` picks the loop, and the loop uses it as that
+            flow's protocol (`easyrl.algorithms.contract`).
+        stop: set to stop every loop.
+    """
+
+    def __init__(self, ctx, algo: Agent, stop: threading.Event):
         self.ctx = ctx
         self.algo = algo
         self.stop = stop
@@ -107,7 +112,8 @@ class Actor:
         self._reported_steps = self._reported_updates = 0
         self._last_report = self._last_stop_check = time.monotonic()
 
-    def _sender(self) -> None:
+    def send_loop(self) -> None:
+        """The sender thread: outbox -> memory shard; a rate-limited insert is sent again."""
         while not self.stop.is_set():
             try:
                 request = self.outbox.get(timeout=0.1)
@@ -122,7 +128,7 @@ class Actor:
                     # Rate limited: the shard refused (RESOURCE_EXHAUSTED) or the call ran out
                     # of time while waiting; send the same batch again (a rare duplicate
                     # transition in replay is harmless, a lost batch is not).
-                    if getattr(err, "code", None) not in RETRY_INSERT:
+                    if err.code not in RETRY_INSERT:
                         raise
                     self.counters["rate_limited"] += 1
                     self._stop_if_run_stopping()
@@ -139,22 +145,32 @@ class Actor:
             log.info("run is stopping")
             self.stop.set()
 
-    def _weight_sync(self) -> None:
+    def weight_sync_loop(self) -> None:
+        """The weight-sync thread: fetches the PS shards' values when the loop asks."""
         while not self.stop.is_set():
             if not self.sync_requested.wait(0.1):
                 continue
             self.sync_requested.clear()
             self.weights.fetch()
 
-    def _ship(self, parts: list[dict]) -> bool:
-        batch = {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
-        request = pb.InsertRequest(tensors=codec.encode_batch(batch), actor=self.ctx.task)
-        if self.ctx.cfg.replay.kind == "prioritized":
-            priorities = self.algo.initial_priorities(batch).astype(np.float32)
-            request.priorities.CopyFrom(codec.encode_array("priorities", priorities))
+    def ship(self, batch: dict, round_: int = 0) -> bool:
+        """Queues `batch` for the memory shard, tagged with its round (synchronous rounds),
+        with initial priorities when the replay is prioritized.
+
+        Returns:
+            False if the actor stopped before the outbox had room.
+        """
+        request = pb.InsertRequest(
+            tensors=codec.encode_batch(batch), actor=self.ctx.task, round=round_
+        )
+        if self.ctx.cfg.replay.prioritized:
+            priorities = cast(PrioritizedAgent, self.algo).initial_priorities(batch)
+            request.priorities.CopyFrom(
+                codec.encode_array("priorities", priorities.astype(np.float32))
+            )
         return put_until_stopped(self.outbox, request, self.stop)
 
-    def _report(self, steps: int, stats: dict, force: bool = False, updates: int = 0) -> None:
+    def report(self, steps: int, stats: dict, force: bool = False, updates: int = 0) -> None:
         """Reports env steps (and, for actor gradients, updates), finished episodes and stats
         to PS shard 0 every half second (or now when `force`); stops the actor when the run
         is stopping."""
@@ -181,8 +197,8 @@ class Actor:
             self.stop.set()
 
     def run(self) -> None:
-        """Waits for initial weights, then acts until the run stops."""
-        cfg, flow = self.ctx.cfg, self.algo.flow
+        """Waits for initial weights, then runs the flow's loop until the run stops."""
+        cfg = self.ctx.cfg
         peers = [*self.weights.clients, *([self.memory] if self.memory else [])]
         if not self.ctx.wait_for_peers(peers, self.stop):
             return
@@ -190,36 +206,24 @@ class Actor:
             log.info("actor 0 initialized the PS shards (no learner in this cluster)")
         if not self.weights.wait_initialized(self.stop, cfg.run.peer_timeout_s):
             return
-        # The flow's main loop, and the communication threads beside it.
-        loop, bodies = {
-            "async_replay": (self._replay_loop, (self._sender, self._weight_sync)),
-            "sync_rounds": (self._rounds_loop, (self._sender,)),
-            "actor_gradients": (self._gradients_loop, ()),
-        }[flow]
-        threads = [
-            threading.Thread(target=guarded, args=(f, self.stop), daemon=True) for f in bodies
-        ]
-        for thread in threads:
-            thread.start()
-        seed = cfg.run.seed * 10_000 + self.ctx.task * cfg.env.num_envs
+        seed = derive_seed(cfg.run.seed, "actor", self.ctx.task)
         env = make_vector_env(
             cfg.env.id, cfg.env.num_envs, vector=cfg.env.vector, seed=seed, **env_options(cfg.env)
         )
         try:
-            loop(env, seed)
+            LOOPS[self.algo.flow](self, env, seed)
         finally:
             self.stop.set()
             env.close()
             if self.recorder is not None:
                 self.recorder.close()
-            for thread in threads:
-                thread.join(timeout=5)
 
-    def _collector(self, seed: int):
-        cfg = self.ctx.cfg
-        return self.algo.collector(cfg.env.num_envs, seed, self.ctx.task, self.ctx.cluster.actor)
+    def collector(self, agent: ReplayAgent | RoundsAgent | GradientsAgent, seed: int):
+        """The collector of this actor (`num_envs` envs, actor `task` of all actors)."""
+        cfg, cluster = self.ctx.cfg, self.ctx.cluster
+        return agent.collector(cfg.env.num_envs, seed, self.ctx.task, cluster.actor)
 
-    def _step(self, env, collector, obs, rng) -> tuple[np.ndarray, dict | None]:
+    def step(self, env, collector: Collector, obs, rng) -> tuple[np.ndarray, dict | None]:
         """One vector step: act, step the envs, observe, count episodes.
 
         Returns:
@@ -230,85 +234,26 @@ class Actor:
         done = terminated | truncated
         real_next = final_observations(next_obs, infos, done)
         if self.recorder is not None:
-            logp = getattr(collector, "last_action_logp", None)
-            self.recorder.step(obs, actions, rewards, terminated, truncated, real_next, logp)
+            self.recorder.step(
+                obs, actions, rewards, terminated, truncated, real_next, collector.last_action_logp
+            )
         out = collector.observe(rewards, next_obs, real_next, terminated, truncated)
         self.episodes.step(rewards, done)
         return next_obs, out
 
-    def _replay_loop(self, env, seed: int) -> None:
-        """Async replay: act, ship every `send_every` steps, refresh weights on the side."""
-        cfg = self.ctx.cfg
-        rng = np.random.default_rng(seed)
-        collector = self._collector(seed)
-        obs, _ = env.reset(seed=seed)
-        parts, steps = [], 0
-        while not self.stop.is_set():
-            self.weights.swap_in()
-            obs, out = self._step(env, collector, obs, rng)
-            if out is not None:
-                parts.append(out)
-            steps += cfg.env.num_envs
-            vector_steps = steps // cfg.env.num_envs
-            if vector_steps % cfg.actor.weight_sync_every == 0:
-                self.sync_requested.set()
-            if vector_steps % cfg.actor.send_every == 0 and parts:
-                if not self._ship(parts):
-                    return
-                parts = []
-            self._report(steps, collector.stats())
+    def discard_open_episodes(self) -> None:
+        """Forgets the unfinished episodes (the loop reset the envs)."""
+        self.episodes.discard_open()
+        if self.recorder is not None:
+            self.recorder.reset()
 
-    def _gradients_loop(self, env, seed: int) -> None:
-        """Actor gradients (A3C): gradients of every collected unroll go straight to the PS;
-        the push replies carry the new values."""
-        cfg = self.ctx.cfg
-        rng = np.random.default_rng(seed)
-        collector = self._collector(seed)
-        obs, _ = env.reset(seed=seed)
-        steps, updates, stats = 0, 0, {}
-        with ThreadPoolExecutor(max_workers=len(self.weights.clients)) as pool:
-            while not self.stop.is_set():
-                obs, out = self._step(env, collector, obs, rng)
-                steps += cfg.env.num_envs
-                if out is not None:
-                    grads, stats, _ = self.algo.learn(out, None)
-                    self.weights.push_and_swap_in(grads, self.ctx.task, pool, self.counters)
-                    updates += 1
-                self._report(steps, {**collector.stats(), **stats}, updates=updates)
 
-    def _rounds_loop(self, env, seed: int) -> None:
-        """Synchronous rounds: collect this actor's share of round r with the weights of
-        round r, ship it tagged with r, wait for round r + 1."""
-        cfg, task = self.ctx.cfg, self.ctx.task
-        rng = np.random.default_rng(seed)
-        share = self.ctx.algorithm_module().round_share(
-            cfg.algorithm.params, cfg.env.num_envs, task, self.ctx.cluster.actor
-        )
-        collector = self._collector(seed)
-        round_, steps = self.weights.round, 0
-        obs, _ = env.reset(seed=seed)
-        while not self.stop.is_set():
-            collector.start_round(share)
-            batch = None
-            while batch is None and not self.stop.is_set():
-                obs, batch = self._step(env, collector, obs, rng)
-                steps += cfg.env.num_envs
-                self._report(steps, {"round": round_})
-            if batch is None:
-                return
-            request = pb.InsertRequest(tensors=codec.encode_batch(batch), actor=task, round=round_)
-            if not put_until_stopped(self.outbox, request, self.stop):
-                return
-            self._report(steps, {"round": round_}, force=True)
-            report = functools.partial(self._report, steps, {"round": round_}, True)
-            if not self.weights.wait_round(round_ + 1, self.stop, on_wait=report):
-                return
-            round_ = self.weights.round
-            if collector.resets_envs:
-                obs, _ = env.reset()
-                self.episodes.discard_open()
-                if self.recorder is not None:
-                    self.recorder.reset()
+LOOPS = {
+    "async_replay": async_replay.act,
+    "sync_rounds": sync_rounds.act,
+    "actor_gradients": actor_gradients.act,
+}
+"""The actor's loop of each flow."""
 
 
 def run(ctx) -> int:

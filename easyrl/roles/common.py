@@ -1,16 +1,19 @@
 """What every role process shares: its context, clients to its peers, signals, weights."""
 
+import contextlib
 import logging
 import queue
 import signal
 import threading
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from easyrl.algorithms import registry
+from easyrl.algorithms.contract import Agent
 from easyrl.cluster.spec import ClusterSpec, assign_shards
 from easyrl.config import Config
 from easyrl.envs import env_options, env_spaces
@@ -103,7 +106,7 @@ class RoleContext:
         """The module of the configured algorithm (from the registry)."""
         return registry.module(self.cfg.algorithm.name)
 
-    def build_algorithm(self, learner: bool = False):
+    def build_algorithm(self, learner: bool = False) -> Agent:
         """Builds the algorithm's TF side (networks, act, loss) for this run; `learner` lets
         an algorithm spread its updates over several GPUs."""
         obs_space, action_space = self.spaces()
@@ -140,16 +143,31 @@ def stop_event_on_signals() -> StopSignal:
     return event
 
 
-def guarded(target, stop: StopSignal, *args) -> None:
-    """Runs a communication thread's body; a transport failure that outlived its
-    retries stops the whole role, which then exits non-zero (unless it was stopping
-    anyway)."""
+def guarded(target: Callable[[], None], stop: StopSignal) -> None:
+    """Runs a communication thread's body (a function, or a `functools.partial` of one); a
+    transport failure that outlived its retries stops the whole role, which then exits
+    non-zero (unless it was stopping anyway)."""
     try:
-        target(*args)
+        target()
     except TransportError as err:
         if not stop.is_set():
-            log.error("%s: %s", target.__name__, err)
+            log.error("%s: %s", getattr(target, "func", target).__name__, err)
             stop.fail(str(err))
+
+
+@contextlib.contextmanager
+def threads_running(stop: StopSignal, *bodies: Callable[[], None]) -> Iterator[None]:
+    """Runs each of `bodies` on a guarded daemon thread while the block runs; on leaving it,
+    sets `stop` and joins them (5 s each)."""
+    threads = [threading.Thread(target=guarded, args=(b, stop), daemon=True) for b in bodies]
+    for thread in threads:
+        thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join(timeout=5)
 
 
 def put_until_stopped(q: queue.Queue, item, stop: threading.Event) -> bool:

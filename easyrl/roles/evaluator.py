@@ -25,12 +25,10 @@ from easyrl.atomic import save_npz
 from easyrl.envs import evaluation_options, make_vector_env, play_episodes
 from easyrl.offline.ope import OffPolicyEvaluator
 from easyrl.roles.common import ShardedWeights, stop_event_on_signals
+from easyrl.seeds import derive_seed
 from easyrl.transport import easyrl_pb2 as pb
 
 log = logging.getLogger(__name__)
-
-EVAL_SEED_OFFSET = 1_000_003
-"""Added to the run's seed so that evaluation envs never replay an actor's seeds."""
 
 
 class BestCheckpoint:
@@ -70,7 +68,7 @@ def evaluate_forever(ctx, algo, stop: threading.Event) -> None:
     if not weights.wait_initialized(stop, cfg.run.peer_timeout_s):
         return
     options = evaluation_options(cfg.env)
-    seed = cfg.run.seed + EVAL_SEED_OFFSET + ctx.task * cfg.eval.num_envs
+    seed = derive_seed(cfg.run.seed, "evaluator", ctx.task)
     env = make_vector_env(
         cfg.env.id, cfg.eval.num_envs, vector=cfg.env.vector, seed=seed, **options
     )
@@ -84,7 +82,11 @@ def evaluate_forever(ctx, algo, stop: threading.Event) -> None:
             weights.swap_in()
             versions = list(weights.local_versions)
             returns, _ = play_episodes(
-                env, algo.greedy, cfg.eval.episodes, seed + evaluation * 7919, stop
+                env,
+                algo.greedy,
+                cfg.eval.episodes,
+                derive_seed(cfg.run.seed, "evaluator", ctx.task, evaluation),
+                stop,
             )
             if len(returns) < cfg.eval.episodes:
                 break

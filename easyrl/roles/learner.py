@@ -1,18 +1,11 @@
 """Learner: samples from the memory shards, computes gradients, pushes them to the PS.
 
-Async replay (DQN) threads: one prefetch thread per memory shard (Sample -> batch
-queue), the main loop (one compiled gradient step per batch), a push thread
-(gradients to every PS shard in parallel, then pull the new values) and a priority
-thread (new priorities back to the shard that issued the keys). Bounded queues
-between them make back-pressure explicit.
-
-Synchronous rounds (PPO, ES): take the whole of round r from every memory shard,
-run the algorithm's round of updates (each update's gradients pushed to every PS
-shard, the new values swapped in before the next), then publish round r + 1 on
-every PS shard, which releases the actors.
+The loop is the flow's (`easyrl.flows`: `learn` of async_replay or sync_rounds); this module
+is its plumbing: prefetch threads (Sample -> batch queue), push threads (gradients -> every
+PS shard in parallel), a priority thread (new priorities -> the shard that issued the keys),
+taking and publishing synchronous rounds, and reports to PS shard 0.
 """
 
-import collections
 import logging
 import queue
 import threading
@@ -22,9 +15,10 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import tensorflow as tf
 
+from easyrl.algorithms.contract import Agent
+from easyrl.flows import async_replay, sync_rounds
 from easyrl.roles.common import (
     ShardedWeights,
-    guarded,
     put_until_stopped,
     stop_event_on_signals,
 )
@@ -57,11 +51,12 @@ class Learner:
 
     Args:
         ctx: the role context.
-        algo: the built algorithm (networks, `learn`, `sync_target`).
+        algo: the built agent; its `flow` picks the loop, which uses it as that flow's
+            protocol (`easyrl.algorithms.contract`).
         stop: set to stop every loop.
     """
 
-    def __init__(self, ctx, algo, stop: threading.Event):
+    def __init__(self, ctx, algo: Agent, stop: threading.Event):
         cfg = ctx.cfg
         self.ctx = ctx
         self.algo = algo
@@ -71,7 +66,7 @@ class Learner:
         self.batches: queue.Queue = queue.Queue(maxsize=cfg.learner.batch_queue)
         self.pushes: queue.Queue = queue.Queue(maxsize=cfg.learner.push_queue)
         self.priorities: queue.Queue = queue.Queue(maxsize=64)
-        self._pool = ThreadPoolExecutor(
+        self.pool = ThreadPoolExecutor(
             max_workers=len(self.weights.clients) * cfg.learner.push_threads
         )
         self.updates = 0
@@ -79,9 +74,8 @@ class Learner:
         self._last_report = time.monotonic()
         self.counters = {"dropped_stale": 0, "dropped_nonfinite": 0, "abandoned_rounds": 0}
 
-    # --- threads ---------------------------------------------------------------------
-
-    def _prefetch(self, shard: int) -> None:
+    def prefetch(self, shard: int) -> None:
+        """A prefetch thread: Sample from memory shard `shard` -> the batch queue."""
         client = self.memories[shard]
         request = pb.SampleRequest(
             batch_size=self.ctx.cfg.algorithm.params.batch_size, timeout_s=1.0
@@ -99,15 +93,18 @@ class Learner:
             if not put_until_stopped(self.batches, item, self.stop):
                 return
 
-    def _push_loop(self) -> None:
+    def push_loop(self) -> None:
+        """A push thread: gradients -> every PS shard in parallel."""
         while not self.stop.is_set():
             try:
                 grads, versions = self.pushes.get(timeout=0.1)
             except queue.Empty:
                 continue
-            self.weights.push(grads, versions, self.ctx.task, self._pool, self.counters)
+            self.weights.push(grads, versions, self.ctx.task, self.pool, self.counters)
 
-    def _priority_loop(self) -> None:
+    def priority_loop(self) -> None:
+        """The priority thread: new priorities -> the memory shard that issued the keys,
+        one call per shard for what queued up."""
         while not self.stop.is_set():
             try:
                 pending = [self.priorities.get(timeout=0.1)]
@@ -125,7 +122,7 @@ class Learner:
                 )
                 self.memories[shard].call("UpdatePriorities", request)
 
-    def _report(self, stats: dict) -> None:
+    def report(self, stats: dict) -> None:
         """Reports the updates since the last report and `stats` to PS shard 0; stops
         the learner when the run is stopping."""
         stats = {**stats, **{k: float(v) for k, v in self.counters.items()}}
@@ -143,8 +140,24 @@ class Learner:
             log.info("run is stopping")
             self.stop.set()
 
+    def report_due(self) -> bool:
+        """Whether `updates_per_report` updates or 2 s passed since the last report."""
+        every = self.ctx.cfg.learner.updates_per_report
+        return self.updates % every == 0 or time.monotonic() - self._last_report > 2.0
+
+    def take_batch(self) -> tuple | None:
+        """The next prefetched (shard, batch, keys, importance weights), or None after
+        0.1 s without one."""
+        try:
+            taken = self.batches.get(timeout=0.1)
+        except queue.Empty:
+            return None
+        if not self.updates:
+            log_columns(taken[1])
+        return taken
+
     def run(self) -> None:
-        """Initializes (chief) or pulls the weights, then trains until stopped."""
+        """Initializes (chief) or pulls the weights, then runs the flow's loop until stopped."""
         if not self.ctx.wait_for_peers([*self.weights.clients, *self.memories], self.stop):
             return
         if self.ctx.task == 0 and self.weights.initialize():
@@ -152,14 +165,11 @@ class Learner:
         if not self.weights.wait_initialized(self.stop, self.ctx.cfg.run.peer_timeout_s):
             return
         try:
-            if self.algo.flow == "sync_rounds":
-                self._rounds_loop()
-            else:
-                self._replay_loop()
+            LOOPS[self.algo.flow](self)
         finally:
-            self._pool.shutdown(wait=False)
+            self.pool.shutdown(wait=False)
 
-    def _take_round(self, round_: int) -> tuple[dict | None, int]:
+    def take_round(self, round_: int) -> tuple[dict | None, int]:
         """Takes round `round_` from every memory shard (waiting until each is complete).
 
         Returns:
@@ -171,7 +181,7 @@ class Learner:
         parts: dict[int, dict] = {}
         while not self.stop.is_set() and len(parts) < len(self.memories):
             missing = [i for i in range(len(self.memories)) if i not in parts]
-            replies = self._pool.map(lambda i: self.memories[i].call("Sample", request), missing)
+            replies = self.pool.map(lambda i: self.memories[i].call("Sample", request), missing)
             for shard, reply in zip(missing, replies, strict=True):
                 if reply.round > round_:
                     return None, reply.round
@@ -180,99 +190,22 @@ class Learner:
                 if reply.ready:
                     parts[shard] = codec.decode_batch(reply.tensors)
             if time.monotonic() - self._last_report > 2.0:
-                self._report({"round": float(round_)})
+                self.report({"round": float(round_)})
         if len(parts) < len(self.memories):
             return None, round_
         batch = {k: np.concatenate([parts[i][k] for i in sorted(parts)]) for k in parts[0]}
+        if not self.updates:
+            log_columns(batch)
         return batch, round_
 
-    def _publish(self, round_: int) -> None:
+    def publish(self, round_: int) -> None:
         """Publishes the current values as round `round_` on every PS shard."""
         request = pb.ReportRequest(publish_round=round_)
-        list(self._pool.map(lambda c: c.call("Report", request), self.weights.clients))
+        list(self.pool.map(lambda c: c.call("Report", request), self.weights.clients))
 
-    def _rounds_loop(self) -> None:
-        """Synchronous rounds: take round r, train on it, publish round r + 1."""
-        rng = np.random.default_rng(self.ctx.cfg.run.seed * 7919 + self.ctx.task)
-        round_ = self.weights.round
-        while not self.stop.is_set():
-            batch, found = self._take_round(round_)
-            if batch is None:
-                if found > round_:  # resumed behind the memories: skip to their round
-                    log.info("memory collects round %d; publishing it", found)
-                    round_ = found
-                    self._publish(round_)
-                elif found < 0:  # a memory shard restarted mid-round: collect it anew
-                    log.warning("round %d lost items on a restarted memory shard", round_)
-                    self.counters["abandoned_rounds"] += 1
-                    round_ += 1
-                    self._publish(round_)
-                continue
-            if not self.updates:
-                log_columns(batch)
-            totals, steps = collections.Counter(), 0
-            for grads, stats in self.algo.learn_round(batch, rng):
-                self.weights.push_and_swap_in(grads, self.ctx.task, self._pool, self.counters)
-                self.updates += 1
-                totals.update(stats)
-                steps += 1
-                if self.stop.is_set():
-                    return
-            changed = self.algo.end_round(batch)  # e.g. observation statistics
-            if changed:
-                self.weights.assign_local(changed)
-            round_ += 1
-            self._publish(round_)
-            means = {k: v / max(steps, 1) for k, v in totals.items()}  # the round's mean stats
-            self._report({**means, "round": float(round_), "updates_per_round": float(steps)})
 
-    def _replay_loop(self) -> None:
-        """Async replay: prefetch, compute, push and update priorities on separate threads."""
-        cfg = self.ctx.cfg
-        period = self.algo.target_update_period  # 0: no target network
-        if period:
-            self.algo.sync_target()
-        threads = [
-            threading.Thread(target=guarded, args=(self._prefetch, self.stop, i), daemon=True)
-            for i in range(len(self.memories))
-        ]
-        threads += [
-            threading.Thread(target=guarded, args=(self._push_loop, self.stop), daemon=True)
-            for _ in range(cfg.learner.push_threads)
-        ]
-        threads.append(
-            threading.Thread(target=guarded, args=(self._priority_loop, self.stop), daemon=True)
-        )
-        for thread in threads:
-            thread.start()
-        stats = {}
-        while not self.stop.is_set():
-            try:
-                shard, batch, keys, is_weights = self.batches.get(timeout=0.1)
-            except queue.Empty:
-                continue
-            if not self.updates:
-                log_columns(batch)
-            self.weights.swap_in()
-            versions = list(self.weights.local_versions)
-            grads, stats, priorities = self.algo.learn(batch, is_weights)
-            named = self.weights.by_name(grads)
-            if not put_until_stopped(self.pushes, (named, versions), self.stop):
-                break
-            if cfg.replay.kind == "prioritized":
-                put_until_stopped(
-                    self.priorities, (shard, keys, priorities.astype(np.float64)), self.stop
-                )
-            self.updates += 1
-            if period and self.updates % period == 0:
-                self.weights.swap_in()
-                self.algo.sync_target()
-            if self.updates % cfg.learner.updates_per_report == 0 or (
-                time.monotonic() - self._last_report > 2.0
-            ):
-                self._report(stats)
-        for thread in threads:
-            thread.join(timeout=5)
+LOOPS = {"async_replay": async_replay.learn, "sync_rounds": sync_rounds.learn}
+"""The learner's loop of each flow (actor_gradients has no learner)."""
 
 
 def run(ctx) -> int:

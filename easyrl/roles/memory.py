@@ -36,6 +36,7 @@ from easyrl.replay.aggregate import AggregateTable
 from easyrl.replay.rate_limiter import RateLimiter
 from easyrl.replay.tables import DATA_PREFIX, PrioritizedTable, UniformTable, validate_batch
 from easyrl.replay.trajectory import FifoLimiter, FifoTable
+from easyrl.seeds import derive_seed
 from easyrl.transport import codec
 from easyrl.transport import easyrl_pb2 as pb
 from easyrl.transport import easyrl_pb2_grpc as pb_grpc
@@ -412,7 +413,7 @@ def load_dataset(cfg, spec, shard: int, num_memory: int) -> tuple[UniformTable, 
             f"replay.capacity {cfg.replay.capacity} is too small for memory shard {shard}'s "
             f"share of the dataset ({n} items); raise replay.capacity to at least {n}"
         )
-    table = UniformTable(spec, cfg.replay.capacity, seed=cfg.run.seed * 1000 + shard)
+    table = UniformTable(spec, cfg.replay.capacity, seed=derive_seed(cfg.run.seed, "memory", shard))
     table.insert(items)
     log.info("memory shard %d loaded %d items from %d dataset shards", shard, n, len(indices))
     return table, len(indices)
@@ -442,7 +443,7 @@ def build(
         memory = MemoryServer(table, limiter, batch_size, r.prefetch, BetaSchedule(0, 0, 0), shard)
         memory.counters.update(loaded_items=table.size, loaded_shards=shards)
         return memory
-    seed = cfg.run.seed * 1000 + shard
+    seed = derive_seed(cfg.run.seed, "memory", shard)
     if r.kind == "aggregate":
         from easyrl.algorithms import registry
 

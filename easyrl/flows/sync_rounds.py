@@ -1,0 +1,94 @@
+"""Synchronous rounds (PPO, ES): round r is collected with the weights of round r only.
+
+Each actor collects its share of round r, ships it tagged with r and waits (long-poll, no
+spinning) for round r + 1. The one learner takes the whole of round r from every memory
+shard, runs the agent's round of updates (each update's gradients pushed to every PS shard
+and the new values swapped in before the next), then publishes round r + 1 on every PS shard,
+which releases the actors.
+"""
+
+from __future__ import annotations
+
+import collections
+import functools
+import logging
+from typing import TYPE_CHECKING, cast
+
+import numpy as np
+
+from easyrl.algorithms.contract import RoundsAgent
+from easyrl.roles.common import threads_running
+from easyrl.seeds import derive_seed
+
+if TYPE_CHECKING:
+    from easyrl.roles.actor import Actor
+    from easyrl.roles.learner import Learner
+
+log = logging.getLogger(__name__)
+
+
+def act(actor: Actor, env, seed: int) -> None:
+    """Collects, ships and waits, round after round, until the run stops."""
+    cfg, task = actor.ctx.cfg, actor.ctx.task
+    share = actor.ctx.algorithm_module().round_share(
+        cfg.algorithm.params, cfg.env.num_envs, task, actor.ctx.cluster.actor
+    )
+    collector = actor.collector(cast(RoundsAgent, actor.algo), seed)
+    rng = np.random.default_rng(seed)
+    round_, steps = actor.weights.round, 0
+    obs, _ = env.reset(seed=seed)
+    with threads_running(actor.stop, actor.send_loop):
+        while not actor.stop.is_set():
+            collector.start_round(share)
+            batch = None
+            while batch is None and not actor.stop.is_set():
+                obs, batch = actor.step(env, collector, obs, rng)
+                steps += cfg.env.num_envs
+                actor.report(steps, {"round": round_})
+            if batch is None or not actor.ship(batch, round_):
+                return
+            report = functools.partial(actor.report, steps, {"round": round_}, True)
+            report()
+            if not actor.weights.wait_round(round_ + 1, actor.stop, on_wait=report):
+                return
+            round_ = actor.weights.round
+            if collector.resets_envs:
+                obs, _ = env.reset()
+                actor.discard_open_episodes()
+
+
+def learn(learner: Learner) -> None:
+    """Takes round r, trains on it, publishes round r + 1, until the run stops."""
+    agent = cast(RoundsAgent, learner.algo)
+    rng = np.random.default_rng(derive_seed(learner.ctx.cfg.run.seed, "learner", learner.ctx.task))
+    round_ = learner.weights.round
+    while not learner.stop.is_set():
+        batch, found = learner.take_round(round_)
+        if batch is None:
+            if found > round_:  # resumed behind the memories: skip to their round
+                log.info("memory collects round %d; publishing it", found)
+                round_ = found
+                learner.publish(round_)
+            elif found < 0:  # a memory shard restarted mid-round: collect it anew
+                log.warning("round %d lost items on a restarted memory shard", round_)
+                learner.counters["abandoned_rounds"] += 1
+                round_ += 1
+                learner.publish(round_)
+            continue
+        totals, steps = collections.Counter(), 0
+        for grads, stats, _ in agent.learn_round(batch, rng):
+            learner.weights.push_and_swap_in(
+                grads, learner.ctx.task, learner.pool, learner.counters
+            )
+            learner.updates += 1
+            totals.update(stats)
+            steps += 1
+            if learner.stop.is_set():
+                return
+        changed = agent.end_round(batch)  # e.g. observation statistics
+        if changed:
+            learner.weights.assign_local(changed)
+        round_ += 1
+        learner.publish(round_)
+        means = {k: v / max(steps, 1) for k, v in totals.items()}  # the round's mean stats
+        learner.report({**means, "round": float(round_), "updates_per_round": float(steps)})
