@@ -2,20 +2,16 @@
 every unroll it collects, pushes them to every PS shard and goes on with the values the push
 replies carry. Actor 0 initializes the PS shards."""
 
-from __future__ import annotations
-
 from concurrent.futures import ThreadPoolExecutor
-from typing import TYPE_CHECKING, cast
+from typing import cast
 
 import numpy as np
 
 from easyrl.algorithms.contract import GradientsAgent
-
-if TYPE_CHECKING:
-    from easyrl.roles.actor import Actor
+from easyrl.flows import ActorPlumbing
 
 
-def act(actor: Actor, env, seed: int) -> None:
+def act(actor: ActorPlumbing, env, seed: int) -> None:
     """Acts and learns until the run stops."""
     agent = cast(GradientsAgent, actor.algo)
     collector = actor.collector(agent, seed)

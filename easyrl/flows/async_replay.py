@@ -9,23 +9,18 @@ every PS shard in parallel) and a priority thread (new priorities back to the sh
 issued the keys). Bounded queues between them make back-pressure explicit.
 """
 
-from __future__ import annotations
-
 import functools
-from typing import TYPE_CHECKING, cast
+from typing import cast
 
 import numpy as np
 
 from easyrl.algorithms.contract import ReplayAgent
 from easyrl.errors import EasyRLError
+from easyrl.flows import ActorPlumbing, LearnerPlumbing
 from easyrl.roles.common import put_until_stopped, threads_running
 
-if TYPE_CHECKING:
-    from easyrl.roles.actor import Actor
-    from easyrl.roles.learner import Learner
 
-
-def act(actor: Actor, env, seed: int) -> None:
+def act(actor: ActorPlumbing, env, seed: int) -> None:
     """Acts until the run stops: ship every `send_every` vector steps, refresh the weights
     on the side every `weight_sync_every`."""
     cfg = actor.ctx.cfg
@@ -51,7 +46,7 @@ def act(actor: Actor, env, seed: int) -> None:
             actor.report(steps, collector.stats())
 
 
-def learn(learner: Learner) -> None:
+def learn(learner: LearnerPlumbing) -> None:
     """Learns from sampled batches until the run stops; syncs the target networks every
     `target_update_period` updates."""
     cfg, stop = learner.ctx.cfg, learner.stop

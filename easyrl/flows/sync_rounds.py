@@ -7,27 +7,22 @@ and the new values swapped in before the next), then publishes round r + 1 on ev
 which releases the actors.
 """
 
-from __future__ import annotations
-
 import collections
 import functools
 import logging
-from typing import TYPE_CHECKING, cast
+from typing import cast
 
 import numpy as np
 
 from easyrl.algorithms.contract import RoundsAgent
+from easyrl.flows import ActorPlumbing, LearnerPlumbing
 from easyrl.roles.common import threads_running
 from easyrl.seeds import derive_seed
-
-if TYPE_CHECKING:
-    from easyrl.roles.actor import Actor
-    from easyrl.roles.learner import Learner
 
 log = logging.getLogger(__name__)
 
 
-def act(actor: Actor, env, seed: int) -> None:
+def act(actor: ActorPlumbing, env, seed: int) -> None:
     """Collects, ships and waits, round after round, until the run stops."""
     cfg, task = actor.ctx.cfg, actor.ctx.task
     share = actor.ctx.algorithm_module().round_share(
@@ -57,7 +52,7 @@ def act(actor: Actor, env, seed: int) -> None:
                 actor.discard_open_episodes()
 
 
-def learn(learner: Learner) -> None:
+def learn(learner: LearnerPlumbing) -> None:
     """Takes round r, trains on it, publishes round r + 1, until the run stops."""
     agent = cast(RoundsAgent, learner.algo)
     rng = np.random.default_rng(derive_seed(learner.ctx.cfg.run.seed, "learner", learner.ctx.task))
