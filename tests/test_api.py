@@ -27,7 +27,7 @@ from easyrl import api, cli
 from easyrl import config as config_lib
 from easyrl.algorithms import dqn, registry
 from easyrl.cluster.launcher import child_pythonpath
-from easyrl.envs import make_vector_env
+from easyrl.envs import env_spaces, make_vector_env
 from easyrl.errors import ConfigError, EasyRLError
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -376,6 +376,49 @@ def test_custom_algorithm_module_by_name(algorithms_on_path, name):
 def test_bad_algorithm_names(algorithms_on_path, name, message):
     with pytest.raises(ConfigError, match=message):
         config_lib.from_dict({"algorithm": {"name": name}})
+
+
+def test_params_lacking_what_the_runtime_reads_fail_at_load(algorithms_on_path, tmp_path):
+    module = UNIFORM_DQN.replace("import FLOW, Params,", "import FLOW,") + textwrap.dedent(
+        """
+        from dataclasses import dataclass
+
+        @dataclass(frozen=True)
+        class Params:
+            gamma: float = 0.9
+        """
+    )
+    (tmp_path / "no_batch_algo.py").write_text(module)
+    with pytest.raises(ConfigError, match="no_batch_algo.Params lacks max_staleness, batch_size"):
+        config_lib.from_dict({"algorithm": {"name": "no_batch_algo"}})
+
+
+def test_example_algorithm_follows_the_contract_and_learns_from_its_own_items(example_on_path):
+    from easyrl.algorithms.contract import LearnStep
+
+    cfg = config_lib.load(EXAMPLE / "algo.yaml")
+    assert cfg.replay.kind == "uniform" and cfg.algorithm.params.batch_size == 64
+    module = registry.module("my_algo")
+    env = make_vector_env("CartPole-v1", 4, seed=0)
+    agent = module.build(cfg.algorithm.params, *env_spaces("CartPole-v1"), cfg.model, 0)
+    collector = agent.collector(4, 0, 0, 1)
+    rng = np.random.default_rng(0)
+    obs, _ = env.reset(seed=0)
+    parts = []
+    for _ in range(16):
+        actions = collector.act(obs, rng)
+        next_obs, rewards, terminated, truncated, infos = env.step(actions)
+        parts.append(collector.observe(rewards, next_obs, next_obs, terminated, truncated))
+        obs = next_obs
+    env.close()
+    batch = {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
+    spec = module.replay_spec(cfg.algorithm.params, *env_spaces("CartPole-v1"))
+    assert {k: (v.shape[1:], v.dtype) for k, v in batch.items()} == spec
+    step = agent.learn(batch, None)
+    assert isinstance(step, LearnStep) and step.priorities is None
+    shapes = [tuple(v.shape) for v in agent.variables.values()]
+    assert [g.shape for g in step.grads] == shapes and any(np.any(g != 0) for g in step.grads)
+    assert set(step.stats) == {"loss", "q_mean"} and np.isfinite(step.stats["loss"])
 
 
 # --- the role processes' import path -----------------------------------------------------

@@ -1,0 +1,63 @@
+"""An algorithm of your own, a package like the built-in ones: plain one-step DQN on uniform
+replay, written against easyrl's typed contract (`easyrl.algorithms.contract`). This module
+is what loading a config reads (no TensorFlow); `agent.py` is the TensorFlow side. Name it
+in a config as `algorithm: {name: my_algo, ...}` (see algo.yaml).
+
+Loss (one-step Q-learning with a target network):
+    y = r + discount * max_a Q_target(s', a)        (discount = gamma, 0 at termination)
+    loss = mean(huber(y - Q(s, a)))
+"""
+
+from dataclasses import dataclass
+
+import numpy as np
+
+FLOW = "async_replay"
+"""Actors ship transitions; learners sample them asynchronously."""
+REPLAY_KINDS = ("uniform",)
+"""The replay tables it works with, the default first."""
+
+
+@dataclass(frozen=True)
+class Params:
+    """Hyper-parameters (the config's `algorithm` keys next to `name`)."""
+
+    gamma: float = 0.99
+    """Discount factor."""
+    batch_size: int = 64
+    """Transitions per learner batch (read by the runtime)."""
+    max_staleness: int = 20
+    """PS shards drop gradients older than this many updates (read by the runtime)."""
+    lr: float = 1e-3
+    """Adam learning rate."""
+    target_update_period: int = 100
+    """Learner updates between target-network syncs."""
+    epsilon: float = 0.1
+    """Exploration rate of every actor."""
+
+
+def optimizer(params: Params):
+    """Adam at `lr`, applied by the PS shards."""
+    from easyrl.algorithms.optimizers import OptimizerSpec
+
+    return OptimizerSpec(kind="adam", lr=params.lr)
+
+
+def replay_spec(params: Params, obs_space, action_space) -> dict:
+    """One transition: {column: (per-item shape, dtype)}."""
+    obs = (tuple(obs_space.shape), np.dtype(np.float32))
+    scalar = ((), np.dtype(np.float32))
+    return {
+        "obs": obs,
+        "action": ((), np.dtype(np.int64)),
+        "reward": scalar,
+        "next_obs": obs,
+        "discount": scalar,
+    }
+
+
+def build(params: Params, obs_space, action_space, model, seed: int = 0, learner: bool = False):
+    """The agent (imports TensorFlow only now, so that loading a config stays cheap)."""
+    from my_algo.agent import PlainDQN
+
+    return PlainDQN(params, obs_space, action_space, model, seed)
