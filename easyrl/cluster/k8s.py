@@ -177,6 +177,8 @@ def cluster_spec(cfg: config_lib.Config, name: str, options: Options) -> Cluster
         return tuple(f"{service}-{i}.{domain}:{PORTS[role]}" for i in range(count))
 
     c = cfg.cluster
+    if c.learner is None:  # config.load resolves it from the algorithm's flow
+        raise ConfigError("cluster.learner: unresolved; load the config with easyrl.config.load")
     return ClusterSpec(
         ps=addresses("ps"),
         memory=addresses("memory"),

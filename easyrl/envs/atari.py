@@ -38,9 +38,13 @@ class ChannelsLast(gymnasium.ObservationWrapper):
 
     def __init__(self, env: gymnasium.Env):
         super().__init__(env)
-        space = env.observation_space
-        k, h, w = space.shape[:3]
-        channels = k * (space.shape[3] if len(space.shape) == 4 else 1)
+        shape = env.observation_space.shape
+        if shape is None:
+            raise TypeError(
+                f"ChannelsLast needs a shaped observation space, got {env.observation_space}"
+            )
+        k, h, w = shape[:3]
+        channels = k * (shape[3] if len(shape) == 4 else 1)
         self.observation_space = gymnasium.spaces.Box(0, 255, (h, w, channels), np.uint8)
 
     def observation(self, observation):
@@ -55,7 +59,7 @@ class SignReward(gymnasium.RewardWrapper):
     """Rewards clipped to their sign (-1, 0, +1), as DQN and IMPALA train on Atari."""
 
     def reward(self, reward):
-        return float(np.sign(reward))
+        return float(np.sign(float(reward)))
 
 
 def wrap(env: gymnasium.Env, atari) -> gymnasium.Env:

@@ -181,7 +181,7 @@ class MetricsWriter:
 
     def write(self, snapshot: dict[str, float], elapsed_s: float, stop: str | None) -> None:
         """Writes one snapshot (step = env steps)."""
-        record = {"time_s": round(elapsed_s, 3), **snapshot}
+        record: dict[str, float | str] = {"time_s": round(elapsed_s, 3), **snapshot}
         if stop:
             record["stop"] = stop
         with self._path.open("a") as f:

@@ -148,6 +148,14 @@ def list_shards(directory: str | Path) -> list[Path]:
     return [path for _, _, path in sorted(found)]
 
 
+def _shard_name(path: Path) -> tuple[str, str]:
+    """(actor, k) as written in the name `shard-<actor>-<k>.npz` of a shard `list_shards` lists."""
+    match = _SHARD.fullmatch(path.name)
+    if match is None:
+        raise DatasetError(f"{path} is not a dataset shard shard-<actor>-<k>.npz")
+    return match[1], match[2]
+
+
 def read_steps(directory: str | Path, shard_indices=None) -> dict[str, np.ndarray]:
     """Reads the rows of (some of) a dataset's shards.
 
@@ -250,10 +258,10 @@ class DatasetWriter:
         self.columns = schema_columns(schema)
         self.max_bytes = max_file_mb * 2**20
         write_bytes(self.directory / SCHEMA_FILE, json.dumps(schema, indent=2).encode())
-        own = [p for p in list_shards(self.directory) if _SHARD.fullmatch(p.name)[1] == str(actor)]
+        own = [p for p in list_shards(self.directory) if _shard_name(p)[0] == str(actor)]
         self.next_shard, next_episode = 0, 0
         if own:
-            self.next_shard = int(_SHARD.fullmatch(own[-1].name)[2]) + 1
+            self.next_shard = int(_shard_name(own[-1])[1]) + 1
             with np.load(own[-1]) as data:
                 next_episode = int(data["episode"].max()) % EPISODE_STRIDE + 1
         self._next_episode = actor * EPISODE_STRIDE + next_episode
@@ -266,7 +274,7 @@ class DatasetWriter:
     def open_episodes(self, envs: np.ndarray) -> None:
         """Starts recording the next episode of each env in `envs` (call right before the
         episode's first step; an episode already open there is dropped)."""
-        for i in np.flatnonzero(envs):
+        for i in np.flatnonzero(envs).tolist():
             self.discard(i)
             self._open[i] = []
 
@@ -305,11 +313,12 @@ class DatasetWriter:
             rows.append({name: a[i] for name, a in arrays.items()})
             if done[i]:
                 finished += len(rows)
-                self._finish(i)
+                self._finish(i, rows)
         return finished
 
-    def _finish(self, env: int) -> None:
-        rows, self._open[env] = self._open[env], None
+    def _finish(self, env: int, rows: list[dict]) -> None:
+        """Closes env `env`'s open episode, whose rows are `rows`, and buffers it."""
+        self._open[env] = None
         episode = {name: np.stack([r[name] for r in rows]) for name in rows[0]}
         episode["episode"] = np.full(len(rows), self._next_episode, np.int64)
         episode["t"] = np.arange(len(rows), dtype=np.int32)
@@ -322,8 +331,9 @@ class DatasetWriter:
 
     def discard(self, env: int) -> None:
         """Drops env `env`'s open episode (its envs were reset), counting its steps."""
-        if self._open[env] is not None:
-            self.counters["dropped_open_steps"] += len(self._open[env])
+        rows = self._open[env]
+        if rows is not None:
+            self.counters["dropped_open_steps"] += len(rows)
             self._open[env] = None
 
     def flush(self) -> None:

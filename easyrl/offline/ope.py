@@ -76,7 +76,7 @@ class OffPolicyEvaluator:
     def __init__(self, steps: dict, episodes: int, seed: int = 0, gamma: float = 1.0):
         if "action_logp" not in steps:
             raise ValueError("the dataset has no action_logp column (behaviour probabilities)")
-        bounds = episode_bounds(steps)
+        bounds = episode_bounds(steps).tolist()
         count = len(bounds) - 1
         chosen = np.sort(np.random.default_rng(seed).permutation(count)[:episodes])
         rows = np.concatenate([np.arange(bounds[j], bounds[j + 1]) for j in chosen])

@@ -208,9 +208,10 @@ class RateLimiter:
         n = _check_count("n", n, 1)
         if self._inserts < self._min_size:
             return False
-        if self._spi is None:
+        diff, min_diff = self.diff, self.min_diff
+        if diff is None or min_diff is None:  # no ratio limiting
             return True
-        return self.diff - n >= self.min_diff
+        return diff - n >= min_diff
 
     def can_insert(self, n: int) -> bool:
         """Whether inserting ``n`` items is legal now.
@@ -229,9 +230,10 @@ class RateLimiter:
             ReplayError: If ``n`` is not an int >= 1.
         """
         _check_count("n", n, 1)
-        if self._spi is None:
+        diff, max_diff = self.diff, self.max_diff
+        if diff is None or max_diff is None:  # no ratio limiting
             return True
-        return self.diff <= self.max_diff
+        return diff <= max_diff
 
     def on_insert(self, n: int) -> None:
         """Record that ``n`` items were inserted (the caller checked ``can_insert``).

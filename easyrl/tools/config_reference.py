@@ -51,7 +51,9 @@ def field_docs(cls: type) -> dict[str, str]:
     for klass in reversed(cls.__mro__):  # a subclass's docstring wins over its base's
         if not dataclasses.is_dataclass(klass):
             continue
-        body = ast.parse(textwrap.dedent(inspect.getsource(klass))).body[0].body
+        node = ast.parse(textwrap.dedent(inspect.getsource(klass))).body[0]
+        assert isinstance(node, ast.ClassDef)  # the source of a class is its class statement
+        body = node.body
         for stmt, after in zip(body, body[1:]):
             if (
                 isinstance(stmt, ast.AnnAssign)

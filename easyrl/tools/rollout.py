@@ -14,6 +14,7 @@ plays whole episodes with `algo.greedy`; `easyrl export` reuses `load_policy`.
 
 from __future__ import annotations
 
+import importlib
 import re
 import sys
 from pathlib import Path
@@ -151,10 +152,9 @@ def checkpoint_values(
                 "evaluator, cluster.evaluator: 1, writes it); use --checkpoint latest"
             )
         return checkpoint, [best], _read_vars(best)
-    shards = sorted(
-        (p for p in directory.glob("ps-*.npz") if _PS_CHECKPOINT.fullmatch(p.name)),
-        key=lambda p: int(_PS_CHECKPOINT.fullmatch(p.name).group(1)),
-    )
+    matches = ((_PS_CHECKPOINT.fullmatch(p.name), p) for p in directory.glob("ps-*.npz"))
+    numbered = sorted(((int(m[1]), p) for m, p in matches if m), key=lambda pair: pair[0])
+    shards = [p for _, p in numbered]
     if not shards:
         other = "; use --checkpoint best" if best.is_file() else ", and no best.npz either"
         raise EasyRLError(
@@ -230,7 +230,7 @@ def _require_moviepy() -> None:
     """Raises EasyRLError naming what to install unless moviepy (which RecordVideo writes
     the files with) is importable."""
     try:
-        import moviepy  # noqa: F401
+        importlib.import_module("moviepy")
     except ImportError as err:
         raise EasyRLError(
             "--video needs moviepy to write the video files: pip install moviepy "
@@ -246,6 +246,7 @@ def _video_env(cfg, options: dict, video_dir: Path, episodes: int, seed: int):
         env = make_vector_env(cfg.env.id, 1, vector="sync", seed=seed, **options)
     except (gymnasium.error.Error, TypeError, ValueError) as err:
         raise EasyRLError(f"cannot make {cfg.env.id} with render_mode='rgb_array': {err}") from err
+    assert isinstance(env, gymnasium.vector.SyncVectorEnv)  # what vector="sync" makes
     # The vector env steps the sub-env through `envs[0]`; wrapping it there keeps the
     # same vector loop (and Atari preprocessing) for recorded and unrecorded rollouts.
     # Stop at the last episode: the vector env resets once more after it ends.

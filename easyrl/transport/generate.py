@@ -1,8 +1,10 @@
 """Generates the protobuf and gRPC modules from easyrl.proto.
 
 Run `python -m easyrl.transport.generate` after editing the .proto; the
-generated files are committed and `tests/test_protocol.py` fails when they
-are stale. `generate(out_dir)` is what that test calls.
+generated files are committed and `tests/test_codec.py` fails when they
+are stale. `generate(out_dir)` is what that test calls. easyrl_pb2.pyi gives
+type checkers (pyright) the message classes, which easyrl_pb2.py builds at
+import time from the serialized descriptor.
 """
 
 import sys
@@ -10,11 +12,11 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 PROTO = "easyrl.proto"
-GENERATED = ("easyrl_pb2.py", "easyrl_pb2_grpc.py")
+GENERATED = ("easyrl_pb2.py", "easyrl_pb2.pyi", "easyrl_pb2_grpc.py")
 
 
 def generate(out_dir: Path) -> None:
-    """Writes easyrl_pb2.py and easyrl_pb2_grpc.py for easyrl.proto into `out_dir`.
+    """Writes easyrl_pb2.py, easyrl_pb2.pyi and easyrl_pb2_grpc.py for easyrl.proto into `out_dir`.
 
     Raises:
         RuntimeError: protoc failed.
@@ -26,6 +28,7 @@ def generate(out_dir: Path) -> None:
             "protoc",
             f"-I{HERE}",
             f"--python_out={out_dir}",
+            f"--pyi_out={out_dir}",
             f"--grpc_python_out={out_dir}",
             str(HERE / PROTO),
         ]

@@ -115,7 +115,9 @@ class _TokenInterceptor(grpc.ServerInterceptor):
             return continuation(handler_call_details)
         metadata = dict(handler_call_details.invocation_metadata or ())
         given = metadata.get(_AUTH_KEY, "")
-        if secrets.compare_digest(given.encode(), self._expected.encode()):
+        if isinstance(given, str):  # bytes only for "-bin" keys
+            given = given.encode()
+        if secrets.compare_digest(given, self._expected.encode()):
             return continuation(handler_call_details)
         return self._deny
 
@@ -140,7 +142,10 @@ class HealthReportingServer(grpc.Server):
         self._server.add_generic_rpc_handlers(generic_rpc_handlers)
 
     def add_registered_method_handlers(self, service_name, method_handlers):
-        self._server.add_registered_method_handlers(service_name, method_handlers)
+        # grpc.Server has this method since grpcio 1.63; typeshed's grpcio stubs lack it.
+        self._server.add_registered_method_handlers(  # pyright: ignore[reportAttributeAccessIssue]
+            service_name, method_handlers
+        )
 
     def add_insecure_port(self, address):
         return self._server.add_insecure_port(address)
@@ -185,7 +190,7 @@ def make_server(
     Raises:
         TransportError: the address could not be bound.
     """
-    interceptors = [_TokenInterceptor(token)] if token else []
+    interceptors: list[grpc.ServerInterceptor] = [_TokenInterceptor(token)] if token else []
     server = grpc.server(
         futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="rpc"),
         interceptors=interceptors,
@@ -336,7 +341,10 @@ class Client:
             not started yet or shutting down.
         """
         try:
-            reply = self._health.Check(health_pb2.HealthCheckRequest(), timeout=timeout_s)
+            # grpc_health ships no stub for health_pb2_grpc; pyright does not see the stub
+            # methods HealthStub.__init__ assigns.
+            check = self._health.Check  # pyright: ignore[reportAttributeAccessIssue]
+            reply = check(health_pb2.HealthCheckRequest(), timeout=timeout_s)
         except grpc.RpcError:
             return False
         return reply.status == health_pb2.HealthCheckResponse.SERVING
