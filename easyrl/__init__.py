@@ -4,7 +4,12 @@
 `TrainResult` (see `easyrl.api`). Both are imported on first use, so `import easyrl` stays cheap.
 """
 
+from typing import TYPE_CHECKING
+
 __version__ = "0.1.0"
+
+if TYPE_CHECKING:  # for type checkers; at run time `__getattr__` imports them on first use
+    from easyrl.api import TrainResult, train
 
 __all__ = ["TrainResult", "__version__", "train"]
 

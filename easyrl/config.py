@@ -550,7 +550,7 @@ def _coerce(tp: Any, value: Any, key: str, nullable: bool = False) -> Any:
         return value
     if tp is AlgorithmConfig:
         return _load_algorithm(value, key)
-    if dataclasses.is_dataclass(tp):
+    if isinstance(tp, type) and dataclasses.is_dataclass(tp):
         return _build(tp, value, key)
     if _is_union(tp):
         args = get_args(tp)
@@ -775,7 +775,7 @@ def _resolve(cfg: Config) -> Config:
                 f"cluster.learner: {cfg.algorithm.name} trains synchronous rounds on one "
                 f"learner (use several GPUs in it instead), got {cfg.cluster.learner}"
             )
-        if cfg.cluster.memory > cfg.cluster.actor:
+        if (cfg.cluster.memory or 0) > (cfg.cluster.actor or 0):
             raise ConfigError(
                 f"cluster.memory: {cfg.cluster.memory} memory shards but only "
                 f"{cfg.cluster.actor} actors; every shard needs an actor to fill its rounds"
@@ -834,8 +834,9 @@ def _resolve_offline(cfg: Config, module) -> Config:
     from easyrl.envs import env_options, env_spaces
     from easyrl.offline.dataset import check_dataset
 
-    inp = dataclasses.replace(inp, dir=str(Path(inp.dir).absolute()))
-    check_dataset(inp.dir, cfg.env.id, *env_spaces(cfg.env.id, **env_options(cfg.env)))
+    directory = str(Path(inp.dir).absolute())
+    inp = dataclasses.replace(inp, dir=directory)
+    check_dataset(directory, cfg.env.id, *env_spaces(cfg.env.id, **env_options(cfg.env)))
     replay = dataclasses.replace(cfg.replay, kind="uniform")
     return dataclasses.replace(cfg, input=inp, replay=replay)
 

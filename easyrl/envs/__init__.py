@@ -24,6 +24,7 @@ from typing import Any
 
 import gymnasium
 import numpy as np
+from gymnasium.envs.registration import EnvSpec
 
 from easyrl.errors import ConfigError, EasyRLError
 from easyrl.imports import import_module
@@ -52,7 +53,7 @@ registered."""
 _NUM_SUGGESTIONS = 3
 
 
-def _resolve_spec(env_id: str) -> gymnasium.envs.registration.EnvSpec:
+def _resolve_spec(env_id: str) -> EnvSpec:
     """Looks up the registered spec of an environment id.
 
     Accepts gymnasium's ``"module:EnvId-v0"`` form too: the module is imported first so that it

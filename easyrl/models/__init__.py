@@ -5,6 +5,7 @@ roles agree on the PS shard assignment and the wire names.
 """
 
 from collections.abc import Sequence
+from typing import Literal
 
 import numpy as np
 import tensorflow as tf
@@ -22,7 +23,8 @@ class Dense(tf.Module):
 
     def __init__(self, in_dim: int, out_dim: int, name: str, rng: np.random.Generator, scale=1.0):
         super().__init__(name=None)
-        self.w = tf.Variable(_glorot((in_dim, out_dim), rng) * scale, name=f"{name}/w")
+        w = tf.constant(_glorot((in_dim, out_dim), rng) * scale, tf.float32)
+        self.w = tf.Variable(w, name=f"{name}/w")
         self.b = tf.Variable(tf.zeros([out_dim]), name=f"{name}/b")
         self.var_names = (f"{name}/w", f"{name}/b")
 
@@ -99,7 +101,7 @@ class ConvTorso(tf.Module):
             if height < 1 or width < 1:
                 raise ValueError(f"convolutions {conv} do not fit frames of shape {obs_shape}")
             channels = filters
-        self.padding = padding.upper()
+        self.padding: Literal["VALID", "SAME"] = "SAME" if padding == "same" else "VALID"
         self.flat_dim = height * width * channels
         self.dense = MLP(self.flat_dim, hidden, activation, f"{name}/fc", rng)
         self._activation = ACTIVATIONS[activation]
@@ -204,7 +206,8 @@ class FlatVariables:
 
     def __init__(self, variables: Sequence[tf.Variable]):
         self.variables = list(variables)
-        self.shapes = [tuple(v.shape) for v in self.variables]
+        # A variable's shape is fully defined; TF's annotations allow None dimensions.
+        self.shapes = [tuple(int(d) for d in v.shape) for v in self.variables]  # pyright: ignore[reportArgumentType]
         self.sizes = [int(np.prod(shape)) for shape in self.shapes]
         self.offsets = np.cumsum([0, *self.sizes])
         flat_spec = tf.TensorSpec([int(self.offsets[-1])], tf.float32)
