@@ -352,7 +352,7 @@ def test_cartpole_round_and_learner_gradient():
 
     updates = list(algo.learn_round(batch, np.random.default_rng(0)))
     assert len(updates) == 1
-    grads, stats = updates[0]
+    grads, stats, _ = updates[0]
     assert [g.shape for g in grads] == [tuple(v.shape) for v in algo.variables.values()]
     assert all(np.isfinite(g).all() for g in grads)
     theta = algo.flat.read().numpy()
@@ -377,7 +377,7 @@ def test_pendulum_round_smoke():
     assert (np.abs(actions) <= 2.0).all()
     assert batch["steps"].tolist() == [40, 40]  # Pendulum only truncates
     assert (batch["return_pos"] < 0).all() and (batch["return_neg"] < 0).all()
-    grads, _ = next(algo.learn_round(batch, np.random.default_rng(0)))
+    grads, _, _ = next(algo.learn_round(batch, np.random.default_rng(0)))
     assert all(np.isfinite(g).all() for g in grads)
     greedy = algo.greedy(np.zeros((2, 3), np.float32))
     assert greedy.shape == (2, 1) and (np.abs(greedy) <= 2.0).all()

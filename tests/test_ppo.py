@@ -344,7 +344,7 @@ def test_loss_hand_numbers_discrete():
         "value_target": np.array([1.5, 0.5, -0.5, 0.0], np.float32),
         "value": np.array([0.0, 0.5, 1.0, 0.6], np.float32),
     }
-    _, stats = algo.learn_minibatch(batch)
+    _, stats, _ = algo.learn_minibatch(batch)
     # min(r A, clip(r) A): 0.5 (not 0.8), -1.1, 1.2 (not 1.5), -1.5 (not -1.2) -> mean -0.225.
     assert stats["policy_loss"] == pytest.approx(0.225, rel=1e-5)
     assert stats["clip_frac"] == pytest.approx(0.75)  # 0.5, 1.5, 1.5 are outside [0.8, 1.2]
@@ -377,7 +377,7 @@ def test_loss_hand_numbers_gaussian():
         "value_target": np.zeros(2, np.float32),
         "value": np.zeros(2, np.float32),
     }
-    _, stats = algo.learn_minibatch(batch)
+    _, stats, _ = algo.learn_minibatch(batch)
     # min(1.1 * 2, 1.1 * 2) = 2.2; min(0.5, 0.8) = 0.5 -> -(2.7 / 2).
     assert stats["policy_loss"] == pytest.approx(-1.35, rel=1e-5)
     assert stats["clip_frac"] == pytest.approx(0.5)
@@ -400,7 +400,7 @@ def test_loss_and_gradients_match_reference(discrete, changes):
     set_network(algo, values_for(discrete))
     batch = make_batch(discrete)
     ref = reference(values_for(discrete), batch, discrete, algo.params)
-    grads, stats = algo.learn_minibatch(batch)
+    grads, stats, _ = algo.learn_minibatch(batch)
     for key in ("policy_loss", "value_loss", "entropy", "approx_kl", "clip_frac"):
         assert stats[key] == pytest.approx(ref[key], rel=1e-4, abs=1e-6), key
     expected = finite_difference_grads(batch, discrete, algo.params)
@@ -433,7 +433,7 @@ def test_gradient_clipping_to_global_norm():
     algo = build(discrete=True, grad_clip=0.01)
     set_network(algo, values_for(True))
     batch = make_batch(True)
-    grads, _ = algo.learn_minibatch(batch)
+    grads, _, _ = algo.learn_minibatch(batch)
     expected = finite_difference_grads(batch, True, algo.params)
     raw_norm = np.sqrt(sum(np.sum(g**2) for g in expected.values()))
     assert raw_norm > 10 * 0.01
@@ -594,7 +594,7 @@ def test_pendulum_round_and_learn_smoke():
     assert (np.abs(batches[0]["action"]) > 2).any()  # stored unclipped
     steps = list(algo.learn_round(batches[0], np.random.default_rng(0)))
     assert len(steps) == 2 * 4
-    for grads, stats in steps:
+    for grads, stats, _ in steps:
         assert [g.shape for g in grads] == [tuple(v.shape) for v in algo.variables.values()]
         assert all(np.isfinite(g).all() for g in grads)
         assert all(np.isfinite(v) for v in stats.values())
@@ -637,7 +637,7 @@ def test_learn_round_minibatch_schedule():
         rows = np.concatenate(seen[4 * epoch : 4 * epoch + 4])
         np.testing.assert_array_equal(np.unique(rows, axis=0), np.unique(batch["obs"], axis=0))
     assert not np.array_equal(seen[0], seen[4])  # reshuffled each epoch
-    for _, stats in steps:
+    for _, stats, _ in steps:
         assert set(stats) == {"policy_loss", "value_loss", "entropy", "approx_kl", "clip_frac"}
         assert all(isinstance(v, float) for v in stats.values())
     with pytest.raises(EasyRLError, match="lacks columns"):
@@ -652,7 +652,7 @@ def test_kl_target_stops_the_round_early():
     assert len(list(algo.learn_round(batch, np.random.default_rng(0)))) == 16
     # Weights that move: the first epoch's mean KL exceeds 1.5e-6, the round stops after it.
     count = 0
-    for grads, _ in algo.learn_round(batch, np.random.default_rng(0)):
+    for grads, _, _ in algo.learn_round(batch, np.random.default_rng(0)):
         sgd(algo, grads, lr=0.5)
         count += 1
     assert count == 4
@@ -671,7 +671,7 @@ def test_learning_rounds_improve_the_surrogate():
     before = algo.learn_minibatch(batch)[1]
     rng = np.random.default_rng(0)
     for _ in range(3):
-        for grads, _stats in algo.learn_round(batch, rng):
+        for grads, _stats, _ in algo.learn_round(batch, rng):
             sgd(algo, grads, lr=1.0)
     after = algo.learn_minibatch(batch)[1]
     assert abs(before["policy_loss"]) < 1e-5  # ratio 1: -mean(normalized A) = 0
@@ -712,8 +712,8 @@ MULTI_DEVICE = textwrap.dedent(
         batch["logp"] += rng.normal(0, 0.3, 7).astype(np.float32)
         batch["advantage"] = rng.normal(size=7).astype(np.float32)
         batch["value_target"] = rng.normal(size=7).astype(np.float32)
-        (g1, s1), = single.learn_round(batch, np.random.default_rng(0))
-        (g2, s2), = multi.learn_round(batch, np.random.default_rng(0))
+        (g1, s1, _), = single.learn_round(batch, np.random.default_rng(0))
+        (g2, s2, _), = multi.learn_round(batch, np.random.default_rng(0))
         for a, b, name in zip(g1, g2, single.variables):
             assert np.abs(a).max() > 1e-4, name
             np.testing.assert_allclose(b, a, atol=1e-5, rtol=0, err_msg=name)
@@ -722,7 +722,7 @@ MULTI_DEVICE = textwrap.dedent(
         # The runtime swaps weights in through FlatVariables: mirrored copies follow.
         flat = FlatVariables(list(multi.variables.values()))
         flat.assign(flat.read().numpy() * 0.5)
-        halved, _ = multi.learn_minibatch(batch)
+        halved, _, _ = multi.learn_minibatch(batch)
         for name, var in single.variables.items():
             var.assign(var.numpy() * 0.5)
         for a, b, name in zip(single.learn_minibatch(batch)[0], halved, single.variables):
@@ -731,7 +731,7 @@ MULTI_DEVICE = textwrap.dedent(
                       devices=["/cpu:0", "/cpu:1"])
         for name, var in multi.variables.items():
             clipped.variables[name].assign(var.numpy())
-        g3, _ = clipped.learn_minibatch(batch)
+        g3, _, _ = clipped.learn_minibatch(batch)
         norm = np.sqrt(sum(np.sum(g.astype(np.float64) ** 2) for g in g3))
         assert abs(norm - 0.05) < 1e-6, norm
     print("MULTI-DEVICE OK")
@@ -769,7 +769,7 @@ def test_observation_statistics_merge_to_the_moments_of_everything_seen():
     z = algo.obs_norm(obs).numpy()
     expected = (obs - seen.mean(0)) / np.sqrt(seen.var(0) + 1e-8)
     np.testing.assert_allclose(z, np.clip(expected, -3, 3), atol=1e-3)
-    grads, _ = algo.learn_minibatch(make_batch(discrete=True))
+    grads, _, _ = algo.learn_minibatch(make_batch(discrete=True))
     for name, grad in zip(algo.variables, grads, strict=True):
         if name.startswith("obs_norm/"):
             assert not np.any(grad), name

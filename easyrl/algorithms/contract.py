@@ -39,13 +39,14 @@ class LearnStep(NamedTuple):
     """What one gradient computation hands the runtime.
 
     Attributes:
-        grads: the loss's gradients, one array per variable, in the order of `variables`.
+        grads: the loss's gradients, one array per variable, in the order of `variables`;
+            None for a variable this step leaves alone (TD3's actor between its updates).
         stats: scalar diagnostics (loss terms, means), reported to PS shard 0.
         priorities: new replay priorities `[B]` of the batch's items (|TD| for DQN), or None
             when the algorithm computes none.
     """
 
-    grads: list[np.ndarray]
+    grads: list[np.ndarray | None]
     stats: dict[str, float]
     priorities: np.ndarray | None = None
 
@@ -138,9 +139,7 @@ class ReplayAgent(Agent, Protocol):
     target_update_period: int
     """Learner updates between target-network syncs; 0: no target network."""
 
-    def collector(
-        self, num_envs: int, seed: int, actor_index: int, num_actors: int
-    ) -> Collector:
+    def collector(self, num_envs: int, seed: int, actor_index: int, num_actors: int) -> Collector:
         """The actor-side collector of actor `actor_index` of `num_actors`."""
         ...
 
@@ -185,9 +184,7 @@ class RoundsAgent(Agent, Protocol):
 class GradientsAgent(Agent, Protocol):
     """An agent of the actor gradients flow (A3C): actors compute gradients themselves."""
 
-    def collector(
-        self, num_envs: int, seed: int, actor_index: int, num_actors: int
-    ) -> Collector:
+    def collector(self, num_envs: int, seed: int, actor_index: int, num_actors: int) -> Collector:
         """The actor-side collector; its items are whole unrolls to learn from."""
         ...
 

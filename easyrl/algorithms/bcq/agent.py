@@ -21,7 +21,7 @@ from easyrl.errors import ConfigError
 from easyrl.models import Dense, FlatVariables, build_torso, named_variables
 
 STAT_NAMES = ("loss", "q_loss", "bc_loss", "q_mean", "allowed_fraction")
-"""Keys of the stats `BCQ.learn` returns."""
+"""Keys of the stats `BCQ.learn` returns, in order."""
 
 
 def allowed_actions(logits: tf.Tensor, threshold: float) -> tf.Tensor:
@@ -71,18 +71,7 @@ class BCQ(DQN):
         except ValueError as err:
             raise ConfigError(f"model: {err}") from err
         self.variables = dict(sorted({**self.variables, **named_variables(self.bc)}.items()))
-        self._all_flat = FlatVariables(list(self.variables.values()))
-
-    def learn(self, batch: dict, weights: np.ndarray) -> tuple[list, dict, np.ndarray]:
-        """One gradient computation on a sampled batch of n-step transitions.
-
-        Returns:
-            (gradients in the order of `self.variables`, stats with the `STAT_NAMES` keys,
-            new priorities |y - Q(s, a)| `[B]`).
-        """
-        flat_grads, stats, td_abs = self._step(*self.step_inputs(batch, weights))
-        stats = dict(zip(STAT_NAMES, stats.numpy().tolist(), strict=True))
-        return self._all_flat.split(flat_grads.numpy()), stats, td_abs.numpy()
+        self._flat = FlatVariables(list(self.variables.values()))  # `learn`'s gradients
 
     # --- compiled functions (DQN's, with the constraint) ------------------------------------
 
@@ -100,25 +89,15 @@ class BCQ(DQN):
         q_sa = tf.gather(self.q(obs), action, axis=1, batch_dims=1)  # [B]
         return tf.abs(self._targets(reward, next_obs, discount) - q_sa)
 
-    def _step_fn(self, obs, action, reward, next_obs, discount, weights):
+    def loss(self, obs, action, reward, next_obs, discount, weights):
+        """The loss on a batch (see the module docstring), with (stats: the `STAT_NAMES` but
+        `loss`, the new priorities |y - Q(s, a)| `[B]`); `learn` is DQN's."""
         p = self.params
-        y = tf.stop_gradient(self._targets(reward, next_obs, discount))  # [B]
-        variables = list(self.variables.values())
-        with tf.GradientTape() as tape:
-            q_sa = tf.gather(self.q(obs), action, axis=1, batch_dims=1)  # [B]
-            td = y - q_sa
-            # Huber: 0.5 td^2 for |td| <= delta, delta (|td| - 0.5 delta) beyond.
-            quadratic = tf.minimum(tf.abs(td), p.huber_delta)
-            huber = 0.5 * tf.square(quadratic) + p.huber_delta * (tf.abs(td) - quadratic)
-            logits = self.bc(obs)  # [B, A]
-            nll = tf.nn.sparse_softmax_cross_entropy_with_logits(labels=action, logits=logits)
-            q_loss = tf.reduce_mean(weights * huber)
-            bc_loss = tf.reduce_mean(weights * nll)
-            loss = q_loss + p.bc_weight * bc_loss + p.logit_reg * tf.reduce_mean(tf.square(logits))
-        grads = tape.gradient(loss, variables)
-        if p.grad_clip > 0:
-            grads, _ = tf.clip_by_global_norm(grads, p.grad_clip)
-        flat = tf.concat([tf.reshape(g, [-1]) for g in grads], axis=0)
+        q_loss, (stats, td_abs) = super().loss(obs, action, reward, next_obs, discount, weights)
+        logits = self.bc(obs)  # [B, A]
+        nll = tf.nn.sparse_softmax_cross_entropy_with_logits(labels=action, logits=logits)
+        bc_loss = tf.reduce_mean(weights * nll)
+        loss = q_loss + p.bc_weight * bc_loss + p.logit_reg * tf.reduce_mean(tf.square(logits))
         allowed = tf.reduce_mean(tf.cast(allowed_actions(logits, p.threshold), tf.float32))
-        stats = tf.stack([loss, q_loss, bc_loss, tf.reduce_mean(q_sa), allowed])
-        return flat, stats, tf.abs(td)
+        stats = {"q_loss": q_loss, "bc_loss": bc_loss, **stats, "allowed_fraction": allowed}
+        return loss, (stats, td_abs)

@@ -10,8 +10,10 @@ import gymnasium as gym
 import numpy as np
 import tensorflow as tf
 
+from easyrl.algorithms.contract import LearnStep
 from easyrl.algorithms.dqn import FLOW, Params, actor_epsilon
 from easyrl.algorithms.nstep import NStepAccumulator
+from easyrl.algorithms.shared import CompiledGreedy, compiled, flat_gradients
 from easyrl.errors import ConfigError
 from easyrl.models import Dense, FlatVariables, build_torso, named_variables
 
@@ -38,7 +40,7 @@ class QNetwork(tf.Module):
         return self.value(h) + adv - tf.reduce_mean(adv, axis=1, keepdims=True)
 
 
-class DQN:
+class DQN(CompiledGreedy):
     """DQN's pieces for the runtime: networks, acting, post-processing and the loss.
 
     Args:
@@ -69,19 +71,16 @@ class DQN:
         except ValueError as err:
             raise ConfigError(f"model: {err}") from err
         self.variables = named_variables(self.q)
-        self._flat = FlatVariables(list(self.variables.values()))
+        # The Q network (what the target copies); `_flat`: all variables (BCQ adds its own).
+        self._flat = self._q_flat = FlatVariables(list(self.variables.values()))
         self._target_flat = FlatVariables(list(named_variables(self.target).values()))
         # Fixed input signatures: converting numpy inputs is then cheap and nothing retraces.
         obs = tf.TensorSpec([None, *self.obs_shape], tf.as_dtype(self.obs_dtype))
         vec = tf.TensorSpec([None], tf.float32)
         act = tf.TensorSpec([None], tf.int64)
-        self._greedy = tf.function(self._greedy_fn, autograph=False, input_signature=[obs])
-        self._td_abs = tf.function(
-            self._td_abs_fn, autograph=False, input_signature=[obs, act, vec, obs, vec]
-        )
-        self._step = tf.function(
-            self._step_fn, autograph=False, input_signature=[obs, act, vec, obs, vec, vec]
-        )
+        self._greedy = compiled(self._greedy_fn, obs)
+        self._td_abs = compiled(self._td_abs_fn, obs, act, vec, obs, vec)
+        self._step = compiled(self._step_fn, obs, act, vec, obs, vec, vec)
         self.sync_target()
 
     def postprocessor(self, num_envs: int) -> NStepAccumulator:
@@ -112,31 +111,22 @@ class DQN:
             logp = np.log(np.where(actions == greedy, 1.0 - epsilon + uniform, uniform))
         return actions, logp.astype(np.float32)
 
-    def greedy(self, obs: np.ndarray) -> np.ndarray:
-        """Greedy actions `[N]` (evaluation)."""
-        return self._greedy(np.asarray(obs, self.obs_dtype)).numpy()
-
-    @property
-    def greedy_fn(self) -> tf.types.experimental.PolymorphicFunction:
-        """The compiled function `greedy` calls, with its fixed input signature (a batch of
-        observations in, actions out); `easyrl export` saves it as a SavedModel."""
-        return self._greedy
-
     def initial_priorities(self, batch: dict) -> np.ndarray:
         """Ape-X initial priorities |TD| computed with the actor's copy of the network."""
         return self._td_abs(
             batch["obs"], batch["action"], batch["reward"], batch["next_obs"], batch["discount"]
         ).numpy()
 
-    def learn(self, batch: dict, weights: np.ndarray) -> tuple[list, dict, np.ndarray]:
+    def learn(self, batch: dict, weights: np.ndarray) -> LearnStep:
         """One gradient computation on a sampled batch.
 
         Returns:
-            (gradients in the order of `self.variables`, stats, new priorities [B]).
+            a LearnStep: gradients in the order of `self.variables`, stats (`loss`, then the
+            stats the `loss` method returns with it), new priorities |td| `[B]`.
         """
-        flat_grads, loss, q_mean, td_abs = self._step(*self.step_inputs(batch, weights))
-        stats = {"loss": float(loss), "q_mean": float(q_mean)}
-        return self._flat.split(flat_grads.numpy()), stats, td_abs.numpy()
+        flat_grads, loss, (stats, td_abs) = self._step(*self.step_inputs(batch, weights))
+        stats = {"loss": float(loss), **{k: float(v) for k, v in stats.items()}}
+        return LearnStep(self._flat.split(flat_grads.numpy()), stats, td_abs.numpy())
 
     def step_inputs(self, batch: dict, weights: np.ndarray) -> tuple[np.ndarray, ...]:
         """The compiled step's inputs from a batch of n-step transitions and IS weights:
@@ -152,7 +142,7 @@ class DQN:
 
     def sync_target(self) -> None:
         """Copies the online network into the target network."""
-        self._target_flat.assign(self._flat.read())
+        self._target_flat.assign(self._q_flat.read())
 
     def _greedy_fn(self, obs):
         return tf.argmax(self.q(obs), axis=1)  # [N]
@@ -171,21 +161,21 @@ class DQN:
         q_sa = tf.gather(self.q(obs), action, axis=1, batch_dims=1)
         return tf.abs(reward + discount * q_next - q_sa)
 
-    def _step_fn(self, obs, action, reward, next_obs, discount, weights):
+    def loss(self, obs, action, reward, next_obs, discount, weights):
+        """The loss on a batch (see the module docstring), with ({"q_mean": mean Q(s, a)}, the
+        new priorities |td| `[B]`)."""
         y = tf.stop_gradient(self._targets(reward, next_obs, discount))  # [B]
-        variables = list(self.variables.values())
-        with tf.GradientTape() as tape:
-            q_sa = tf.gather(self.q(obs), action, axis=1, batch_dims=1)  # [B]
-            td = y - q_sa
-            # Huber: 0.5 td^2 for |td| <= delta, delta (|td| - 0.5 delta) beyond.
-            quadratic = tf.minimum(tf.abs(td), self.params.huber_delta)
-            huber = 0.5 * tf.square(quadratic) + self.params.huber_delta * (tf.abs(td) - quadratic)
-            loss = tf.reduce_mean(weights * huber)
-        grads = tape.gradient(loss, variables)
-        if self.params.grad_clip > 0:
-            grads, _ = tf.clip_by_global_norm(grads, self.params.grad_clip)
-        flat = tf.concat([tf.reshape(g, [-1]) for g in grads], axis=0)
-        return flat, loss, tf.reduce_mean(q_sa), tf.abs(td)
+        q_sa = tf.gather(self.q(obs), action, axis=1, batch_dims=1)  # [B]
+        td = y - q_sa
+        # Huber: 0.5 td^2 for |td| <= delta, delta (|td| - 0.5 delta) beyond.
+        quadratic = tf.minimum(tf.abs(td), self.params.huber_delta)
+        huber = 0.5 * tf.square(quadratic) + self.params.huber_delta * (tf.abs(td) - quadratic)
+        return tf.reduce_mean(weights * huber), ({"q_mean": tf.reduce_mean(q_sa)}, tf.abs(td))
+
+    def _step_fn(self, *batch):
+        return flat_gradients(
+            lambda: self.loss(*batch), self.variables.values(), self.params.grad_clip
+        )
 
 
 class EpsilonGreedyCollector:
@@ -203,7 +193,7 @@ class EpsilonGreedyCollector:
         self.nstep = dqn.postprocessor(num_envs)
         self.env_steps = 0
         self.epsilon = actor_epsilon(dqn.params, actor_index, num_actors, 0)
-        self._obs = self._actions = None
+        self._obs = self._actions = self.last_action_logp = None
 
     def act(self, obs: np.ndarray, rng: np.random.Generator) -> np.ndarray:
         """Epsilon-greedy actions `[N]` for `obs` `[N, obs]`."""

@@ -12,7 +12,9 @@ import gymnasium as gym
 import numpy as np
 import tensorflow as tf
 
+from easyrl.algorithms.contract import LearnStep
 from easyrl.algorithms.es import FLOW, Params, es_gradient, noise
+from easyrl.algorithms.shared import CompiledGreedy, compiled
 from easyrl.errors import ConfigError
 from easyrl.models import ACTIVATIONS, MLP, Dense, FlatVariables, named_variables
 
@@ -37,7 +39,7 @@ class Policy(tf.Module):
         return self.head(self.torso(obs))  # [N, out]
 
 
-class ES:
+class ES(CompiledGreedy):
     """ES's pieces for the runtime: the policy, the actor-side collector and the round gradient.
 
     Args:
@@ -91,10 +93,8 @@ class ES:
         ]
         obs = tf.TensorSpec([None, self.obs_dim], tf.float32)
         flat = tf.TensorSpec([None, self.num_params], tf.float32)
-        self._greedy = tf.function(self._greedy_fn, autograph=False, input_signature=[obs])
-        self._forward = tf.function(
-            self.per_env_outputs, autograph=False, input_signature=[obs, flat]
-        )
+        self._greedy = compiled(self._greedy_fn, obs)  # the unperturbed policy theta
+        self._forward = compiled(self.per_env_outputs, obs, flat)
 
     def collector(
         self, num_envs: int, seed: int, actor_index: int = 0, num_actors: int = 1
@@ -106,16 +106,6 @@ class ES:
         """ES keeps no state outside its weights: nothing changes after a round."""
         return []
 
-    def greedy(self, obs: np.ndarray) -> np.ndarray:
-        """Actions of the unperturbed policy theta for observations `[N, obs]`."""
-        return self._greedy(np.asarray(obs, np.float32)).numpy()
-
-    @property
-    def greedy_fn(self) -> tf.types.experimental.PolymorphicFunction:
-        """The compiled function `greedy` calls, with its fixed input signature (a batch of
-        observations in, actions out); `easyrl export` saves it as a SavedModel."""
-        return self._greedy
-
     def forward(self, obs: np.ndarray, flat_params: np.ndarray) -> np.ndarray:
         """Raw outputs (logits, or pre-tanh for Box) `[N, out]` of env i's policy with its own
         flat parameters `flat_params[i]` (`[N, P]`, in the order of `variables`)."""
@@ -125,7 +115,7 @@ class ES:
 
     def learn_round(
         self, batch: dict[str, np.ndarray], rng: np.random.Generator
-    ) -> Iterator[tuple[list[np.ndarray], dict[str, float]]]:
+    ) -> Iterator[LearnStep]:
         """Turns one round of records into one gradient (against the current `variables`).
 
         Args:
@@ -133,7 +123,7 @@ class ES:
             rng: unused (the noise comes from the records' seeds).
 
         Yields:
-            Once: (gradients in the order of `self.variables`, stats).
+            Once: a LearnStep of the gradients in the order of `self.variables` and stats.
         """
         theta = self.flat.read().numpy()  # [P]
         returns = np.concatenate([batch["return_pos"], batch["return_neg"]])  # [2n]
@@ -154,7 +144,7 @@ class ES:
             "pairs": float(len(batch["seed"])),
             "env_steps": float(np.sum(batch["steps"])),
         }
-        yield self.flat.split(grad), stats
+        yield LearnStep(self.flat.split(grad), stats)
 
     def per_env_outputs(self, obs: tf.Tensor, flat: tf.Tensor) -> tf.Tensor:
         """Policy outputs `[N, out]` with per-env flat parameters `flat` `[N, P]` (TF code)."""
@@ -205,13 +195,12 @@ class PerturbationCollector:
         self._params = tf.Variable(np.tile(self._theta, (num_envs, 1)), trainable=False)  # [N, P]
         self._active = False
         self._seeds = np.zeros(0, np.int64)  # [S]
+        self.last_action_logp = None  # deterministic perturbed policies
         obs = tf.TensorSpec([num_envs, agent.obs_dim], tf.float32)
         rows = tf.TensorSpec([None, agent.num_params], tf.float32)
         index = tf.TensorSpec([None], tf.int32)
-        self._act = tf.function(self._act_fn, autograph=False, input_signature=[obs])
-        self._set_rows = tf.function(
-            self._set_rows_fn, autograph=False, input_signature=[index, rows]
-        )
+        self._act = compiled(self._act_fn, obs)
+        self._set_rows = compiled(self._set_rows_fn, index, rows)
 
     def start_round(self, share: int) -> None:
         """Starts a round of `share` pairs with the theta now in the agent's variables."""
@@ -287,6 +276,10 @@ class PerturbationCollector:
             "return_neg": means[:, 1].astype(np.float32),
             "steps": self._steps.copy(),
         }
+
+    def stats(self) -> dict[str, float]:
+        """No diagnostics of acting: the round's returns reach the learner in the records."""
+        return {}
 
     def env_parameters(self) -> np.ndarray:
         """The flat parameters `[N, P]` each env's policy currently runs."""

@@ -12,11 +12,19 @@ with vs_t and pg_advantage_t the V-trace targets (see `vtrace`), held constant.
 import numpy as np
 import tensorflow as tf
 
+from easyrl.algorithms.contract import LearnStep
 from easyrl.algorithms.impala import FLOW, AgentParams, check_spaces, unroll_spec
+from easyrl.algorithms.shared import (
+    CompiledGreedy,
+    NoTargetNetwork,
+    checked_columns,
+    compiled,
+    flat_gradients,
+)
 from easyrl.errors import EasyRLError
 from easyrl.models import Dense, FlatVariables, build_torso, named_variables
 
-STAT_NAMES = ("policy_loss", "baseline_loss", "entropy", "rho_mean", "value_mean")
+STAT_NAMES: tuple[str, ...] = ("policy_loss", "baseline_loss", "entropy", "rho_mean", "value_mean")
 """Keys of the stats `IMPALA.learn` returns."""
 
 _SEQ = tf.TensorSpec([None, None], tf.float32)  # [T, B]
@@ -90,7 +98,7 @@ class ActorCritic(tf.Module):
         return self.logits(h), self.value(h)[:, 0]  # [N, A], [N]
 
 
-class IMPALA:
+class IMPALA(CompiledGreedy, NoTargetNetwork):
     """IMPALA's (and A3C's) pieces for the runtime: the network, unroll collection and the
     V-trace actor-critic gradients.
 
@@ -107,8 +115,6 @@ class IMPALA:
 
     flow = FLOW
     """Execution flow (an instance built for A3C says "actor_gradients")."""
-    target_update_period = 0
-    """No target network: the runtime never syncs one."""
 
     def __init__(self, params: AgentParams, obs_space, action_space, model, seed: int = 0):
         check_spaces(obs_space, action_space, model, params.name)
@@ -124,8 +130,8 @@ class IMPALA:
         # Fixed input signatures: no retracing, and AutoGraph stays off.
         obs_tf_dtype = tf.as_dtype(self.obs_dtype)
         obs = tf.TensorSpec([None, *self.obs_shape], obs_tf_dtype)
-        self._forward = tf.function(self.net.__call__, autograph=False, input_signature=[obs])
-        self._greedy = tf.function(self._greedy_fn, autograph=False, input_signature=[obs])
+        self._forward = compiled(self.net.__call__, obs)
+        self._greedy = compiled(self._greedy_fn, obs)  # argmax of the logits
         t = params.unroll_length
         batch_signature = [
             tf.TensorSpec([None, t + 1, *self.obs_shape], obs_tf_dtype),  # obs
@@ -134,7 +140,7 @@ class IMPALA:
             tf.TensorSpec([None, t], tf.float32),  # reward
             tf.TensorSpec([None, t], tf.float32),  # discount
         ]
-        self._step = tf.function(self._step_fn, autograph=False, input_signature=batch_signature)
+        self._step = compiled(self._step_fn, *batch_signature)
 
     def collector(
         self, num_envs: int, seed: int = 0, actor_index: int = 0, num_actors: int = 1
@@ -149,17 +155,7 @@ class IMPALA:
         logits, values = self._forward(np.asarray(obs, self.obs_dtype))
         return logits.numpy(), values.numpy()
 
-    def greedy(self, obs: np.ndarray) -> np.ndarray:
-        """Deterministic actions for evaluation: argmax of the logits, `[N]` int64."""
-        return self._greedy(np.asarray(obs, self.obs_dtype)).numpy()
-
-    @property
-    def greedy_fn(self) -> tf.types.experimental.PolymorphicFunction:
-        """The compiled function `greedy` calls, with its fixed input signature (a batch of
-        observations in, actions out); `easyrl export` saves it as a SavedModel."""
-        return self._greedy
-
-    def learn(self, batch: dict, weights=None) -> tuple[list[np.ndarray], dict[str, float], None]:
+    def learn(self, batch: dict, weights=None) -> LearnStep:
         """One gradient computation on a batch of unrolls.
 
         Args:
@@ -168,28 +164,15 @@ class IMPALA:
             weights: replay importance weights; ignored (the trajectory table is a FIFO).
 
         Returns:
-            (gradients of the loss in the order of `self.variables`, stats with the
-            `STAT_NAMES` keys, None: no priorities). The variables are not changed.
+            a LearnStep: gradients of the loss in the order of `self.variables`, stats with
+            the `STAT_NAMES` keys, no priorities. The variables are not changed.
 
         Raises:
             EasyRLError: a column is missing or has a wrong shape.
         """
-        missing = [c for c in self.spec if c not in batch]
-        if missing:
-            raise EasyRLError(f"{self.params.name} batch lacks columns {missing}")
-        n = len(batch["obs"])
-        arrays = []
-        for name, (shape, dtype) in self.spec.items():
-            array = np.asarray(batch[name], dtype)
-            if array.shape != (n, *shape):
-                raise EasyRLError(
-                    f"{self.params.name} batch column {name!r} must be {(n, *shape)}, "
-                    f"got {array.shape}"
-                )
-            arrays.append(array)
-        flat_grads, stats = self._step(*arrays)
+        flat_grads, _, stats = self._step(*checked_columns(self.params.name, self.spec, batch))
         stats = dict(zip(STAT_NAMES, stats.numpy().tolist(), strict=True))
-        return self._flat.split(flat_grads.numpy()), stats, None
+        return LearnStep(self._flat.split(flat_grads.numpy()), stats)
 
     # --- compiled functions ---------------------------------------------------------------
 
@@ -197,7 +180,9 @@ class IMPALA:
         logits, _ = self.net(obs)  # [N, A]
         return tf.argmax(logits, axis=1)  # [N]
 
-    def _step_fn(self, obs, action, behaviour_logits, reward, discount):
+    def loss(self, obs, action, behaviour_logits, reward, discount):
+        """The loss on a batch of unrolls (see the module docstring), with its stats `[5]`
+        (the `STAT_NAMES`)."""
         p = self.params
         t, a = p.unroll_length, self.num_actions
         b = tf.shape(obs)[0]
@@ -207,41 +192,38 @@ class IMPALA:
         discount_tm = tf.transpose(discount)  # [T, B]
         behaviour_log_pi = tf.nn.log_softmax(tf.transpose(behaviour_logits, [1, 0, 2]))
         behaviour_logp = tf.gather(behaviour_log_pi, action_tm, axis=2, batch_dims=2)  # [T, B]
-        variables = list(self.variables.values())
-        with tf.GradientTape() as tape:
-            # All B * (T + 1) observations through the network at once.
-            logits, values = self.net(tf.reshape(obs, [-1, *self.obs_shape]))
-            logits = tf.reshape(logits, [b, t + 1, a])  # [B, T+1, A]
-            values = tf.reshape(values, [b, t + 1])  # [B, T+1]
-            log_pi = tf.nn.log_softmax(tf.transpose(logits[:, :t], [1, 0, 2]))  # [T, B, A]
-            values_tm = tf.transpose(values[:, :t])  # [T, B]
-            bootstrap_value = values[:, t]  # [B]
-            target_logp = tf.gather(log_pi, action_tm, axis=2, batch_dims=2)  # [T, B]
-            # The targets are constants of the loss: no gradient path into the scan.
-            vs, pg_advantages = vtrace(
-                behaviour_logp,
-                tf.stop_gradient(target_logp),
-                reward_tm,
-                discount_tm,
-                tf.stop_gradient(values_tm),
-                tf.stop_gradient(bootstrap_value),
-                p.rho_bar,
-                p.c_bar,
-                p.lam,
-            )
-            policy_loss = -tf.reduce_mean(target_logp * pg_advantages)
-            baseline_loss = 0.5 * tf.reduce_mean(tf.square(vs - values_tm))
-            entropy = tf.reduce_mean(-tf.reduce_sum(tf.exp(log_pi) * log_pi, axis=2))
-            loss = policy_loss + p.baseline_cost * baseline_loss - p.entropy_cost * entropy
-        grads = tape.gradient(loss, variables)
-        grads = [tf.zeros_like(v) if g is None else g for g, v in zip(grads, variables)]
-        if p.grad_clip > 0:
-            grads, _ = tf.clip_by_global_norm(grads, p.grad_clip)
+        # All B * (T + 1) observations through the network at once.
+        logits, values = self.net(tf.reshape(obs, [-1, *self.obs_shape]))
+        logits = tf.reshape(logits, [b, t + 1, a])  # [B, T+1, A]
+        values = tf.reshape(values, [b, t + 1])  # [B, T+1]
+        log_pi = tf.nn.log_softmax(tf.transpose(logits[:, :t], [1, 0, 2]))  # [T, B, A]
+        values_tm = tf.transpose(values[:, :t])  # [T, B]
+        bootstrap_value = values[:, t]  # [B]
+        target_logp = tf.gather(log_pi, action_tm, axis=2, batch_dims=2)  # [T, B]
+        # The targets are constants of the loss: no gradient path into the scan.
+        vs, pg_advantages = vtrace(
+            behaviour_logp,
+            tf.stop_gradient(target_logp),
+            reward_tm,
+            discount_tm,
+            tf.stop_gradient(values_tm),
+            tf.stop_gradient(bootstrap_value),
+            p.rho_bar,
+            p.c_bar,
+            p.lam,
+        )
+        policy_loss = -tf.reduce_mean(target_logp * pg_advantages)
+        baseline_loss = 0.5 * tf.reduce_mean(tf.square(vs - values_tm))
+        entropy = tf.reduce_mean(-tf.reduce_sum(tf.exp(log_pi) * log_pi, axis=2))
+        loss = policy_loss + p.baseline_cost * baseline_loss - p.entropy_cost * entropy
         rho_mean = tf.reduce_mean(tf.exp(target_logp - behaviour_logp))
-        stats = tf.stack(
-            [policy_loss, baseline_loss, entropy, rho_mean, tf.reduce_mean(values_tm)]
-        )  # [5]
-        return tf.concat([tf.reshape(g, [-1]) for g in grads], axis=0), stats
+        stats = [policy_loss, baseline_loss, entropy, rho_mean, tf.reduce_mean(values_tm)]
+        return loss, tf.stack(stats)  # [5]
+
+    def _step_fn(self, *batch):
+        return flat_gradients(
+            lambda: self.loss(*batch), self.variables.values(), self.params.grad_clip
+        )
 
 
 class UnrollCollector:
@@ -281,6 +263,7 @@ class UnrollCollector:
         self._t = 0
         self._acted = False
         self._unrolls = 0
+        self.last_action_logp = None  # the unrolls carry the behaviour logits instead
 
     def act(self, obs: np.ndarray, rng: np.random.Generator | None = None) -> np.ndarray:
         """Samples actions for `obs` `[N, *obs_shape]` and remembers obs, action and logits.

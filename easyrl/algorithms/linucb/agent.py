@@ -17,7 +17,9 @@ docstring).
 import numpy as np
 import tensorflow as tf
 
+from easyrl.algorithms.contract import LearnStep
 from easyrl.algorithms.linucb import FLOW, Params, replay_spec
+from easyrl.algorithms.shared import CompiledGreedy, NoTargetNetwork, checked_columns, compiled
 from easyrl.errors import EasyRLError
 from easyrl.models import named_variables
 
@@ -33,7 +35,7 @@ class ArmModels(tf.Module):
         self.b = tf.Variable(np.zeros((num_arms, dim), np.float32), name="linucb/b")
 
 
-class LinUCB:
+class LinUCB(CompiledGreedy, NoTargetNetwork):
     """LinUCB's pieces for the runtime: the arm statistics, acting and the increments.
 
     Args:
@@ -43,8 +45,6 @@ class LinUCB:
     """
 
     flow = FLOW
-    target_update_period = 0
-    """No target network: the runtime never syncs one."""
 
     def __init__(self, params: Params, obs_space, action_space):
         self.params = params
@@ -55,11 +55,9 @@ class LinUCB:
         context = tf.TensorSpec([None, self.dim], tf.float32)
         arm = tf.TensorSpec([None], tf.int64)
         reward = tf.TensorSpec([None], tf.float32)
-        self._scores = tf.function(self._scores_fn, autograph=False, input_signature=[context])
-        self._greedy = tf.function(self._greedy_fn, autograph=False, input_signature=[context])
-        self._increments = tf.function(
-            self._increments_fn, autograph=False, input_signature=[context, arm, reward]
-        )
+        self._scores = compiled(self._scores_fn, context)
+        self._greedy = compiled(self._greedy_fn, context)  # argmax_k theta_k . x, no bonus
+        self._increments = compiled(self._increments_fn, context, arm, reward)
 
     def collector(
         self, num_envs: int, seed: int = 0, actor_index: int = 0, num_actors: int = 1
@@ -81,17 +79,7 @@ class LinUCB:
         arms = np.argmax(means + self.params.alpha * widths, axis=1).astype(np.int64)
         return arms, widths[np.arange(len(arms)), arms]
 
-    def greedy(self, contexts: np.ndarray) -> np.ndarray:
-        """argmax_k theta_k . x for contexts `[N, d]` (evaluation, no bonus), `[N]` int64."""
-        return self._greedy(np.asarray(contexts, np.float32)).numpy()
-
-    @property
-    def greedy_fn(self) -> tf.types.experimental.PolymorphicFunction:
-        """The compiled function `greedy` calls, with its fixed input signature (a batch of
-        contexts in, arms out); `easyrl export` saves it as a SavedModel."""
-        return self._greedy
-
-    def learn(self, batch: dict, weights=None) -> tuple[list[np.ndarray], dict[str, float], None]:
+    def learn(self, batch: dict, weights=None) -> LearnStep:
         """The increments of a batch of logged steps, as gradients for the PS.
 
         Args:
@@ -99,29 +87,19 @@ class LinUCB:
             weights: replay importance weights; ignored (the table is a FIFO).
 
         Returns:
-            ([-dA `[K, d, d]`, -db `[K, d]`] in the order of `self.variables`, stats, None:
-            no priorities). The variables are not changed.
+            a LearnStep: [-dA `[K, d, d]`, -db `[K, d]`] in the order of `self.variables`,
+            stats, no priorities. The variables are not changed.
 
         Raises:
             EasyRLError: a column is missing, has a wrong shape, or names an arm out of range.
         """
-        missing = [c for c in self.spec if c not in batch]
-        if missing:
-            raise EasyRLError(f"linucb batch lacks columns {missing}")
-        n, arrays = len(batch["context"]), []
-        for name, (shape, dtype) in self.spec.items():
-            array = np.asarray(batch[name], dtype)
-            if array.shape != (n, *shape):
-                raise EasyRLError(
-                    f"linucb batch column {name!r} must be {(n, *shape)}, got {array.shape}"
-                )
-            arrays.append(array)
-        context, arm, reward = arrays
+        context, arm, reward = checked_columns("linucb", self.spec, batch)
+        n = len(context)
         if n and not (0 <= arm.min() and arm.max() < self.num_arms):
             raise EasyRLError(f"linucb batch has arms outside [0, {self.num_arms})")
         d_a, d_b = self._increments(context, arm, reward)
         stats = {"reward_mean": float(reward.mean()) if n else 0.0}
-        return [-d_a.numpy(), -d_b.numpy()], stats, None
+        return LearnStep([-d_a.numpy(), -d_b.numpy()], stats)
 
     # --- compiled functions ---------------------------------------------------------------
 
@@ -166,6 +144,7 @@ class UCBCollector:
         self.num_envs = num_envs
         self._contexts = self._arms = None
         self._width = 0.0
+        self.last_action_logp = None  # deterministic arms
 
     def act(self, obs: np.ndarray, rng: np.random.Generator) -> np.ndarray:
         """UCB arms `[N]` for contexts `obs` `[N, d]` (deterministic: `rng` is not used)."""

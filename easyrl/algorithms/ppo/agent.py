@@ -17,91 +17,22 @@ import gymnasium as gym
 import numpy as np
 import tensorflow as tf
 
+from easyrl.algorithms.contract import LearnStep
 from easyrl.algorithms.ppo import FLOW, Params, check_spaces, gae
+from easyrl.algorithms.shared import (
+    CompiledGreedy,
+    ObsNorm,
+    PolicyNet,
+    ValueNet,
+    compiled,
+    flatten,
+    gradients,
+)
 from easyrl.errors import EasyRLError
-from easyrl.models import MLP, Dense, FlatVariables, named_variables
+from easyrl.models import FlatVariables, named_variables
 
-STAT_NAMES = ("policy_loss", "value_loss", "entropy", "approx_kl", "clip_frac")
+STAT_NAMES: tuple[str, ...] = ("policy_loss", "value_loss", "entropy", "approx_kl", "clip_frac")
 """Keys of the stats `learn_round` yields with every minibatch gradient."""
-
-_LOG_2PI = math.log(2.0 * math.pi)
-
-
-class ObsNorm(tf.Module):
-    """Running observation statistics `obs_norm/{mean,var,count}` and the normalization
-    clip((obs - mean) / sqrt(var + 1e-8), -c, c). They are variables like the weights, so
-    they live on the PS and reach every actor with the weights; no gradient moves them
-    (their gradient is zero), only `update` on the learner does.
-
-    Args:
-        obs_dim: observation size.
-        clip: the clip c; None disables normalization (the identity, no variables).
-    """
-
-    def __init__(self, obs_dim: int, clip: float | None):
-        super().__init__(name=None)
-        self.clip = clip
-        if clip is not None:
-            self.mean = tf.Variable(np.zeros(obs_dim, np.float32), name="obs_norm/mean")
-            self.var = tf.Variable(np.ones(obs_dim, np.float32), name="obs_norm/var")
-            # A tiny prior count, as Stable-Baselines3 does: the first update dominates it.
-            self.count = tf.Variable(np.float32(1e-4), name="obs_norm/count")
-
-    def __call__(self, obs):
-        if self.clip is None:
-            return obs
-        # Statistics, not parameters: no gradient flows into them.
-        mean, var = tf.stop_gradient(self.mean), tf.stop_gradient(self.var)
-        z = (obs - mean) / tf.sqrt(var + 1e-8)  # [B, obs]
-        return tf.clip_by_value(z, -self.clip, self.clip)
-
-    def update(self, obs: np.ndarray) -> None:
-        """Merges the moments of `obs` `[n, obs]` into the running ones (Chan et al.):
-        the result equals the mean/variance of all observations seen so far."""
-        obs = np.asarray(obs, np.float64)
-        count, mean, var = float(self.count.numpy()), self.mean.numpy(), self.var.numpy()
-        n, batch_mean, batch_var = len(obs), obs.mean(axis=0), obs.var(axis=0)
-        total = count + n
-        delta = batch_mean - mean
-        m2 = var * count + batch_var * n + np.square(delta) * count * n / total
-        self.mean.assign((mean + delta * n / total).astype(np.float32))
-        self.var.assign((m2 / total).astype(np.float32))
-        self.count.assign(np.float32(total))
-
-
-class PolicyNet(tf.Module):
-    """pi(.|s): an MLP torso and a linear head giving logits (Discrete) or the Gaussian mean
-    (Box, with a state-independent `pi/log_std`), on normalized observations."""
-
-    def __init__(self, obs_dim, action_space, model, log_std_init, rng, norm):
-        super().__init__(name=None)
-        self.norm = norm
-        self.torso = MLP(obs_dim, model.hidden, model.activation, "pi/torso", rng)
-        width = model.hidden[-1] if model.hidden else obs_dim
-        if isinstance(action_space, gym.spaces.Discrete):
-            # Small output scale: the initial policy is close to uniform / zero-mean.
-            self.head = Dense(width, int(action_space.n), "pi/logits", rng, scale=0.01)
-        else:
-            dim = int(action_space.shape[0])
-            self.head = Dense(width, dim, "pi/mean", rng, scale=0.01)
-            self.log_std = tf.Variable(np.full(dim, log_std_init, np.float32), name="pi/log_std")
-
-    def __call__(self, obs):
-        return self.head(self.torso(self.norm(obs)))  # [B, A] logits or means
-
-
-class ValueNet(tf.Module):
-    """V(s): an MLP torso and a linear head, on normalized observations."""
-
-    def __init__(self, obs_dim, model, rng, norm):
-        super().__init__(name=None)
-        self.norm = norm
-        self.torso = MLP(obs_dim, model.hidden, model.activation, "vf/torso", rng)
-        width = model.hidden[-1] if model.hidden else obs_dim
-        self.head = Dense(width, 1, "vf/out", rng, scale=1.0)
-
-    def __call__(self, obs):
-        return self.head(self.torso(self.norm(obs)))[:, 0]  # [B]
 
 
 def _strategy(params: Params, devices):
@@ -113,7 +44,7 @@ def _strategy(params: Params, devices):
     return None
 
 
-class PPO:
+class PPO(CompiledGreedy):
     """PPO's pieces for the runtime: networks, rollout collection and the round's gradients.
 
     Args:
@@ -160,20 +91,15 @@ class PPO:
             sorted({**named_variables(self.pi), **named_variables(self.vf)}.items())
         )
         self._flat = FlatVariables(list(self.variables.values()))
-        if not self.discrete:
-            self._low = tf.constant(action_space.low, tf.float32)  # [A]
-            self._high = tf.constant(action_space.high, tf.float32)
         # Fixed input signatures: no retracing, and AutoGraph stays off.
         obs = tf.TensorSpec([None, self.obs_dim], tf.float32)
         vec = tf.TensorSpec([None], tf.float32)
         act = self.action_spec()
         noise = tf.TensorSpec([None, self.action_dim], tf.float32)
-        self._act = tf.function(self._act_fn, autograph=False, input_signature=[obs, noise])
-        self._value = tf.function(self._value_fn, autograph=False, input_signature=[obs])
-        self._greedy = tf.function(self._greedy_fn, autograph=False, input_signature=[obs])
-        self._step = tf.function(
-            self._step_fn, autograph=False, input_signature=[obs, act, vec, vec, vec, vec]
-        )
+        self._act = compiled(self._act_fn, obs, noise)
+        self._value = compiled(self._value_fn, obs)
+        self._greedy = compiled(self.pi.greedy, obs)
+        self._step = compiled(self._step_fn, obs, act, vec, vec, vec, vec)
 
     def action_spec(self) -> tf.TensorSpec:
         """Batched stored action: int64 `[B]` (Discrete) or float32 `[B, A]` (Box)."""
@@ -192,23 +118,13 @@ class PPO:
         """V(obs) for a batch `[N, obs]` -> `[N]` float32."""
         return self._value(np.asarray(obs, np.float32)).numpy()
 
-    def greedy(self, obs: np.ndarray) -> np.ndarray:
-        """Deterministic actions for evaluation: argmax of the logits `[N]` int64, or the
-        Gaussian mean clipped to the action bounds `[N, A]` float32."""
-        return self._greedy(np.asarray(obs, np.float32)).numpy()
-
-    @property
-    def greedy_fn(self) -> tf.types.experimental.PolymorphicFunction:
-        """The compiled function `greedy` calls, with its fixed input signature (a batch of
-        observations in, actions out); `easyrl export` saves it as a SavedModel."""
-        return self._greedy
-
-    def learn_minibatch(self, minibatch: dict) -> tuple[list[np.ndarray], dict[str, float]]:
+    def learn_minibatch(self, minibatch: dict) -> LearnStep:
         """One gradient computation on a minibatch holding the `replay_spec` columns.
 
         Returns:
-            (gradients of the loss in the order of `self.variables`, stats with the
-            `STAT_NAMES` keys). The variables are not changed (the PS applies gradients).
+            a LearnStep: gradients of the loss in the order of `self.variables`, stats with
+            the `STAT_NAMES` keys, no priorities. The variables are not changed (the PS
+            applies gradients).
         """
         flat_grads, stats = self._step(
             np.asarray(minibatch["obs"], np.float32),
@@ -219,16 +135,14 @@ class PPO:
             np.asarray(minibatch["value"], np.float32),
         )
         stats = dict(zip(STAT_NAMES, stats.numpy().tolist(), strict=True))
-        return self._flat.split(flat_grads.numpy()), stats
+        return LearnStep(self._flat.split(flat_grads.numpy()), stats)
 
-    def learn_round(
-        self, batch: dict, rng: np.random.Generator
-    ) -> Iterator[tuple[list[np.ndarray], dict[str, float]]]:
+    def learn_round(self, batch: dict, rng: np.random.Generator) -> Iterator[LearnStep]:
         """The round's gradient steps: `num_epochs` shuffled passes over `batch`.
 
         Each epoch splits a permutation (from `rng`) of the n items into ceil(n /
         minibatch_size) parts of near-equal size (sizes differ by at most one; nothing is
-        dropped) and yields one `(grads, stats)` per part (see `learn_minibatch`). Between
+        dropped) and yields one LearnStep per part (see `learn_minibatch`). Between
         two yields the caller may assign new values to `self.variables`: every step reads
         them afresh. With `kl_target > 0`, the remaining epochs are skipped after an epoch
         whose minibatches' mean `approx_kl` exceeds 1.5 * kl_target.
@@ -248,9 +162,9 @@ class PPO:
         for _ in range(self.params.num_epochs):
             kls = []
             for idx in np.array_split(rng.permutation(n), num_minibatches):
-                grads, stats = self.learn_minibatch({c: batch[c][idx] for c in columns})
-                kls.append(stats["approx_kl"])
-                yield grads, stats
+                step = self.learn_minibatch({c: batch[c][idx] for c in columns})
+                kls.append(step.stats["approx_kl"])
+                yield step
             if self.params.kl_target > 0 and np.mean(kls) > 1.5 * self.params.kl_target:
                 return
 
@@ -268,22 +182,6 @@ class PPO:
 
     # --- compiled functions ---------------------------------------------------------------
 
-    def _log_prob_entropy(self, obs, action):
-        """log pi(action | obs) `[B]` and the policy's entropy `[B]`, exactly."""
-        out = self.pi(obs)  # [B, A]
-        if self.discrete:
-            log_p = tf.nn.log_softmax(out)  # [B, A]
-            logp = tf.gather(log_p, action, axis=1, batch_dims=1)  # [B]
-            entropy = -tf.reduce_sum(tf.exp(log_p) * log_p, axis=1)  # [B]
-            return logp, entropy
-        log_std = self.pi.log_std  # [A]
-        z = (action - out) * tf.exp(-log_std)  # [B, A]
-        # log N(a; mu, sigma^2) = -0.5 * sum(z^2 + 2 log sigma + log 2 pi)
-        logp = -0.5 * tf.reduce_sum(tf.square(z) + 2.0 * log_std + _LOG_2PI, axis=1)  # [B]
-        # H = sum(log sigma + 0.5 (1 + log 2 pi)), the same for every state.
-        entropy = tf.reduce_sum(log_std + 0.5 * (1.0 + _LOG_2PI)) * tf.ones_like(logp)  # [B]
-        return logp, entropy
-
     def _act_fn(self, obs, noise):
         out = self.pi(obs)  # [N, A]
         if self.discrete:
@@ -291,17 +189,11 @@ class PPO:
             action = tf.argmax(out + noise, axis=1)  # [N]
         else:
             action = out + tf.exp(self.pi.log_std) * noise  # [N, A], unclipped
-        logp, _ = self._log_prob_entropy(obs, action)
+        logp, _ = self.pi.log_prob_entropy(obs, action)
         return action, logp, self.vf(obs)
 
     def _value_fn(self, obs):
         return self.vf(obs)  # [N]
-
-    def _greedy_fn(self, obs):
-        out = self.pi(obs)  # [N, A]
-        if self.discrete:
-            return tf.argmax(out, axis=1)  # [N]
-        return tf.clip_by_value(out, self._low, self._high)  # [N, A]
 
     def _replica_grads(self, inputs, size):
         """Gradients and stat sums of one replica's slice of the minibatch, divided by the
@@ -314,32 +206,30 @@ class PPO:
         return self._grads([x[lo:hi] for x in inputs], size)
 
     def _grads(self, inputs, size):
-        obs, action, logp_old, advantage, value_target, value_old = inputs
+        grads, _, stats = gradients(lambda: self.loss(*inputs, size=size), self.variables.values())
+        return grads, stats
+
+    def loss(self, obs, action, logp_old, advantage, value_target, value_old, size):
+        """The loss on (a replica's slice of) a minibatch (see the module docstring), with the
+        stats `[5]` (the `STAT_NAMES`); sums over the slice are divided by the whole
+        minibatch's `size` (see `_replica_grads`)."""
         p = self.params
-        variables = list(self.variables.values())
-        with tf.GradientTape() as tape:
-            logp, entropy = self._log_prob_entropy(obs, action)  # [B], [B]
-            ratio = tf.exp(logp - logp_old)  # [B]
-            clipped_ratio = tf.clip_by_value(ratio, 1.0 - p.clip, 1.0 + p.clip)
-            surrogate = tf.minimum(ratio * advantage, clipped_ratio * advantage)  # [B]
-            value = self.vf(obs)  # [B]
-            value_err = tf.square(value - value_target)  # [B]
-            if p.value_clip > 0:
-                value_c = value_old + tf.clip_by_value(
-                    value - value_old, -p.value_clip, p.value_clip
-                )
-                value_err = tf.maximum(value_err, tf.square(value_c - value_target))
-            # Sums over this slice divided by the whole minibatch size (see _replica_grads).
-            policy_loss = -tf.reduce_sum(surrogate) / size
-            value_loss = 0.5 * tf.reduce_sum(value_err) / size
-            mean_entropy = tf.reduce_sum(entropy) / size
-            loss = policy_loss + p.vf_coef * value_loss - p.ent_coef * mean_entropy
-        grads = tape.gradient(loss, variables)
-        grads = [tf.zeros_like(v) if g is None else g for g, v in zip(grads, variables)]
+        logp, entropy = self.pi.log_prob_entropy(obs, action)  # [B], [B]
+        ratio = tf.exp(logp - logp_old)  # [B]
+        clipped_ratio = tf.clip_by_value(ratio, 1.0 - p.clip, 1.0 + p.clip)
+        surrogate = tf.minimum(ratio * advantage, clipped_ratio * advantage)  # [B]
+        value = self.vf(obs)  # [B]
+        value_err = tf.square(value - value_target)  # [B]
+        if p.value_clip > 0:
+            value_c = value_old + tf.clip_by_value(value - value_old, -p.value_clip, p.value_clip)
+            value_err = tf.maximum(value_err, tf.square(value_c - value_target))
+        policy_loss = -tf.reduce_sum(surrogate) / size
+        value_loss = 0.5 * tf.reduce_sum(value_err) / size
+        mean_entropy = tf.reduce_sum(entropy) / size
+        loss = policy_loss + p.vf_coef * value_loss - p.ent_coef * mean_entropy
         approx_kl = tf.reduce_sum(ratio - 1.0 - (logp - logp_old)) / size
         clip_frac = tf.reduce_sum(tf.cast(tf.abs(ratio - 1.0) > p.clip, tf.float32)) / size
-        stats = tf.stack([policy_loss, value_loss, mean_entropy, approx_kl, clip_frac])  # [5]
-        return grads, stats
+        return loss, tf.stack([policy_loss, value_loss, mean_entropy, approx_kl, clip_frac])
 
     def _step_fn(self, obs, action, logp_old, advantage, value_target, value_old):
         if self.params.normalize_advantages:
@@ -353,9 +243,7 @@ class PPO:
         else:
             per_replica = self.strategy.run(self._replica_grads, args=(inputs, size))
             grads, stats = self.strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica, axis=None)
-        if self.params.grad_clip > 0:
-            grads, _ = tf.clip_by_global_norm(grads, self.params.grad_clip)
-        return tf.concat([tf.reshape(g, [-1]) for g in grads], axis=0), stats
+        return flatten(grads, self.params.grad_clip), stats
 
 
 class RolloutCollector:
@@ -393,6 +281,7 @@ class RolloutCollector:
         self._terminated = np.zeros((t, n), bool)
         self._truncated = np.zeros((t, n), bool)
         self._truncated_value = np.zeros((t, n), np.float32)  # V(final obs) of truncated rows
+        self.last_action_logp = None  # behaviour log-probs of the last `act`, for recording
         self.start_round()
 
     def start_round(self, share: int | None = None) -> None:
@@ -435,7 +324,7 @@ class RolloutCollector:
         self._action[t] = action.numpy()
         self._logp[t] = logp.numpy()
         self._value[t] = value.numpy()
-        self.last_action_logp = self._logp[t].copy()  # behaviour log-probs, for recording
+        self.last_action_logp = self._logp[t].copy()
         self._acted = True
         if self.algo.discrete:
             return self._action[t].copy()
@@ -513,3 +402,7 @@ class RolloutCollector:
         }
         self._t = 0
         return batch
+
+    def stats(self) -> dict[str, float]:
+        """No diagnostics of acting: the round's stats come from the learner."""
+        return {}

@@ -17,23 +17,14 @@ Each loss moves only its own group (critic/, actor/, alpha/): y, alpha in the ac
 logp in the alpha loss are constants. Primes are local Polyak targets of the critics only.
 """
 
-import functools
 import math
 
 import numpy as np
 import tensorflow as tf
 
-from easyrl.algorithms.nstep import NStepAccumulator
+from easyrl.algorithms import shared
+from easyrl.algorithms.contract import LearnStep
 from easyrl.algorithms.sac import FLOW, Params
-from easyrl.algorithms.td3 import check_spaces, scale_actions
-from easyrl.algorithms.td3.agent import (
-    ContinuousCollector,
-    Critics,
-    PolyakTargets,
-    min_q,
-    scaled_greedy_fn,
-    transition_columns,
-)
 from easyrl.errors import ConfigError
 from easyrl.models import MLP, Dense, FlatVariables, named_variables
 
@@ -43,6 +34,8 @@ LOG_STD_MAX = 2.0
 """Upper end of the policy's log standard deviation."""
 _LOG_2PI = math.log(2.0 * math.pi)
 _LOG_2 = math.log(2.0)
+_GROUPS = ("actor/", "alpha/", "critic/")
+"""The variable groups, each with its own loss, in the (sorted) order of `variables`."""
 
 
 def log_one_minus_tanh_sq(u: tf.Tensor) -> tf.Tensor:
@@ -83,8 +76,9 @@ class GaussianActor(tf.Module):
         return tf.tanh(u), squashed_log_prob(u, mean, log_std)
 
 
-class SAC:
-    """SAC's pieces for the runtime: networks, acting, priorities, the losses.
+class SAC(shared.PolyakActorCritic):
+    """SAC's pieces for the runtime: networks, acting, priorities, the losses (greedy acting,
+    the critics' targets and loss and `sync_target`: `PolyakActorCritic`).
 
     Variables on the PS: `actor/...`, `alpha/log_alpha` (a scalar), `critic/q1/...`,
     `critic/q2/...`; the target critics `target_critic/...` stay local.
@@ -102,16 +96,10 @@ class SAC:
     """
 
     flow = FLOW
-    target_update_period = 1
-    """`sync_target` (a Polyak step) after every update."""
 
     def __init__(self, params: Params, obs_space, action_space, model, seed: int = 0):
-        check_spaces("sac", obs_space, action_space, model)
+        super().__init__("sac", obs_space, action_space, model)
         self.params = params
-        self.obs_dim = int(obs_space.shape[0])
-        self.action_dim = int(action_space.shape[0])
-        self.low = np.asarray(action_space.low, np.float32)  # [A]
-        self.high = np.asarray(action_space.high, np.float32)  # [A]
         self.target_entropy = (
             -float(self.action_dim) if params.target_entropy is None else params.target_entropy
         )
@@ -119,10 +107,10 @@ class SAC:
         dims = (self.obs_dim, self.action_dim)
         try:
             self.actor = GaussianActor(*dims, model, "actor", rng)
-            self.critic = Critics(*dims, model, True, "critic", rng)
+            self.critic = shared.Critics(*dims, model, True, "critic", rng)
             # Initial values are copied from the online critics by PolyakTargets.
             spare = np.random.default_rng(0)
-            self.target_critic = Critics(*dims, model, True, "target_critic", spare)
+            self.target_critic = shared.Critics(*dims, model, True, "target_critic", spare)
         except ValueError as err:
             raise ConfigError(f"model: {err}") from err
         self.log_alpha = tf.Variable(
@@ -138,7 +126,7 @@ class SAC:
             )
         )
         self._flat = FlatVariables(list(self.variables.values()))
-        self.polyak = PolyakTargets(
+        self.polyak = shared.PolyakTargets(
             named_variables(self.critic), named_variables(self.target_critic), params.tau
         )
         self._rng = np.random.default_rng(seed)
@@ -148,32 +136,21 @@ class SAC:
         vec = tf.TensorSpec([None], tf.float32)
         noise2 = tf.TensorSpec([2, None, self.action_dim], tf.float32)
         batch = [obs, act, vec, obs, vec]
-
-        def compile_(fn, signature):
-            return tf.function(fn, autograph=False, input_signature=signature)
-
-        self._mean_action = compile_(lambda o: tf.tanh(self.actor(o)[0]), [obs])
-        self._sample = compile_(self.actor.sample, [obs, act])
-        self._targets = compile_(self._targets_fn, [vec, obs, vec, act])
-        self._td_abs = compile_(self._td_abs_fn, [*batch, act])
-        self._step = compile_(self._step_fn, [*batch, vec, noise2])
+        self._policy = shared.compiled(lambda o: tf.tanh(self.actor(o)[0]), obs)  # tanh(mu(s))
+        self._sample = shared.compiled(self.actor.sample, obs, act)
+        self._targets = shared.compiled(self._targets_fn, vec, obs, vec, act)
+        self._td_abs = shared.compiled(self._td_abs_fn, *batch, act)
+        self._step = shared.compiled(self._step_fn, *batch, vec, noise2)
 
     # --- actor side ---------------------------------------------------------------------
 
-    def postprocessor(self, num_envs: int) -> NStepAccumulator:
-        """The actor-side n-step accumulator for `num_envs` envs (float32 actions `[A]`)."""
-        p = self.params
-        return NStepAccumulator(
-            num_envs, p.n_step, p.gamma, (self.obs_dim,), np.float32, (self.action_dim,), np.float32
-        )
-
     def collector(
         self, num_envs: int, seed: int = 0, actor_index: int = 0, num_actors: int = 1
-    ) -> ContinuousCollector:
+    ) -> shared.ContinuousCollector:
         """The actor-side collector: actions sampled from pi (uniform for the first
         `random_steps` env steps) and n-step transitions. All actors explore alike; the
         `rng` given to `act` drives the sampling."""
-        return ContinuousCollector(self, num_envs, SampledPolicy(self))
+        return shared.ContinuousCollector(self, num_envs, SampledPolicy(self))
 
     def sample(self, obs: np.ndarray, noise: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """a = tanh(mu + sigma * noise) `[N, A]` (normalized) and log pi(a|s) `[N]`, for
@@ -181,40 +158,21 @@ class SAC:
         action, logp = self._sample(np.asarray(obs, np.float32), np.asarray(noise, np.float32))
         return action.numpy(), logp.numpy()
 
-    def scale(self, normalized: np.ndarray) -> np.ndarray:
-        """Normalized actions `[N, A]` mapped to the env's bounds (float32)."""
-        return scale_actions(normalized, self.low, self.high)
-
-    def greedy(self, obs: np.ndarray) -> np.ndarray:
-        """Evaluation actions `[N, A]`: tanh(mu(s)) scaled to the bounds."""
-        return self.scale(self._mean_action(np.asarray(obs, np.float32)).numpy())
-
-    @functools.cached_property
-    def greedy_fn(self) -> tf.types.experimental.PolymorphicFunction:
-        """`greedy` as one compiled function (see `scaled_greedy_fn`): tanh(mu(s)) scaled to
-        the bounds."""
-        return scaled_greedy_fn(self._mean_action, self.low, self.high, self.obs_dim)
-
     def initial_priorities(self, batch: dict, noise: np.ndarray | None = None) -> np.ndarray:
         """Ape-X initial priorities `[B]`: |y - Q_1(s, a)| with the actor's copies of the
         online critics standing in for the targets (an actor never syncs targets):
         y = R + discount * (min_i Q_i(s', a') - alpha * log pi(a'|s')), a' ~ pi(.|s') drawn
         with standard-normal `noise` `[B, A]` (None: from the agent's seeded generator)."""
-        columns = transition_columns(batch)
+        columns = shared.transition_columns(batch)
         if noise is None:
             noise = self._rng.standard_normal((len(columns[0]), self.action_dim))
         return self._td_abs(*columns, np.asarray(noise, np.float32)).numpy()
 
     # --- learner side -------------------------------------------------------------------
 
-    def targets(self, batch: dict, noise: np.ndarray) -> np.ndarray:
-        """Critic targets y `[B]` (target critics) for the next-state noise z' `[B, A]`."""
-        _, _, reward, next_obs, discount = transition_columns(batch)
-        return self._targets(reward, next_obs, discount, np.asarray(noise, np.float32)).numpy()
-
     def learn(
         self, batch: dict, weights: np.ndarray | None, noise: np.ndarray | None = None
-    ) -> tuple[list, dict, np.ndarray]:
+    ) -> LearnStep:
         """One gradient computation on a sampled batch (the PS applies it).
 
         Args:
@@ -225,39 +183,29 @@ class SAC:
                 agent's seeded generator.
 
         Returns:
-            (gradients in the order of `self.variables`, the entry of `alpha/log_alpha` None
-            unless `autotune_alpha`; stats; new priorities |y - Q_1| `[B]`).
+            a LearnStep: gradients in the order of `self.variables` (the entry of
+            `alpha/log_alpha` None unless `autotune_alpha`), stats, new priorities |y - Q_1|
+            `[B]`.
         """
-        columns = transition_columns(batch)
+        columns = shared.transition_columns(batch)
         size = len(columns[0])
         weights = np.ones(size, np.float32) if weights is None else weights
         if noise is None:
             noise = self._rng.standard_normal((2, size, self.action_dim), dtype=np.float32)
-        flat, critic_loss, actor_loss, alpha, entropy, q_mean, td_abs = self._step(
+        flat, stats, td_abs = self._step(
             *columns, np.asarray(weights, np.float32), np.asarray(noise, np.float32)
         )
         grads = dict(zip(self.variables, self._flat.split(flat.numpy()), strict=True))
         if not self.params.autotune_alpha:
             grads["alpha/log_alpha"] = None
-        stats = {
-            "critic_loss": float(critic_loss),
-            "actor_loss": float(actor_loss),
-            "alpha": float(alpha),
-            "entropy": float(entropy),
-            "q_mean": float(q_mean),
-        }
-        return list(grads.values()), stats, td_abs.numpy()
-
-    def sync_target(self) -> None:
-        """Polyak step of the target critics, in one compiled call (the first call copies;
-        see `PolyakTargets`)."""
-        self.polyak.update()
+        stats = {k: float(v) for k, v in stats.items()}
+        return LearnStep(list(grads.values()), stats, td_abs.numpy())
 
     # --- compiled math ------------------------------------------------------------------
 
     def _soft_targets(self, critic, reward, next_obs, discount, noise):
         next_action, next_logp = self.actor.sample(next_obs, noise)  # [B, A], [B]
-        soft_q = min_q(critic(next_obs, next_action)) - tf.exp(self.log_alpha) * next_logp
+        soft_q = shared.min_q(critic(next_obs, next_action)) - tf.exp(self.log_alpha) * next_logp
         return reward + discount * soft_q  # [B]
 
     def _targets_fn(self, reward, next_obs, discount, noise):
@@ -267,49 +215,41 @@ class SAC:
         y = self._soft_targets(self.critic, reward, next_obs, discount, noise)  # [B]
         return tf.abs(y - self.critic.q1(obs, action))
 
+    def actor_loss(self, obs, noise):
+        """The actor's loss for the noise z `[B, A]` of a~ ~ pi(.|s) (alpha held constant),
+        with log pi(a~|s) `[B]`."""
+        new_action, logp = self.actor.sample(obs, noise)  # [B, A], [B]
+        q_new = shared.min_q(self.critic(obs, new_action))  # [B]
+        return tf.reduce_mean(tf.stop_gradient(tf.exp(self.log_alpha)) * logp - q_new), logp
+
+    def alpha_loss(self, logp):
+        """The temperature's loss for the actor's log pi(a~|s) `[B]` (held constant)."""
+        slack = tf.stop_gradient(logp + self.target_entropy)  # [B]
+        return -tf.reduce_mean(self.log_alpha * slack), None
+
     def _step_fn(self, obs, action, reward, next_obs, discount, weights, noise):
-        p = self.params
-        y = tf.stop_gradient(self._targets_fn(reward, next_obs, discount, noise[0]))  # [B]
-        alpha = tf.exp(self.log_alpha)
-        groups = {g: [n for n in self.variables if n.startswith(g)] for g in ("actor/", "critic/")}
-
-        with tf.GradientTape() as tape:
-            qs = self.critic(obs, action)  # each [B]
-            critic_loss = tf.add_n([tf.reduce_mean(weights * tf.square(q - y)) for q in qs])
-        critic_vars = [self.variables[n] for n in groups["critic/"]]
-        critic_grads = tape.gradient(critic_loss, critic_vars)
-
-        with tf.GradientTape() as tape:
-            new_action, logp = self.actor.sample(obs, noise[1])  # [B, A], [B]
-            q_new = min_q(self.critic(obs, new_action))  # [B]
-            actor_loss = tf.reduce_mean(tf.stop_gradient(alpha) * logp - q_new)
-        actor_vars = [self.variables[n] for n in groups["actor/"]]
-        actor_grads = tape.gradient(actor_loss, actor_vars)
-
-        with tf.GradientTape() as tape:
-            slack = tf.stop_gradient(logp + self.target_entropy)  # [B]
-            alpha_loss = -tf.reduce_mean(self.log_alpha * slack)
-        alpha_grad = tape.gradient(alpha_loss, self.log_alpha)
-
-        if p.grad_clip > 0:  # per group: the actor's and the critics' norms differ a lot
-            actor_grads, _ = tf.clip_by_global_norm(actor_grads, p.grad_clip)
-            critic_grads, _ = tf.clip_by_global_norm(critic_grads, p.grad_clip)
-        by_name = {
-            **dict(zip(groups["actor/"], actor_grads, strict=True)),
-            **dict(zip(groups["critic/"], critic_grads, strict=True)),
-            "alpha/log_alpha": alpha_grad,
-        }
-        flat = tf.concat([tf.reshape(by_name[n], [-1]) for n in self.variables], axis=0)
-        entropy = -tf.reduce_mean(logp)
-        return (
-            flat,
-            critic_loss,
-            actor_loss,
-            alpha,
-            entropy,
-            tf.reduce_mean(qs[0]),
-            tf.abs(y - qs[0]),
+        clip = self.params.grad_clip  # per group: the actor's and the critics' norms differ a lot
+        group = {g: [v for n, v in self.variables.items() if n.startswith(g)] for g in _GROUPS}
+        critic_flat, critic_loss, (q_mean, td_abs) = shared.flat_gradients(
+            lambda: self.critic_loss(obs, action, reward, next_obs, discount, weights, noise[0]),
+            group["critic/"],
+            clip,
         )
+        actor_flat, actor_loss, logp = shared.flat_gradients(
+            lambda: self.actor_loss(obs, noise[1]), group["actor/"], clip
+        )
+        alpha_flat, _, _ = shared.flat_gradients(
+            lambda: self.alpha_loss(logp), group["alpha/"], 0.0
+        )
+        stats = {
+            "critic_loss": critic_loss,
+            "actor_loss": actor_loss,
+            "alpha": tf.exp(self.log_alpha),
+            "entropy": -tf.reduce_mean(logp),
+            "q_mean": q_mean,
+        }
+        # The groups in the (sorted) order of `variables`.
+        return tf.concat([actor_flat, alpha_flat, critic_flat], axis=0), stats, td_abs
 
 
 class SampledPolicy:

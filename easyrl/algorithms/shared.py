@@ -1,0 +1,479 @@
+"""TensorFlow pieces that more than one algorithm's agent uses; imported by `agent.py` modules
+only (it imports TensorFlow).
+
+- Every agent: `compiled` functions, the gradient step (`flat_gradients`: tape, loss,
+  gradients, global-norm clip, one flat vector), `CompiledGreedy` (greedy acting and its
+  export), `NoTargetNetwork` and `checked_columns` (a batch checked against its columns).
+- Off-policy continuous control (TD3/DDPG and SAC): the `PolyakActorCritic` base, twin
+  `Critics`, `PolyakTargets`, `scaled_greedy_fn`, `transition_columns`, `ContinuousCollector`.
+- PPO's networks, which MARWIL and BC build too: `ObsNorm`, `PolicyNet`, `ValueNet`.
+"""
+
+import functools
+import math
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+import tensorflow as tf
+
+from easyrl.algorithms.nstep import NStepAccumulator
+from easyrl.algorithms.td3 import check_spaces, scale_actions
+from easyrl.errors import EasyRLError
+from easyrl.models import MLP, Dense
+
+_LOG_2PI = math.log(2.0 * math.pi)
+Compiled = tf.types.experimental.PolymorphicFunction
+
+# --- every agent -----------------------------------------------------------------------------
+
+
+def compiled(fn: Callable, *signature: tf.TensorSpec) -> Compiled:
+    """`fn` as a tf.function with a fixed input signature and AutoGraph off: numpy inputs
+    convert cheaply and nothing retraces."""
+    return tf.function(fn, autograph=False, input_signature=list(signature))
+
+
+def gradients(
+    loss_fn: Callable[[], tuple[tf.Tensor, Any]], variables: Iterable[tf.Variable]
+) -> tuple[list, tf.Tensor, Any]:
+    """The gradients of a loss, inside a compiled function.
+
+    Args:
+        loss_fn: `() -> (loss, aux)`, run under the tape: the scalar loss, and what else the
+            step hands back (stats, priorities), untouched.
+        variables: the variables to differentiate, in gradient order.
+
+    Returns:
+        (gradients, one per variable, zeros where the loss does not reach it; loss; aux).
+    """
+    variables = list(variables)
+    with tf.GradientTape() as tape:
+        loss, aux = loss_fn()
+    grads = tape.gradient(loss, variables)
+    return [tf.zeros_like(v) if g is None else g for g, v in zip(grads, variables)], loss, aux
+
+
+def flatten(grads: list[tf.Tensor], clip: float) -> tf.Tensor:
+    """Gradients as one flat vector, clipped to global norm `clip` first (0: no clip)."""
+    if clip > 0:
+        grads, _ = tf.clip_by_global_norm(grads, clip)
+    return tf.concat([tf.reshape(g, [-1]) for g in grads], axis=0)
+
+
+def flat_gradients(
+    loss_fn: Callable[[], tuple[tf.Tensor, Any]], variables: Iterable[tf.Variable], clip: float
+) -> tuple[tf.Tensor, tf.Tensor, Any]:
+    """An agent's gradient step, inside its compiled function: `gradients` of `loss_fn()`'s
+    loss, then `flatten`ed with global-norm clip `clip` (0: no clip).
+
+    Returns:
+        (flat gradients `[P]` in the order of `variables`, loss, the loss_fn's aux).
+    """
+    grads, loss, aux = gradients(loss_fn, variables)
+    return flatten(grads, clip), loss, aux
+
+
+class CompiledGreedy:
+    """Greedy acting through the agent's compiled `_greedy` (a batch of observations in,
+    deterministic actions out, one fixed input signature)."""
+
+    _greedy: Any  # a `compiled` function
+
+    def greedy(self, obs: np.ndarray) -> np.ndarray:
+        """Deterministic actions for a batch of observations (evaluation)."""
+        dtype = self._greedy.input_signature[0].dtype.as_numpy_dtype
+        return self._greedy(np.asarray(obs, dtype)).numpy()
+
+    @property
+    def greedy_fn(self) -> Compiled:
+        """The compiled function `greedy` calls, with its fixed input signature (a batch of
+        observations in, actions out); `easyrl export` saves it as a SavedModel."""
+        return self._greedy
+
+
+class NoTargetNetwork:
+    """Base of a replay agent without a target network (IMPALA/A3C, LinUCB, MARWIL/BC): its
+    `target_update_period` is 0, so the learner never syncs, and `sync_target` has nothing to
+    copy."""
+
+    target_update_period = 0
+    """No target network: the runtime never syncs one."""
+
+    def sync_target(self) -> None:
+        """Nothing to copy: there is no target network."""
+
+
+def checked_columns(name: str, spec: dict, batch: dict) -> list[np.ndarray]:
+    """The `spec` columns ({column: (per-item shape, dtype)}) of `batch`, in the spec's order
+    and dtypes, all as long as the first.
+
+    Raises:
+        EasyRLError: a column is missing or has a wrong shape (the message starts with `name`).
+    """
+    missing = [c for c in spec if c not in batch]
+    if missing:
+        raise EasyRLError(f"{name} batch lacks columns {missing}")
+    n, arrays = len(batch[next(iter(spec))]), []
+    for column, (shape, dtype) in spec.items():
+        array = np.asarray(batch[column], dtype)
+        if array.shape != (n, *shape):
+            raise EasyRLError(
+                f"{name} batch column {column!r} must be {(n, *shape)}, got {array.shape}"
+            )
+        arrays.append(array)
+    return arrays
+
+
+# --- off-policy continuous control (TD3 / DDPG, SAC) ----------------------------------------
+
+
+def transition_columns(batch: dict) -> tuple[np.ndarray, ...]:
+    """The columns of a batch of transitions as the compiled functions take them:
+    (obs [B, obs], normalized action [B, A], reward [B], next_obs [B, obs], discount [B])."""
+    return tuple(
+        np.asarray(batch[k], np.float32)
+        for k in ("obs", "action", "reward", "next_obs", "discount")
+    )
+
+
+class Critic(tf.Module):
+    """Q(s, a): an MLP on concat(obs, action) and a linear output, `[B]`."""
+
+    def __init__(self, obs_dim: int, action_dim: int, model, name: str, rng):
+        super().__init__(name=None)
+        in_dim = obs_dim + action_dim
+        self.torso = MLP(in_dim, model.hidden, model.activation, f"{name}/torso", rng)
+        self.out = Dense(model.hidden[-1] if model.hidden else in_dim, 1, f"{name}/out", rng)
+
+    def __call__(self, obs: tf.Tensor, action: tf.Tensor) -> tf.Tensor:
+        """Q(s, a) `[B]` for `obs` `[B, obs]` and normalized `action` `[B, A]`."""
+        x = tf.concat([obs, action], axis=1)  # [B, obs + A]
+        return tf.reshape(self.out(self.torso(x)), [-1])  # [B]
+
+
+class Critics(tf.Module):
+    """The critics `{name}/q1` (and `{name}/q2` when `twin`); calling gives `[Q_1, (Q_2)]`."""
+
+    def __init__(self, obs_dim: int, action_dim: int, model, twin: bool, name: str, rng):
+        super().__init__(name=None)
+        self.q1 = Critic(obs_dim, action_dim, model, f"{name}/q1", rng)
+        self.q2 = Critic(obs_dim, action_dim, model, f"{name}/q2", rng) if twin else None
+
+    def __call__(self, obs: tf.Tensor, action: tf.Tensor) -> list[tf.Tensor]:
+        """[Q_1(s, a), Q_2(s, a)] (or [Q_1]), each `[B]`."""
+        return [q(obs, action) for q in (self.q1, self.q2) if q is not None]  # each [B]
+
+
+def min_q(qs: list[tf.Tensor]) -> tf.Tensor:
+    """min_i Q_i elementwise over the critics' outputs `[B]` (the only one without twins)."""
+    return qs[0] if len(qs) == 1 else tf.minimum(qs[0], qs[1])  # [B]
+
+
+class PolyakTargets:
+    """Local target copies of online variables: `target_<name>` tracks `<name>`.
+
+    `update()` Polyak-averages all of them in one compiled call,
+        target = tau * online + (1 - tau) * target,
+    except its first call, which copies: the learner's first call comes right after it pulled
+    the PS values and before any update, so the targets start equal to the online networks
+    (as in the papers), also after a restart from a checkpoint. The constructor copies too.
+
+    Args:
+        online: {name: variable} of the online networks.
+        targets: {"target_" + name: variable}, one per online variable, same shapes.
+        tau: the Polyak rate in (0, 1].
+
+    Raises:
+        EasyRLError: the target variables do not mirror the online ones.
+    """
+
+    def __init__(self, online: dict[str, tf.Variable], targets: dict[str, tf.Variable], tau):
+        if set(targets) != {f"target_{name}" for name in online}:
+            raise EasyRLError(f"targets {sorted(targets)} do not mirror {sorted(online)}")
+        self.pairs = [(online[n], targets[f"target_{n}"]) for n in online]
+        for src, dst in self.pairs:
+            if src.shape != dst.shape:
+                raise EasyRLError(f"{dst.name} has shape {dst.shape}, {src.name} {src.shape}")
+        self.tau = float(tau)
+        self.synced = False
+        self._copy = compiled(self._copy_fn)
+        self._polyak = compiled(self._polyak_fn)
+        self._copy()
+
+    def update(self) -> None:
+        """Copies on the first call, Polyak-averages on every later one (see the class)."""
+        if self.synced:
+            self._polyak()
+        else:
+            self._copy()
+            self.synced = True
+
+    def _copy_fn(self) -> None:
+        for src, dst in self.pairs:
+            dst.assign(src)
+
+    def _polyak_fn(self) -> None:
+        for src, dst in self.pairs:
+            dst.assign(self.tau * src + (1.0 - self.tau) * dst)
+
+
+def scaled_greedy_fn(normalized_action, low: np.ndarray, high: np.ndarray, obs_dim: int):
+    """A deterministic policy as one compiled function with a fixed input signature
+    (observations `[N, obs_dim]` float32 in, actions `[N, A]` float32 out), what
+    `easyrl export` saves as a SavedModel: `normalized_action(obs)` in [-1, 1] scaled to the
+    bounds in float64 as `scale_actions` does, so both give the same actions."""
+    low = tf.constant(low.astype(np.float64))  # [A]
+    high = tf.constant(high.astype(np.float64))
+
+    def greedy(obs):
+        a = tf.clip_by_value(tf.cast(normalized_action(obs), tf.float64), -1.0, 1.0)  # [N, A]
+        scaled = tf.clip_by_value(low + (a + 1.0) * 0.5 * (high - low), low, high)
+        return tf.cast(scaled, tf.float32)
+
+    return compiled(greedy, tf.TensorSpec([None, obs_dim], tf.float32))
+
+
+class PolyakActorCritic:
+    """The common side of TD3/DDPG and SAC: actions normalized to [-1, 1]^A inside the
+    algorithm, scaled to the Box bounds for the env only; critics learn targets y from local
+    target networks, Polyak-averaged after every update.
+
+    A subclass builds `critic` (`Critics`) and `polyak` (`PolyakTargets`), defines
+    `_targets_fn(reward, next_obs, discount, noise)` (y `[B]`), and compiles it as `_targets`
+    and its deterministic policy (normalized actions for float32 observations) as `_policy`.
+
+    Args:
+        name: the algorithm name, for error messages.
+        obs_space: a flat Box.
+        action_space: a flat Box with finite bounds.
+        model: the config's `model` section (mlp: `hidden`, `activation`).
+
+    Raises:
+        ConfigError: unsupported spaces or model.
+    """
+
+    target_update_period = 1
+    """`sync_target` (a Polyak step) after every update."""
+    critic: Critics
+    polyak: PolyakTargets
+    _policy: Compiled
+    _targets: Compiled
+
+    def __init__(self, name: str, obs_space, action_space, model):
+        check_spaces(name, obs_space, action_space, model)
+        self.obs_dim = int(obs_space.shape[0])
+        self.action_dim = int(action_space.shape[0])
+        self.low = np.asarray(action_space.low, np.float32)  # [A]
+        self.high = np.asarray(action_space.high, np.float32)  # [A]
+
+    def policy(self, obs: np.ndarray) -> np.ndarray:
+        """Normalized deterministic actions `[N, A]` in [-1, 1] for `obs` `[N, obs]`."""
+        return self._policy(np.asarray(obs, np.float32)).numpy()
+
+    def scale(self, normalized: np.ndarray) -> np.ndarray:
+        """Normalized actions `[N, A]` mapped to the env's bounds (float32)."""
+        return scale_actions(normalized, self.low, self.high)
+
+    def greedy(self, obs: np.ndarray) -> np.ndarray:
+        """Evaluation actions `[N, A]`: `policy` scaled to the bounds."""
+        return self.scale(self.policy(obs))
+
+    @functools.cached_property
+    def greedy_fn(self) -> Compiled:
+        """`greedy` as one compiled function (see `scaled_greedy_fn`)."""
+        return scaled_greedy_fn(self._policy, self.low, self.high, self.obs_dim)
+
+    def targets(self, batch: dict, noise: np.ndarray) -> np.ndarray:
+        """Critic targets y `[B]` of a batch of transitions for the standard-normal `noise`
+        `[B, A]` of the next actions."""
+        _, _, reward, next_obs, discount = transition_columns(batch)
+        return self._targets(reward, next_obs, discount, np.asarray(noise, np.float32)).numpy()
+
+    def sync_target(self) -> None:
+        """Polyak step of the target networks, in one compiled call (the first call copies;
+        see `PolyakTargets`)."""
+        self.polyak.update()
+
+    def critic_loss(self, obs, action, reward, next_obs, discount, weights, noise):
+        """The critics' loss sum_i mean(w * (Q_i(s, a) - y)^2), y from `_targets_fn` with the
+        next actions' `noise` `[B, A]`, with (mean Q_1(s, a), the new priorities
+        |y - Q_1(s, a)| `[B]`)."""
+        y = tf.stop_gradient(self._targets_fn(reward, next_obs, discount, noise))  # [B]
+        qs = self.critic(obs, action)  # each [B]
+        loss = tf.add_n([tf.reduce_mean(weights * tf.square(q - y)) for q in qs])
+        return loss, (tf.reduce_mean(qs[0]), tf.abs(y - qs[0]))
+
+    def _targets_fn(self, reward, next_obs, discount, noise) -> tf.Tensor:
+        raise NotImplementedError
+
+
+class ContinuousCollector:
+    """An actor's side of an off-policy Box-action algorithm: `explorer` picks normalized
+    actions in [-1, 1] (uniform random ones for the first `random_steps` env steps), the env
+    gets them scaled to its bounds, the replay gets them normalized, as n-step transitions
+    (float32 observations and actions `[A]`).
+
+    Protocol per vector step: `act(obs, rng)`, then `observe(...)`, which returns the
+    transitions completed by that step (or None).
+
+    Args:
+        agent: has `params` (`n_step`, `gamma`, `random_steps`), `obs_dim`, `action_dim` and
+            `scale`.
+        num_envs: envs stepped together.
+        explorer: `explorer(obs, rng) -> [N, A]` normalized actions, with `reset(done)` (called
+            with each step's `[N]` episode ends) and `stats()`.
+    """
+
+    def __init__(self, agent, num_envs: int, explorer):
+        self.agent = agent
+        self.num_envs = num_envs
+        self.explorer = explorer
+        p, dims = agent.params, ((agent.obs_dim,), np.float32, (agent.action_dim,), np.float32)
+        self.nstep = NStepAccumulator(num_envs, p.n_step, p.gamma, *dims)
+        self.env_steps = 0
+        self.last_action_logp = None  # not recorded: the actions are clipped and scaled
+        self._obs = self._actions = None
+
+    @property
+    def random_phase(self) -> bool:
+        """Whether `act` still draws uniform random actions."""
+        return self.env_steps < self.agent.params.random_steps
+
+    def act(self, obs: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+        """Env actions `[N, A]` (float32, within the bounds) for `obs` `[N, obs]`."""
+        obs = np.asarray(obs, np.float32)
+        if self.random_phase:
+            actions = rng.uniform(-1.0, 1.0, size=(self.num_envs, self.agent.action_dim))
+        else:
+            actions = self.explorer(obs, rng)  # [N, A]
+        self._obs, self._actions = obs, np.asarray(actions, np.float32)
+        return self.agent.scale(self._actions)
+
+    def observe(self, rewards, next_obs, real_next_obs, terminated, truncated) -> dict | None:
+        """Feeds the step to the n-step accumulator; returns the completed transitions.
+
+        Raises:
+            EasyRLError: called without a preceding `act`.
+        """
+        if self._actions is None:
+            raise EasyRLError("observe() needs a preceding act()")
+        self.env_steps += self.num_envs
+        self.explorer.reset(np.asarray(terminated, bool) | np.asarray(truncated, bool))
+        out = self.nstep.add(
+            self._obs, self._actions, rewards, real_next_obs, terminated, truncated
+        )
+        self._obs = self._actions = None
+        return out
+
+    def stats(self) -> dict[str, float]:
+        """The explorer's stats, and `random_actions`: 1.0 while actions are uniform."""
+        return {**self.explorer.stats(), "random_actions": float(self.random_phase)}
+
+
+# --- PPO's networks (PPO, MARWIL / BC) -------------------------------------------------------
+
+
+class ObsNorm(tf.Module):
+    """Running observation statistics `obs_norm/{mean,var,count}` and the normalization
+    clip((obs - mean) / sqrt(var + 1e-8), -c, c). They are variables like the weights, so
+    they live on the PS and reach every actor with the weights; no gradient moves them
+    (their gradient is zero), only `update` on the learner does.
+
+    Args:
+        obs_dim: observation size.
+        clip: the clip c; None disables normalization (the identity, no variables).
+    """
+
+    def __init__(self, obs_dim: int, clip: float | None):
+        super().__init__(name=None)
+        self.clip = clip
+        if clip is not None:
+            self.mean = tf.Variable(np.zeros(obs_dim, np.float32), name="obs_norm/mean")
+            self.var = tf.Variable(np.ones(obs_dim, np.float32), name="obs_norm/var")
+            # A tiny prior count, as Stable-Baselines3 does: the first update dominates it.
+            self.count = tf.Variable(np.float32(1e-4), name="obs_norm/count")
+
+    def __call__(self, obs):
+        if self.clip is None:
+            return obs
+        # Statistics, not parameters: no gradient flows into them.
+        mean, var = tf.stop_gradient(self.mean), tf.stop_gradient(self.var)
+        z = (obs - mean) / tf.sqrt(var + 1e-8)  # [B, obs]
+        return tf.clip_by_value(z, -self.clip, self.clip)
+
+    def update(self, obs: np.ndarray) -> None:
+        """Merges the moments of `obs` `[n, obs]` into the running ones (Chan et al.):
+        the result equals the mean/variance of all observations seen so far."""
+        obs = np.asarray(obs, np.float64)
+        count, mean, var = float(self.count.numpy()), self.mean.numpy(), self.var.numpy()
+        n, batch_mean, batch_var = len(obs), obs.mean(axis=0), obs.var(axis=0)
+        total = count + n
+        delta = batch_mean - mean
+        m2 = var * count + batch_var * n + np.square(delta) * count * n / total
+        self.mean.assign((mean + delta * n / total).astype(np.float32))
+        self.var.assign((m2 / total).astype(np.float32))
+        self.count.assign(np.float32(total))
+
+
+class PolicyNet(tf.Module):
+    """pi(.|s): an MLP torso and a linear head giving logits (Discrete) or the Gaussian mean
+    (Box, with a state-independent `pi/log_std`), on normalized observations."""
+
+    def __init__(self, obs_dim, action_space, model, log_std_init, rng, norm):
+        super().__init__(name=None)
+        self.norm = norm
+        self.discrete = isinstance(action_space, gym.spaces.Discrete)
+        self.torso = MLP(obs_dim, model.hidden, model.activation, "pi/torso", rng)
+        width = model.hidden[-1] if model.hidden else obs_dim
+        if self.discrete:
+            # Small output scale: the initial policy is close to uniform / zero-mean.
+            self.head = Dense(width, int(action_space.n), "pi/logits", rng, scale=0.01)
+        else:
+            dim = int(action_space.shape[0])
+            self.head = Dense(width, dim, "pi/mean", rng, scale=0.01)
+            self.log_std = tf.Variable(np.full(dim, log_std_init, np.float32), name="pi/log_std")
+            self.low = tf.constant(action_space.low, tf.float32)  # [A]
+            self.high = tf.constant(action_space.high, tf.float32)
+
+    def __call__(self, obs):
+        return self.head(self.torso(self.norm(obs)))  # [B, A] logits or means
+
+    def greedy(self, obs):
+        """The most likely actions: argmax of the logits `[N]`, or the Gaussian mean clipped
+        to the action bounds `[N, A]`."""
+        out = self(obs)  # [N, A]
+        if self.discrete:
+            return tf.argmax(out, axis=1)  # [N]
+        return tf.clip_by_value(out, self.low, self.high)  # [N, A]
+
+    def log_prob_entropy(self, obs, action):
+        """log pi(action | obs) `[B]` and the policy's entropy `[B]`, exactly."""
+        out = self(obs)  # [B, A]
+        if self.discrete:
+            log_p = tf.nn.log_softmax(out)  # [B, A]
+            logp = tf.gather(log_p, action, axis=1, batch_dims=1)  # [B]
+            entropy = -tf.reduce_sum(tf.exp(log_p) * log_p, axis=1)  # [B]
+            return logp, entropy
+        log_std = self.log_std  # [A]
+        z = (action - out) * tf.exp(-log_std)  # [B, A]
+        # log N(a; mu, sigma^2) = -0.5 * sum(z^2 + 2 log sigma + log 2 pi)
+        logp = -0.5 * tf.reduce_sum(tf.square(z) + 2.0 * log_std + _LOG_2PI, axis=1)  # [B]
+        # H = sum(log sigma + 0.5 (1 + log 2 pi)), the same for every state.
+        entropy = tf.reduce_sum(log_std + 0.5 * (1.0 + _LOG_2PI)) * tf.ones_like(logp)  # [B]
+        return logp, entropy
+
+
+class ValueNet(tf.Module):
+    """V(s): an MLP torso and a linear head, on normalized observations."""
+
+    def __init__(self, obs_dim, model, rng, norm):
+        super().__init__(name=None)
+        self.norm = norm
+        self.torso = MLP(obs_dim, model.hidden, model.activation, "vf/torso", rng)
+        width = model.hidden[-1] if model.hidden else obs_dim
+        self.head = Dense(width, 1, "vf/out", rng, scale=1.0)
+
+    def __call__(self, obs):
+        return self.head(self.torso(self.norm(obs)))[:, 0]  # [B]
