@@ -99,7 +99,7 @@ def export(run_dir: str | Path, out: str | Path, checkpoint: str | None = None) 
 
     Raises:
         EasyRLError: no run directory or checkpoint, a checkpoint that does not fit the
-            config, an algorithm without `greedy_fn`, or an unusable `out`.
+            config, or an unusable `out`.
     """
     import tensorflow as tf
 
@@ -107,9 +107,7 @@ def export(run_dir: str | Path, out: str | Path, checkpoint: str | None = None) 
     _check_out(out)
     loaded = load_policy(run_dir, checkpoint)
     algo, cfg = loaded.algo, loaded.cfg
-    greedy_fn = getattr(algo, "greedy_fn", None)
-    if greedy_fn is None:
-        raise EasyRLError(f"algorithm {cfg.algorithm.name!r} cannot be exported: no greedy_fn")
+    greedy_fn = algo.greedy_fn  # every agent has one (easyrl.algorithms.contract.Agent)
     # Every variable the greedy function reads must be tracked by the module: the PS ones,
     # and any other the agent reads (none today).
     variables = list(algo.variables.values())

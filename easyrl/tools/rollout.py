@@ -33,6 +33,7 @@ from easyrl.envs import (
     play_episodes,
 )
 from easyrl.errors import EasyRLError
+from easyrl.seeds import derive_seed
 
 __all__ = [
     "CHECKPOINTS",
@@ -48,9 +49,6 @@ CHECKPOINTS = ("best", "latest")
 """Which weights to load: the evaluator's best (`best.npz`) or the PS shards' last
 (`ps-<i>.npz`); None picks `best` when it exists, else `latest`."""
 
-ROLLOUT_SEED_OFFSET = 2_000_029
-"""Added to the run's seed by default, so a rollout plays neither an actor's nor the
-evaluator's episodes."""
 
 _PS_CHECKPOINT = re.compile(r"ps-(\d+)\.npz")  # not ps-0.tmp.npz, a checkpoint being written
 
@@ -278,7 +276,8 @@ def rollout(
         episodes: how many episodes to play (at least 1).
         checkpoint: "best", "latest" or None: "best" when `checkpoints/best.npz` exists.
         video_dir: record every episode as a video into this directory (needs moviepy).
-        seed: the seed of the first reset (None: the run's seed + `ROLLOUT_SEED_OFFSET`).
+        seed: the seed of the first reset (None: the run's "rollout" seed stream, so a
+            rollout plays neither an actor's nor the evaluator's episodes).
         quiet: print nothing (else one line per episode and the mean, on stdout).
 
     Returns:
@@ -295,7 +294,7 @@ def rollout(
     loaded = load_policy(run_dir, checkpoint)
     cfg = loaded.cfg
     out = None if quiet else sys.stdout
-    seed = cfg.run.seed + ROLLOUT_SEED_OFFSET if seed is None else int(seed)
+    seed = derive_seed(cfg.run.seed, "rollout") if seed is None else int(seed)
     options = evaluation_options(cfg.env)  # Atari: game scores, as the evaluator's
     if video_dir is not None:
         env = _video_env(cfg, options, Path(video_dir), episodes, seed)
