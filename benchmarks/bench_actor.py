@@ -157,14 +157,14 @@ def run_actor(cluster, spec, cfg_path: Path, num_envs: int, algo, args) -> dict:
     """Runs one actor for `args.duration` measured seconds; returns its rate."""
     from easyrl import config as config_lib
     from easyrl.roles.actor import Actor
-    from easyrl.roles.common import RoleContext
+    from easyrl.roles.common import RoleContext, StopSignal
 
     ps0 = common.client("ps", spec.ps[0], cluster.token)
     memory = common.client("memory", spec.memory[0], cluster.token)
     inserts_before = memory.call("Status", pb.StatusRequest()).counters.get("memory/0/inserts", 0.0)
     watcher = StepsWatcher(ps0).start()
     overrides = [f"env.num_envs={num_envs}"]
-    stop = threading.Event()
+    stop = StopSignal()
     if args.actor_process:
         process = cluster.start_worker("actor", 0, spec, cfg_path, overrides)
         thread = None

@@ -35,8 +35,7 @@ os.environ["CUDA_VISIBLE_DEVICES"] = "-1"
 import common  # noqa: E402
 import numpy as np  # noqa: E402
 
-from easyrl.transport import codec  # noqa: E402
-from easyrl.transport import easyrl_pb2 as pb  # noqa: E402
+from easyrl.transport.clients import ParameterClient, Pushed  # noqa: E402
 
 MODELS = {
     "cartpole": [64, 64],
@@ -74,7 +73,7 @@ class Bench:
     def __init__(self, spec, token, variables, rng):
         from easyrl.roles.common import ShardedWeights
 
-        self.clients = [common.client("ps", address, token) for address in spec.ps]
+        self.clients = [ParameterClient(common.client("ps", address, token)) for address in spec.ps]
         self.weights = ShardedWeights(self.clients, variables)
         self.pool = ThreadPoolExecutor(max_workers=len(self.clients))
         self.grads = {
@@ -95,14 +94,9 @@ class Bench:
             raise RuntimeError("PS shards did not initialize")
         self.versions = list(self.weights.fetched_versions)
 
-    def _push_one(self, shard: int) -> pb.PushResponse:
-        names = self.weights.shard_names[shard]
-        request = pb.PushRequest(
-            version=self.versions[shard],
-            gradients=codec.encode_named({n: self.grads[n] for n in names}),
-            learner=0,
-        )
-        return self.clients[shard].call("Push", request)
+    def _push_one(self, shard: int) -> Pushed:
+        grads = {n: self.grads[n] for n in self.weights.shard_names[shard]}
+        return self.clients[shard].push(self.versions[shard], grads, values=False)
 
     def push(self):
         replies = list(self.pool.map(self._push_one, range(len(self.clients))))
@@ -171,8 +165,7 @@ def bench_model(cluster: common.Cluster, name: str, started: dict, args, rng) ->
             )
         if bench.not_applied:
             print(f"  warning: {bench.not_applied} pushes were not applied")
-        status = bench.clients[0].call("Status", pb.StatusRequest())
-        rows[-1]["status"] = dict(status.counters)
+        rows[-1]["status"] = bench.clients[0].status().counters
         bench.close()
     t0 = time.monotonic()
     cluster.stop_servers(started["servers"])

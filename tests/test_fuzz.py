@@ -35,23 +35,16 @@ PS_VALUES = {
 PS_GRADS = {name: np.full_like(value, 0.25) for name, value in PS_VALUES.items()}
 
 SERVICES = {"ps": "ParameterServer", "memory": "ReplayMemory"}
-REQUESTS = {
-    "ps": {
-        "Pull": pb.PullRequest,
-        "Push": pb.PushRequest,
-        "Assign": pb.AssignRequest,
-        "Report": pb.ReportRequest,
-        "Status": pb.StatusRequest,
-        "Shutdown": pb.ShutdownRequest,
-    },
-    "memory": {
-        "Insert": pb.InsertRequest,
-        "Sample": pb.SampleRequest,
-        "UpdatePriorities": pb.UpdatePrioritiesRequest,
-        "Status": pb.StatusRequest,
-        "Shutdown": pb.ShutdownRequest,
-    },
-}
+
+
+def _requests(service: str) -> dict:
+    """{method: request class} of every RPC of `service` in easyrl.proto (a new one is
+    fuzzed too)."""
+    methods = pb.DESCRIPTOR.services_by_name[service].methods
+    return {m.name: getattr(pb, m.input_type.name) for m in methods}
+
+
+REQUESTS = {role: _requests(service) for role, service in SERVICES.items()}
 
 
 class RawClient:
@@ -157,6 +150,7 @@ DEFAULT_REQUEST_CODES = [
     ("ps", "Push", INVALID),
     ("ps", "Assign", INVALID),
     ("ps", "Report", INVALID),
+    ("ps", "PublishRound", INVALID),  # round 0
     ("ps", "Status", OK),
     ("memory", "Insert", INVALID),
     ("memory", "Sample", INVALID),
@@ -176,6 +170,11 @@ def test_empty_request(role_servers, shards, raw, role, method, code):
     kinds = REPLAY + ("trajectory",) if method == "Sample" else KINDS
     for kind in kinds if role == "memory" else ("prioritized",):
         check_refused(role_servers, shards, raw, role, kind, method, b"", code)
+
+
+def test_every_method_but_shutdown_has_an_empty_request_case():
+    cases = {(role, method) for role, method, _ in DEFAULT_REQUEST_CODES}
+    assert cases == {(r, m) for r, m in METHODS if m != "Shutdown"}
 
 
 # --- malformed tensors --------------------------------------------------------------------
@@ -511,8 +510,6 @@ REPORT_CASES = {
     "lengths-too-few": {"episode_returns": [1.0, 2.0], "episode_lengths": [3]},
     "lengths-too-many": {"episode_returns": [1.0], "episode_lengths": [3, 4]},
     "length-negative": {"episode_returns": [1.0], "episode_lengths": [-3]},
-    "publish-round-negative": {"publish_round": -1},
-    "publish-only-with-counts": {"role": "", "publish_round": 1, "env_steps": 5},
     "no-role": {"role": "", "env_steps": 5},
     "unknown-role": {"role": "ps", "env_steps": 5},
     "task-negative": {"task": -1, "env_steps": 5},
@@ -524,6 +521,13 @@ def test_report_bad_request(role_servers, shards, raw, case):
     fields = {"role": "actor", "task": 0, **REPORT_CASES[case]}
     payload = pb.ReportRequest(**fields).SerializeToString()
     check_refused(role_servers, shards, raw, "ps", "prioritized", "Report", payload, INVALID)
+
+
+@pytest.mark.parametrize("round_", [0, -1, -(2**63)])
+@pytest.mark.parametrize("kind", ["prioritized", "aggregate"])
+def test_publish_round_bad_request(role_servers, shards, raw, kind, round_):
+    payload = pb.PublishRoundRequest(round=round_).SerializeToString()
+    check_refused(role_servers, shards, raw, "ps", kind, "PublishRound", payload, INVALID)
 
 
 def test_shards_still_serve_after_the_fuzz(role_servers, shards):

@@ -22,8 +22,6 @@ from easyrl.envs.bandit import ENV_ID, LinearBandit, vector_regrets
 from easyrl.errors import ConfigError, EasyRLError
 from easyrl.roles.common import ShardedWeights, StopSignal
 from easyrl.roles.learner import Learner
-from easyrl.transport import codec
-from easyrl.transport import easyrl_pb2 as pb
 
 CONFIG = Path(__file__).resolve().parent.parent / "configs" / "bandit_linucb.yaml"
 CONTEXT_SPACE = gym.spaces.Box(-1.0, 1.0, (2,), np.float32)
@@ -145,7 +143,7 @@ def test_update_through_memory_learner_and_ps_matches_hand_computation(role_serv
                 "arm": np.array([s[1] for s in part], np.int64),
                 "reward": np.array([s[2] for s in part], np.float32),
             }
-            memory.call("Insert", pb.InsertRequest(tensors=codec.encode_batch(batch), actor=0))
+            memory.insert(batch)
         deadline = time.monotonic() + 30
         while shards.ps.counters["applied"] < 2:
             assert time.monotonic() < deadline, f"PS counters: {shards.ps.counters}"
@@ -154,8 +152,8 @@ def test_update_through_memory_learner_and_ps_matches_hand_computation(role_serv
         stop.set()
         thread.join(timeout=10)
     assert shards.ps.counters["applied"] == 2 and shards.ps.counters["dropped_stale"] == 0
-    reply = ctx.client("ps", 0).call("Pull", pb.PullRequest(known_version=-1))
-    values = codec.decode_named(reply.tensors)
+    values = ctx.client("ps", 0).pull().values
+    assert values is not None
     np.testing.assert_array_equal(values["linucb/A"], EXPECTED_A)
     np.testing.assert_array_equal(values["linucb/b"], EXPECTED_B)
 

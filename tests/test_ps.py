@@ -398,13 +398,15 @@ def test_unauthenticated_without_token(serve_ps):
         "Push": pb.PushRequest(version=1, gradients=codec.encode_named(gradients())),
         "Assign": pb.AssignRequest(tensors=codec.encode_named(initial_values())),
         "Report": pb.ReportRequest(role="actor", env_steps=1),
+        "PublishRound": pb.PublishRoundRequest(round=1),
         "Status": pb.StatusRequest(),
         "Shutdown": pb.ShutdownRequest(),
     }
     for method, request in requests.items():
         for c in (client, wrong):
             assert_code(grpc.StatusCode.UNAUTHENTICATED, method, c, request)
-    assert ps.version == 0 and not ps.stopping.is_set() and not ps.shutdown_requested.is_set()
+    assert ps.version == 0 and ps.round == 0
+    assert not ps.stopping.is_set() and not ps.shutdown_requested.is_set()
 
 
 # --- Report / Status -------------------------------------------------------------------

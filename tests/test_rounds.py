@@ -29,6 +29,7 @@ from easyrl.roles.ps import ParameterServer  # noqa: E402
 from easyrl.transport import codec, rpc  # noqa: E402
 from easyrl.transport import easyrl_pb2 as pb  # noqa: E402
 from easyrl.transport import easyrl_pb2_grpc as pb_grpc  # noqa: E402
+from easyrl.transport.clients import ParameterClient  # noqa: E402
 
 TOKEN = "rounds-test-token"
 SPEC = {"obs": ((3,), np.float32), "action": ((), np.int64)}
@@ -673,9 +674,9 @@ def serve_ps():
         servers.append(server)
 
         def connect():
-            client = rpc.Client(
-                pb_grpc.ParameterServerStub, f"127.0.0.1:{port}", TOKEN, timeout_s=10, retry_s=1
-            )
+            address = f"127.0.0.1:{port}"
+            stub = pb_grpc.ParameterServerStub
+            client = ParameterClient(rpc.Client(stub, address, TOKEN, timeout_s=10, retry_s=1))
             clients.append(client)
             return client
 
@@ -698,8 +699,8 @@ def pull(client, min_round=0, wait_s=0.0, known_version=-1) -> pb.PullResponse:
     return client.call("Pull", request)
 
 
-def publish(client, round_) -> pb.ReportResponse:
-    return client.call("Report", pb.ReportRequest(publish_round=round_))
+def publish(client, round_) -> pb.PublishRoundResponse:
+    return client.call("PublishRound", pb.PublishRoundRequest(round=round_))
 
 
 def ps_round(client) -> float:
@@ -781,7 +782,7 @@ def test_pull_wait_is_capped_by_the_call_deadline(serve_ps):
         time.sleep(0.01)
 
 
-def test_non_zero_shard_takes_only_publish_reports(serve_ps):
+def test_non_zero_shard_takes_publish_rounds_but_no_reports(serve_ps):
     ps, client, _ = serve_ps(shard=1, stats=None)
     assign(client, ps_values())
     assert not publish(client, 2).stopping
@@ -789,19 +790,18 @@ def test_non_zero_shard_takes_only_publish_reports(serve_ps):
     assert pull(client, 2, 5.0).round == 2
 
     for request in (
-        pb.ReportRequest(publish_round=3, role="actor", task=0, env_steps=10),
-        pb.ReportRequest(publish_round=3, role="learner", updates=1),
         pb.ReportRequest(role="actor", task=0, env_steps=10),
+        pb.ReportRequest(role="learner", updates=1),
     ):
         assert_code(grpc.StatusCode.INVALID_ARGUMENT, client, "Report", request)
         assert ps.round == 2  # a rejected report publishes nothing
 
 
-def test_shard_zero_publishes_and_counts_in_one_report(serve_ps):
+def test_shard_zero_publishes_and_counts(serve_ps):
     stats = RunStats()
     ps, client, _ = serve_ps(shard=0, stats=stats)
-    request = pb.ReportRequest(role="learner", task=0, updates=4, publish_round=1)
-    client.call("Report", request)
+    assert not client.publish_round(1)
+    assert not client.report("learner", 0, updates=4)
     assert ps.round == 1 and stats.snapshot()["updates"] == 4
 
 
@@ -819,7 +819,8 @@ def test_rounds_never_go_backwards(serve_ps):
 @pytest.mark.parametrize(
     "method, request_",
     [
-        ("Report", pb.ReportRequest(publish_round=-1)),
+        ("PublishRound", pb.PublishRoundRequest(round=-1)),
+        ("PublishRound", pb.PublishRoundRequest(round=0)),
         ("Pull", pb.PullRequest(min_round=-1)),
         ("Pull", pb.PullRequest(min_round=1, wait_s=-0.5)),
         ("Pull", pb.PullRequest(min_round=1, wait_s=600.5)),

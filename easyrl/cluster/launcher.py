@@ -24,8 +24,8 @@ from easyrl.cluster.spec import CLUSTER_ENV, ClusterSpec
 from easyrl.errors import EasyRLError, TransportError
 from easyrl.metrics import reached_goal
 from easyrl.offline.dataset import check_output_dir
-from easyrl.transport import easyrl_pb2 as pb
 from easyrl.transport import rpc
+from easyrl.transport.clients import ShardClient, connect
 
 log = logging.getLogger(__name__)
 
@@ -170,20 +170,10 @@ class LocalCluster:
                 Child(role, task, process, self.run_dir / "logs" / f"{role}-{task}.log")
             )
 
-    def client(self, role: str, task: int, retry_s: float = 5.0) -> rpc.Client:
-        """A client for server `task` of `role`."""
-        address = getattr(self.spec, role)[task]
-        sec = self.cfg.security  # the launcher's calls go over TLS too when the roles' do
-        return rpc.Client(
-            rpc.stub_class(role),
-            address,
-            self.token,
-            timeout_s=5.0,
-            retry_s=retry_s,
-            tls_ca=sec.tls_ca,
-            tls_cert=sec.tls_cert,
-            tls_key=sec.tls_key,
-        )
+    def client(self, role: str, task: int, retry_s: float = 5.0) -> ShardClient:
+        """A client for server `task` of `role` (over TLS too when the roles' calls are)."""
+        address, sec = getattr(self.spec, role)[task], self.cfg.security
+        return connect(role, address, self.token, sec, timeout_s=5.0, retry_s=retry_s)
 
     def wait_ready(self) -> None:
         """Blocks until every server answers Status.
@@ -198,7 +188,7 @@ class LocalCluster:
                 if child.process.poll() is not None:
                     raise EasyRLError(f"{child.name} exited during start-up:\n{tail(child)}")
                 try:
-                    client.call("Status", pb.StatusRequest())
+                    client.status()
                     break
                 except TransportError:
                     if time.monotonic() > deadline:
@@ -238,17 +228,11 @@ class LocalCluster:
         """Status of one server as a plain dict ({} when it does not answer)."""
         client = self.client(role, task, retry_s=0.0)
         try:
-            reply = client.call("Status", pb.StatusRequest())
+            return client.status()._asdict()  # version, stopping, stop_reason, counters
         except TransportError:
             return {}
         finally:
             client.close()
-        return {
-            "version": reply.version,
-            "stopping": reply.stopping,
-            "stop_reason": reply.stop_reason,
-            "counters": dict(reply.counters),
-        }
 
     def shutdown(self, workers_stopping: bool) -> None:
         """Stops workers, then asks the servers to checkpoint and exit; kills whatever
@@ -268,7 +252,7 @@ class LocalCluster:
         for child in servers:
             client = self.client(child.role, child.task, retry_s=0.0)
             try:
-                client.call("Shutdown", pb.ShutdownRequest())
+                client.shutdown()
             except TransportError:
                 _signal(child, signal.SIGTERM)
             client.close()

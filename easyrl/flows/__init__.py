@@ -15,6 +15,7 @@ import numpy as np
 
 from easyrl.algorithms.contract import Agent, Batch, Collector
 from easyrl.roles.common import RoleContext, ShardedWeights, StopSignal
+from easyrl.transport.clients import MemoryClient
 
 
 class ActorPlumbing(Protocol):
@@ -66,7 +67,7 @@ class LearnerPlumbing(Protocol):
     algo: Agent
     stop: StopSignal
     weights: ShardedWeights
-    memories: list
+    memories: list[MemoryClient]
     pushes: queue.Queue
     """(gradients by name, versions) for the push threads."""
     priorities: queue.Queue

@@ -32,13 +32,13 @@ from easyrl.envs import env_options, final_observations, make_vector_env
 from easyrl.errors import TransportError
 from easyrl.flows import actor_gradients, async_replay, sync_rounds
 from easyrl.roles.common import (
+    RoleContext,
     ShardedWeights,
+    StopSignal,
     put_until_stopped,
     stop_event_on_signals,
 )
 from easyrl.seeds import derive_seed
-from easyrl.transport import codec
-from easyrl.transport import easyrl_pb2 as pb
 
 log = logging.getLogger(__name__)
 
@@ -85,7 +85,7 @@ class Actor:
         stop: set to stop every loop.
     """
 
-    def __init__(self, ctx, algo: Agent, stop: threading.Event):
+    def __init__(self, ctx: RoleContext, algo: Agent, stop: StopSignal):
         self.ctx = ctx
         self.algo = algo
         self.stop = stop
@@ -114,15 +114,16 @@ class Actor:
 
     def send_loop(self) -> None:
         """The sender thread: outbox -> memory shard; a rate-limited insert is sent again."""
+        assert self.memory is not None, "the sender runs only with memory shards"
         while not self.stop.is_set():
             try:
-                request = self.outbox.get(timeout=0.1)
+                batch, priorities, round_ = self.outbox.get(timeout=0.1)
             except queue.Empty:
                 continue
             while not self.stop.is_set():
                 try:
-                    reply = self.memory.call("Insert", request)
-                    self.counters["refused_stale" if reply.refused else "sent"] += 1
+                    kept = self.memory.insert(batch, priorities, self.ctx.task, round_)
+                    self.counters["sent" if kept else "refused_stale"] += 1
                     break
                 except TransportError as err:
                     # Rate limited: the shard refused (RESOURCE_EXHAUSTED) or the call ran out
@@ -141,7 +142,7 @@ class Actor:
         if now - self._last_stop_check < every_s:
             return
         self._last_stop_check = now
-        if self.weights.clients[0].call("Status", pb.StatusRequest()).stopping:
+        if self.weights.clients[0].status().stopping:
             log.info("run is stopping")
             self.stop.set()
 
@@ -160,15 +161,11 @@ class Actor:
         Returns:
             False if the actor stopped before the outbox had room.
         """
-        request = pb.InsertRequest(
-            tensors=codec.encode_batch(batch), actor=self.ctx.task, round=round_
-        )
+        priorities = None
         if self.ctx.cfg.replay.prioritized:
-            priorities = cast(PrioritizedAgent, self.algo).initial_priorities(batch)
-            request.priorities.CopyFrom(
-                codec.encode_array("priorities", priorities.astype(np.float32))
-            )
-        return put_until_stopped(self.outbox, request, self.stop)
+            agent = cast(PrioritizedAgent, self.algo)
+            priorities = agent.initial_priorities(batch).astype(np.float32)
+        return put_until_stopped(self.outbox, (batch, priorities, round_), self.stop)
 
     def report(self, steps: int, stats: dict, force: bool = False, updates: int = 0) -> None:
         """Reports env steps (and, for actor gradients, updates), finished episodes and stats
@@ -177,22 +174,19 @@ class Actor:
         if not force and time.monotonic() - self._last_report < 0.5:
             return
         returns, lengths = self.episodes.take()
-        recording = self.recorder is not None
-        reply = self.weights.clients[0].call(
-            "Report",
-            pb.ReportRequest(
-                role="actor",
-                task=self.ctx.task,
-                env_steps=steps - self._reported_steps,
-                updates=updates - self._reported_updates,
-                episode_returns=returns,
-                episode_lengths=lengths,
-                stats={**stats, **self.counters, **(self.recorder.stats() if recording else {})},
-            ),
+        recorded = self.recorder.stats() if self.recorder is not None else {}
+        stopping = self.weights.clients[0].report(
+            "actor",
+            self.ctx.task,
+            env_steps=steps - self._reported_steps,
+            updates=updates - self._reported_updates,
+            episode_returns=returns,
+            episode_lengths=lengths,
+            stats={**stats, **self.counters, **recorded},
         )
         self._reported_steps, self._reported_updates = steps, updates
         self._last_report = time.monotonic()
-        if reply.stopping:
+        if stopping:
             log.info("run is stopping")
             self.stop.set()
 

@@ -6,9 +6,10 @@ import queue
 import signal
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal, overload
 
 import numpy as np
 
@@ -18,8 +19,8 @@ from easyrl.cluster.spec import ClusterSpec, assign_shards
 from easyrl.config import Config
 from easyrl.envs import env_options, env_spaces
 from easyrl.errors import TransportError
-from easyrl.transport import codec, rpc
-from easyrl.transport import easyrl_pb2 as pb
+from easyrl.transport import rpc
+from easyrl.transport.clients import MemoryClient, ParameterClient, Pushed, ShardClient, connect
 
 log = logging.getLogger(__name__)
 
@@ -42,26 +43,24 @@ class RoleContext:
     token: str | None
     run_dir: Path
 
-    def client(self, role: str, index: int) -> rpc.Client:
+    @overload
+    def client(self, role: Literal["ps"], index: int) -> ParameterClient: ...
+    @overload
+    def client(self, role: Literal["memory"], index: int) -> MemoryClient: ...
+    def client(self, role, index):
         """A client for server `index` of `role` ("ps" or "memory")."""
-        address = getattr(self.cluster, role)[index]
-        sec = self.cfg.security
-        return rpc.Client(
-            rpc.stub_class(role),
-            address,
-            self.token,
-            timeout_s=self.cfg.run.rpc_timeout_s,
-            tls_ca=sec.tls_ca,
-            # Servers with `tls_ca` ask for client certificates (mutual TLS): show ours.
-            tls_cert=sec.tls_cert,
-            tls_key=sec.tls_key,
-        )
+        address, timeout_s = getattr(self.cluster, role)[index], self.cfg.run.rpc_timeout_s
+        return connect(role, address, self.token, self.cfg.security, timeout_s=timeout_s)
 
-    def clients(self, role: str) -> list[rpc.Client]:
+    @overload
+    def clients(self, role: Literal["ps"]) -> list[ParameterClient]: ...
+    @overload
+    def clients(self, role: Literal["memory"]) -> list[MemoryClient]: ...
+    def clients(self, role):
         """Clients for every server of `role`."""
         return [self.client(role, i) for i in range(len(getattr(self.cluster, role)))]
 
-    def wait_for_peers(self, clients: list[rpc.Client], stop: threading.Event) -> bool:
+    def wait_for_peers(self, clients: Sequence[ShardClient], stop: threading.Event) -> bool:
         """Blocks until every server of `clients` answers the health check SERVING (a worker
         may start before its servers, e.g. all pods of a Kubernetes run at once).
 
@@ -93,7 +92,7 @@ class RoleContext:
     def tls(self) -> rpc.TLSFiles | None:
         """The server's TLS files from the config's `security` section, or None."""
         sec = self.cfg.security
-        if not sec.tls_cert:
+        if not sec.tls_cert or not sec.tls_key:  # both or neither (the config checks)
             return None
         return rpc.TLSFiles(cert=sec.tls_cert, key=sec.tls_key, ca=sec.tls_ca)
 
@@ -195,7 +194,7 @@ class ShardedWeights:
         variables: {name: tf.Variable} of the local network (all roles agree on names).
     """
 
-    def __init__(self, clients: list[rpc.Client], variables: dict):
+    def __init__(self, clients: list[ParameterClient], variables: Mapping):
         self.clients = clients
         self.variables = variables
         sizes = [(name, int(np.prod(v.shape)) * v.dtype.size) for name, v in variables.items()]
@@ -222,9 +221,8 @@ class ShardedWeights:
         """
         assigned = False
         for client, names in zip(self.clients, self.shard_names, strict=True):
-            tensors = codec.encode_named({n: self.variables[n].numpy() for n in names})
-            reply = client.call("Assign", pb.AssignRequest(tensors=tensors, only_if_empty=True))
-            assigned |= reply.assigned
+            values = {n: self.variables[n].numpy() for n in names}
+            assigned |= client.assign(values, only_if_empty=True) > 0
         return assigned
 
     def fetch(self, min_round: int = 0, wait_s: float = 0.0) -> bool:
@@ -240,10 +238,7 @@ class ShardedWeights:
         """
         changed, rounds = {}, []
         for shard, client in enumerate(self.clients):
-            request = pb.PullRequest(
-                known_version=self.fetched_versions[shard], min_round=min_round, wait_s=wait_s
-            )
-            reply = client.call("Pull", request)
+            reply = client.pull(self.fetched_versions[shard], min_round, wait_s)
             if reply.version == 0:
                 return False
             rounds.append(reply.round)
@@ -253,10 +248,10 @@ class ShardedWeights:
                 log.warning("PS shard %d went back to version %d", shard, reply.version)
                 with self._lock:
                     self.fetched_versions[shard] = -1
-            if not reply.current:
-                changed[shard] = (reply.version, reply.tensors)
-        for shard, (version, tensors) in changed.items():
-            self.offer(shard, version, tensors)
+            if reply.values is not None:
+                changed[shard] = (reply.version, reply.values)
+        for shard, (version, values) in changed.items():
+            self.offer(shard, version, values)
         self.round = min(rounds)
         return True
 
@@ -291,20 +286,14 @@ class ShardedWeights:
 
         shards = [s for s, names in enumerate(self.shard_names) if any(n in grads for n in names)]
 
-        def push_one(shard: int) -> pb.PushResponse:
-            names = [n for n in self.shard_names[shard] if n in grads]
-            request = pb.PushRequest(
-                version=versions[shard],
-                gradients=codec.encode_named({n: grads[n] for n in names}),
-                learner=sender,
-                return_values=True,
-            )
-            return self.clients[shard].call("Push", request)
+        def push_one(shard: int) -> Pushed:
+            mine = {n: grads[n] for n in self.shard_names[shard] if n in grads}
+            return self.clients[shard].push(versions[shard], mine, sender)
 
         replies = list(pool.map(push_one, shards))
         for shard, reply in zip(shards, replies, strict=True):
             if reply.applied:
-                self.offer(shard, reply.version, reply.tensors)
+                self.offer(shard, reply.version, reply.values)
             elif reply.reason == "stale":
                 counters["dropped_stale"] += 1
             elif reply.reason == "non-finite":
@@ -330,16 +319,14 @@ class ShardedWeights:
         learner changed outside gradients, e.g. observation statistics)."""
         for shard in sorted({self.assignment[n] for n in names}):
             values = {n: self.variables[n].numpy() for n in self.shard_names[shard]}
-            request = pb.AssignRequest(tensors=codec.encode_named(values), only_if_empty=False)
-            reply = self.clients[shard].call("Assign", request)
+            version = self.clients[shard].assign(values)
             with self._lock:
-                self.fetched_versions[shard] = max(self.fetched_versions[shard], reply.version)
-                self.local_versions[shard] = reply.version
+                self.fetched_versions[shard] = max(self.fetched_versions[shard], version)
+                self.local_versions[shard] = version
 
-    def offer(self, shard: int, version: int, tensors) -> None:
+    def offer(self, shard: int, version: int, values: dict[str, np.ndarray]) -> None:
         """Puts values of `shard` at `version` (from a Pull or a Push reply) in the latest
         slot, unless a newer version is already there (several threads may fetch)."""
-        values = codec.decode_named(tensors)
         if sorted(values) != self.shard_names[shard]:
             raise TransportError(f"PS shard {shard} holds unexpected variables")
         # Flattened here, in the communication thread, so swap_in is one assign call.

@@ -24,9 +24,8 @@ import numpy as np
 from easyrl.atomic import save_npz
 from easyrl.envs import evaluation_options, make_vector_env, play_episodes
 from easyrl.offline.ope import OffPolicyEvaluator
-from easyrl.roles.common import ShardedWeights, stop_event_on_signals
+from easyrl.roles.common import RoleContext, ShardedWeights, stop_event_on_signals
 from easyrl.seeds import derive_seed
-from easyrl.transport import easyrl_pb2 as pb
 
 log = logging.getLogger(__name__)
 
@@ -59,7 +58,7 @@ class BestCheckpoint:
         return True
 
 
-def evaluate_forever(ctx, algo, stop: threading.Event) -> None:
+def evaluate_forever(ctx: RoleContext, algo, stop: threading.Event) -> None:
     """The evaluator's loop (see the module docstring)."""
     cfg = ctx.cfg
     weights = ShardedWeights(ctx.clients("ps"), algo.variables)
@@ -92,12 +91,7 @@ def evaluate_forever(ctx, algo, stop: threading.Event) -> None:
                 break
             mean = float(np.mean(returns))
             estimates = ope.estimate(algo.action_logp) if ope is not None else {}
-            reply = ps0.call(
-                "Report",
-                pb.ReportRequest(
-                    role="evaluator", task=ctx.task, eval_returns=returns, stats=estimates
-                ),
-            )
+            stopping = ps0.report("evaluator", ctx.task, eval_returns=returns, stats=estimates)
             saved = best.offer(mean, algo.variables, {"versions": versions, "returns": returns})
             log.info(
                 "evaluation %d: mean return %.1f over %d episodes (PS versions %s)%s%s",
@@ -109,7 +103,7 @@ def evaluate_forever(ctx, algo, stop: threading.Event) -> None:
                 "; best so far, saved" if saved else "",
             )
             evaluation += 1
-            if reply.stopping:
+            if stopping:
                 log.info("run is stopping")
                 break
             stop.wait(cfg.eval.interval_s)

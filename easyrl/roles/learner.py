@@ -8,7 +8,6 @@ taking and publishing synchronous rounds, and reports to PS shard 0.
 
 import logging
 import queue
-import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -18,12 +17,12 @@ import tensorflow as tf
 from easyrl.algorithms.contract import Agent
 from easyrl.flows import async_replay, sync_rounds
 from easyrl.roles.common import (
+    RoleContext,
     ShardedWeights,
+    StopSignal,
     put_until_stopped,
     stop_event_on_signals,
 )
-from easyrl.transport import codec
-from easyrl.transport import easyrl_pb2 as pb
 
 log = logging.getLogger(__name__)
 
@@ -56,7 +55,7 @@ class Learner:
         stop: set to stop every loop.
     """
 
-    def __init__(self, ctx, algo: Agent, stop: threading.Event):
+    def __init__(self, ctx: RoleContext, algo: Agent, stop: StopSignal):
         cfg = ctx.cfg
         self.ctx = ctx
         self.algo = algo
@@ -76,21 +75,12 @@ class Learner:
 
     def prefetch(self, shard: int) -> None:
         """A prefetch thread: Sample from memory shard `shard` -> the batch queue."""
-        client = self.memories[shard]
-        request = pb.SampleRequest(
-            batch_size=self.ctx.cfg.algorithm.params.batch_size, timeout_s=1.0
-        )
+        client, batch_size = self.memories[shard], self.ctx.cfg.algorithm.params.batch_size
         while not self.stop.is_set():
-            reply = client.call("Sample", request)
-            if not reply.ready:
+            sampled = client.sample(batch_size, timeout_s=1.0)
+            if sampled is None:
                 continue
-            item = (
-                shard,
-                codec.decode_batch(reply.tensors),
-                codec.decode_array(reply.keys),
-                codec.decode_array(reply.weights),
-            )
-            if not put_until_stopped(self.batches, item, self.stop):
+            if not put_until_stopped(self.batches, (shard, *sampled), self.stop):
                 return
 
     def push_loop(self) -> None:
@@ -114,29 +104,17 @@ class Learner:
                 pending.append(self.priorities.get_nowait())
             for shard in sorted({item[0] for item in pending}):
                 items = [item for item in pending if item[0] == shard]
-                request = pb.UpdatePrioritiesRequest(
-                    keys=codec.encode_array("keys", np.concatenate([i[1] for i in items])),
-                    priorities=codec.encode_array(
-                        "priorities", np.concatenate([i[2] for i in items])
-                    ),
-                )
-                self.memories[shard].call("UpdatePriorities", request)
+                keys, priorities = (np.concatenate([i[k] for i in items]) for k in (1, 2))
+                self.memories[shard].update_priorities(keys, priorities)
 
     def report(self, stats: dict) -> None:
         """Reports the updates since the last report and `stats` to PS shard 0; stops
         the learner when the run is stopping."""
         stats = {**stats, **{k: float(v) for k, v in self.counters.items()}}
-        reply = self.weights.clients[0].call(
-            "Report",
-            pb.ReportRequest(
-                role="learner",
-                task=self.ctx.task,
-                updates=self.updates - self._reported,
-                stats=stats,
-            ),
-        )
+        ps0, updates = self.weights.clients[0], self.updates - self._reported
+        stopping = ps0.report("learner", self.ctx.task, updates=updates, stats=stats)
         self._reported, self._last_report = self.updates, time.monotonic()
-        if reply.stopping:
+        if stopping:
             log.info("run is stopping")
             self.stop.set()
 
@@ -177,18 +155,17 @@ class Learner:
             shard already collects a newer round (this learner resumed behind it), or
             (None, -1) when a restarted shard lost part of the round.
         """
-        request = pb.SampleRequest(round=round_, timeout_s=1.0)
         parts: dict[int, dict] = {}
         while not self.stop.is_set() and len(parts) < len(self.memories):
             missing = [i for i in range(len(self.memories)) if i not in parts]
-            replies = self.pool.map(lambda i: self.memories[i].call("Sample", request), missing)
+            replies = self.pool.map(lambda i: self.memories[i].take_round(round_, 1.0), missing)
             for shard, reply in zip(missing, replies, strict=True):
                 if reply.round > round_:
                     return None, reply.round
                 if reply.incomplete:
                     return None, -1
-                if reply.ready:
-                    parts[shard] = codec.decode_batch(reply.tensors)
+                if reply.batch is not None:
+                    parts[shard] = reply.batch
             if time.monotonic() - self._last_report > 2.0:
                 self.report({"round": float(round_)})
         if len(parts) < len(self.memories):
@@ -200,8 +177,7 @@ class Learner:
 
     def publish(self, round_: int) -> None:
         """Publishes the current values as round `round_` on every PS shard."""
-        request = pb.ReportRequest(publish_round=round_)
-        list(self.pool.map(lambda c: c.call("Report", request), self.weights.clients))
+        list(self.pool.map(lambda c: c.publish_round(round_), self.weights.clients))
 
 
 LOOPS = {"async_replay": async_replay.learn, "sync_rounds": sync_rounds.learn}

@@ -4,8 +4,8 @@ Applies pushed gradients asynchronously (one at a time per shard), serves the
 newest values, counts staleness and drops what it must not apply. Shard 0 is also
 the run's metrics hub (see `easyrl.metrics`).
 
-Synchronous rounds (PPO, ES): the learner publishes round r+1 on every shard (a
-Report with `publish_round`) once round r's gradients are applied; actors long-poll
+Synchronous rounds (PPO, ES): the learner publishes round r+1 on every shard
+(`PublishRound`) once round r's gradients are applied; actors long-poll
 with `Pull(min_round=r+1)`, which waits on a condition instead of spinning.
 """
 
@@ -31,7 +31,7 @@ from easyrl.transport.rpc import invalid_argument_on_error, within_deadline
 log = logging.getLogger(__name__)
 
 REPORTERS = ("actor", "learner", "evaluator")
-"""The roles whose Report carries counts (a publish-only Report has no role)."""
+"""The roles that report to PS shard 0."""
 
 
 class ParameterServer(pb_grpc.ParameterServerServicer):
@@ -86,12 +86,14 @@ class ParameterServer(pb_grpc.ParameterServerServicer):
 
     # --- state -----------------------------------------------------------------------
 
-    def _create(self, values: dict[str, np.ndarray]) -> None:
-        self._variables = {n: tf.Variable(values[n], name=n) for n in sorted(values)}
+    def _create(self, values: dict[str, np.ndarray], opt_state: dict | None = None) -> None:
+        self._variables = {n: tf.Variable(tf.constant(values[n]), name=n) for n in sorted(values)}
         # Shapes and dtypes as plain Python values: reading them off TF variables costs
         # microseconds each, on the hot path of every push.
         self._meta = {n: (values[n].shape, values[n].dtype) for n in self._variables}
         self._optimizer = OptimizerGroups(self._spec, self._variables)
+        if opt_state is not None:
+            self._optimizer.load_state(opt_state)
         self._flat = FlatVariables(list(self._variables.values()))
 
     def _check_tensors(self, tensors: dict[str, np.ndarray], what: str, subset=False) -> None:
@@ -116,7 +118,7 @@ class ParameterServer(pb_grpc.ParameterServerServicer):
         if self._checkpoint_path is None:
             return
         with self._lock:
-            if not self._variables:
+            if self._optimizer is None:  # no values yet
                 return
             arrays = {f"var/{n}": v.numpy() for n, v in self._variables.items()}
             arrays.update({f"opt/{k}": v for k, v in self._optimizer.state().items()})
@@ -136,8 +138,7 @@ class ParameterServer(pb_grpc.ParameterServerServicer):
             meta = json.loads(data["meta"].tobytes())
             values = {k[4:]: data[k] for k in data.files if k.startswith("var/")}
             opt_state = {k[4:]: data[k] for k in data.files if k.startswith("opt/")}
-        self._create(values)
-        self._optimizer.load_state(opt_state)
+        self._create(values, opt_state)
         self.version = int(meta["version"])
         self.round = int(meta.get("round", 0))
         self.counters.update(meta["counters"])
@@ -208,7 +209,7 @@ class ParameterServer(pb_grpc.ParameterServerServicer):
     def Push(self, request, context):
         grads = codec.decode_named(request.gradients)
         with self._lock:
-            if not self._variables:
+            if self._optimizer is None:
                 raise ValueError("Push: shard is not initialized (no Assign yet)")
             if not grads:
                 raise ValueError("Push: expected gradients")
@@ -250,21 +251,17 @@ class ParameterServer(pb_grpc.ParameterServerServicer):
                 self._round_published.notify_all()
 
     @invalid_argument_on_error
+    def PublishRound(self, request, context):
+        if request.round < 1:
+            raise ValueError(f"PublishRound: round must be >= 1, got {request.round}")
+        self.publish(request.round)
+        return pb.PublishRoundResponse(stopping=self.stopping.is_set())
+
+    @invalid_argument_on_error
     def Report(self, request, context):
-        if request.publish_round < 0:
-            raise ValueError("Report: publish_round must be >= 0")
-        counts = (
-            request.env_steps or request.updates or request.episode_returns or request.eval_returns
-        )
-        publish_only = request.publish_round > 0 and not request.role
-        if publish_only and (counts or request.stats):
-            raise ValueError("Report: a publish-only report (no role) carries no counts")
-        if self.stats is None and not publish_only:
-            raise ValueError(
-                f"Report goes to PS shard 0, not shard {self.shard} (other shards only take "
-                "publish_round)"
-            )
-        if not publish_only and (request.role not in REPORTERS or request.task < 0):
+        if self.stats is None:
+            raise ValueError(f"Report goes to PS shard 0, not shard {self.shard}")
+        if request.role not in REPORTERS or request.task < 0:
             raise ValueError(
                 f"Report: role must be one of {', '.join(REPORTERS)} with a task >= 0, got "
                 f"{request.role!r} task {request.task}"
@@ -278,19 +275,16 @@ class ParameterServer(pb_grpc.ParameterServerServicer):
         returns = [*request.episode_returns, *request.eval_returns]
         if not np.all(np.isfinite(np.asarray(returns, dtype=np.float64))):
             raise ValueError("Report: episode returns must be finite")
-        if request.publish_round:
-            self.publish(request.publish_round)
-        if not publish_only:
-            self.stats.report(
-                request.role,
-                request.task,
-                request.env_steps,
-                request.updates,
-                list(request.episode_returns),
-                list(request.episode_lengths),
-                dict(request.stats),
-                list(request.eval_returns),
-            )
+        self.stats.report(
+            request.role,
+            request.task,
+            request.env_steps,
+            request.updates,
+            list(request.episode_returns),
+            list(request.episode_lengths),
+            dict(request.stats),
+            list(request.eval_returns),
+        )
         return pb.ReportResponse(stopping=self.stopping.is_set())
 
     def own_counters(self) -> dict[str, float]:
@@ -328,11 +322,12 @@ class ParameterServer(pb_grpc.ParameterServerServicer):
         return pb.ShutdownResponse()
 
 
-def metrics_loop(ps: ParameterServer, cfg, run_dir: Path, done: threading.Event):
-    """Shard 0: writes metrics every `run.log_interval_s` and raises the stop flag."""
+def metrics_loop(ps: ParameterServer, stats: RunStats, cfg, run_dir: Path, done: threading.Event):
+    """Shard 0 (`stats`: the run's counters): writes metrics every `run.log_interval_s` and
+    raises the stop flag."""
     writer = MetricsWriter(run_dir)
     while not done.wait(cfg.run.log_interval_s):
-        snapshot = {**ps.stats.snapshot(update_rates=True), **ps.own_counters()}
+        snapshot = {**stats.snapshot(update_rates=True), **ps.own_counters()}
         elapsed = ps.elapsed()
         reason = None
         if not ps.stopping.is_set():
@@ -373,9 +368,9 @@ def run(ctx) -> int:
     done = threading.Event()
     threads = []
     if stats is not None:
-        threads.append(threading.Thread(target=metrics_loop, args=(ps, cfg, ctx.run_dir, done)))
+        args = (ps, stats, cfg, ctx.run_dir, done)
+        threads.append(threading.Thread(target=metrics_loop, args=args, daemon=True))
     for thread in threads:
-        thread.daemon = True
         thread.start()
     last_checkpoint = time.monotonic()
     try:

@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x0c\x65\x61syrl.proto\x12\teasyrl.v1\"B\n\x06Tensor\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05\x64type\x18\x02 \x01(\t\x12\r\n\x05shape\x18\x03 \x03(\x03\x12\x0c\n\x04\x64\x61ta\x18\x04 \x01(\x0c\"G\n\x0bPullRequest\x12\x15\n\rknown_version\x18\x01 \x01(\x03\x12\x11\n\tmin_round\x18\x02 \x01(\x03\x12\x0e\n\x06wait_s\x18\x03 \x01(\x01\"c\n\x0cPullResponse\x12\x0f\n\x07version\x18\x01 \x01(\x03\x12\x0f\n\x07\x63urrent\x18\x02 \x01(\x08\x12\"\n\x07tensors\x18\x03 \x03(\x0b\x32\x11.easyrl.v1.Tensor\x12\r\n\x05round\x18\x04 \x01(\x03\"l\n\x0bPushRequest\x12\x0f\n\x07version\x18\x01 \x01(\x03\x12$\n\tgradients\x18\x02 \x03(\x0b\x32\x11.easyrl.v1.Tensor\x12\x0f\n\x07learner\x18\x03 \x01(\x05\x12\x15\n\rreturn_values\x18\x04 \x01(\x08\"w\n\x0cPushResponse\x12\x0f\n\x07version\x18\x01 \x01(\x03\x12\x0f\n\x07\x61pplied\x18\x02 \x01(\x08\x12\x11\n\tstaleness\x18\x03 \x01(\x03\x12\x0e\n\x06reason\x18\x04 \x01(\t\x12\"\n\x07tensors\x18\x05 \x03(\x0b\x32\x11.easyrl.v1.Tensor\"J\n\rAssignRequest\x12\"\n\x07tensors\x18\x01 \x03(\x0b\x32\x11.easyrl.v1.Tensor\x12\x15\n\ronly_if_empty\x18\x02 \x01(\x08\"3\n\x0e\x41ssignResponse\x12\x10\n\x08\x61ssigned\x18\x01 \x01(\x08\x12\x0f\n\x07version\x18\x02 \x01(\x03\"\x90\x02\n\rReportRequest\x12\x0c\n\x04role\x18\x01 \x01(\t\x12\x0c\n\x04task\x18\x02 \x01(\x05\x12\x11\n\tenv_steps\x18\x03 \x01(\x03\x12\x0f\n\x07updates\x18\x04 \x01(\x03\x12\x17\n\x0f\x65pisode_returns\x18\x05 \x03(\x01\x12\x17\n\x0f\x65pisode_lengths\x18\x06 \x03(\x03\x12\x32\n\x05stats\x18\x07 \x03(\x0b\x32#.easyrl.v1.ReportRequest.StatsEntry\x12\x15\n\rpublish_round\x18\x08 \x01(\x03\x12\x14\n\x0c\x65val_returns\x18\t \x03(\x01\x1a,\n\nStatsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\"\"\n\x0eReportResponse\x12\x10\n\x08stopping\x18\x01 \x01(\x08\"\x0f\n\rStatusRequest\"\xfd\x01\n\x0eStatusResponse\x12\x0c\n\x04role\x18\x01 \x01(\t\x12\x0c\n\x04task\x18\x02 \x01(\x05\x12\x0f\n\x07version\x18\x03 \x01(\x03\x12\x13\n\x0binitialized\x18\x04 \x01(\x08\x12\x10\n\x08stopping\x18\x05 \x01(\x08\x12\x39\n\x08\x63ounters\x18\x06 \x03(\x0b\x32\'.easyrl.v1.StatusResponse.CountersEntry\x12\x16\n\x0erecent_returns\x18\x07 \x03(\x01\x12\x13\n\x0bstop_reason\x18\x08 \x01(\t\x1a/\n\rCountersEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\"\x11\n\x0fShutdownRequest\"\x12\n\x10ShutdownResponse\"x\n\rInsertRequest\x12\"\n\x07tensors\x18\x01 \x03(\x0b\x32\x11.easyrl.v1.Tensor\x12%\n\npriorities\x18\x02 \x01(\x0b\x32\x11.easyrl.v1.Tensor\x12\r\n\x05\x61\x63tor\x18\x03 \x01(\x05\x12\r\n\x05round\x18\x04 \x01(\x03\"P\n\x0eInsertResponse\x12\x0c\n\x04size\x18\x01 \x01(\x03\x12\x10\n\x08inserted\x18\x02 \x01(\x03\x12\x0f\n\x07refused\x18\x03 \x01(\x08\x12\r\n\x05round\x18\x04 \x01(\x03\"E\n\rSampleRequest\x12\x12\n\nbatch_size\x18\x01 \x01(\x05\x12\x11\n\ttimeout_s\x18\x02 \x01(\x01\x12\r\n\x05round\x18\x03 \x01(\x03\"\xab\x01\n\x0eSampleResponse\x12\r\n\x05ready\x18\x01 \x01(\x08\x12\"\n\x07tensors\x18\x02 \x03(\x0b\x32\x11.easyrl.v1.Tensor\x12\x1f\n\x04keys\x18\x03 \x01(\x0b\x32\x11.easyrl.v1.Tensor\x12\"\n\x07weights\x18\x04 \x01(\x0b\x32\x11.easyrl.v1.Tensor\x12\r\n\x05round\x18\x05 \x01(\x03\x12\x12\n\nincomplete\x18\x06 \x01(\x08\"a\n\x17UpdatePrioritiesRequest\x12\x1f\n\x04keys\x18\x01 \x01(\x0b\x32\x11.easyrl.v1.Tensor\x12%\n\npriorities\x18\x02 \x01(\x0b\x32\x11.easyrl.v1.Tensor\"+\n\x18UpdatePrioritiesResponse\x12\x0f\n\x07updated\x18\x01 \x01(\x03\x32\x85\x03\n\x0fParameterServer\x12\x37\n\x04Pull\x12\x16.easyrl.v1.PullRequest\x1a\x17.easyrl.v1.PullResponse\x12\x37\n\x04Push\x12\x16.easyrl.v1.PushRequest\x1a\x17.easyrl.v1.PushResponse\x12=\n\x06\x41ssign\x12\x18.easyrl.v1.AssignRequest\x1a\x19.easyrl.v1.AssignResponse\x12=\n\x06Report\x12\x18.easyrl.v1.ReportRequest\x1a\x19.easyrl.v1.ReportResponse\x12=\n\x06Status\x12\x18.easyrl.v1.StatusRequest\x1a\x19.easyrl.v1.StatusResponse\x12\x43\n\x08Shutdown\x12\x1a.easyrl.v1.ShutdownRequest\x1a\x1b.easyrl.v1.ShutdownResponse2\xed\x02\n\x0cReplayMemory\x12=\n\x06Insert\x12\x18.easyrl.v1.InsertRequest\x1a\x19.easyrl.v1.InsertResponse\x12=\n\x06Sample\x12\x18.easyrl.v1.SampleRequest\x1a\x19.easyrl.v1.SampleResponse\x12[\n\x10UpdatePriorities\x12\".easyrl.v1.UpdatePrioritiesRequest\x1a#.easyrl.v1.UpdatePrioritiesResponse\x12=\n\x06Status\x12\x18.easyrl.v1.StatusRequest\x1a\x19.easyrl.v1.StatusResponse\x12\x43\n\x08Shutdown\x12\x1a.easyrl.v1.ShutdownRequest\x1a\x1b.easyrl.v1.ShutdownResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x0c\x65\x61syrl.proto\x12\teasyrl.v1\"B\n\x06Tensor\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05\x64type\x18\x02 \x01(\t\x12\r\n\x05shape\x18\x03 \x03(\x03\x12\x0c\n\x04\x64\x61ta\x18\x04 \x01(\x0c\"G\n\x0bPullRequest\x12\x15\n\rknown_version\x18\x01 \x01(\x03\x12\x11\n\tmin_round\x18\x02 \x01(\x03\x12\x0e\n\x06wait_s\x18\x03 \x01(\x01\"c\n\x0cPullResponse\x12\x0f\n\x07version\x18\x01 \x01(\x03\x12\x0f\n\x07\x63urrent\x18\x02 \x01(\x08\x12\"\n\x07tensors\x18\x03 \x03(\x0b\x32\x11.easyrl.v1.Tensor\x12\r\n\x05round\x18\x04 \x01(\x03\"l\n\x0bPushRequest\x12\x0f\n\x07version\x18\x01 \x01(\x03\x12$\n\tgradients\x18\x02 \x03(\x0b\x32\x11.easyrl.v1.Tensor\x12\x0f\n\x07learner\x18\x03 \x01(\x05\x12\x15\n\rreturn_values\x18\x04 \x01(\x08\"w\n\x0cPushResponse\x12\x0f\n\x07version\x18\x01 \x01(\x03\x12\x0f\n\x07\x61pplied\x18\x02 \x01(\x08\x12\x11\n\tstaleness\x18\x03 \x01(\x03\x12\x0e\n\x06reason\x18\x04 \x01(\t\x12\"\n\x07tensors\x18\x05 \x03(\x0b\x32\x11.easyrl.v1.Tensor\"J\n\rAssignRequest\x12\"\n\x07tensors\x18\x01 \x03(\x0b\x32\x11.easyrl.v1.Tensor\x12\x15\n\ronly_if_empty\x18\x02 \x01(\x08\"3\n\x0e\x41ssignResponse\x12\x10\n\x08\x61ssigned\x18\x01 \x01(\x08\x12\x0f\n\x07version\x18\x02 \x01(\x03\"\xff\x01\n\rReportRequest\x12\x0c\n\x04role\x18\x01 \x01(\t\x12\x0c\n\x04task\x18\x02 \x01(\x05\x12\x11\n\tenv_steps\x18\x03 \x01(\x03\x12\x0f\n\x07updates\x18\x04 \x01(\x03\x12\x17\n\x0f\x65pisode_returns\x18\x05 \x03(\x01\x12\x17\n\x0f\x65pisode_lengths\x18\x06 \x03(\x03\x12\x32\n\x05stats\x18\x07 \x03(\x0b\x32#.easyrl.v1.ReportRequest.StatsEntry\x12\x14\n\x0c\x65val_returns\x18\t \x03(\x01\x1a,\n\nStatsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01J\x04\x08\x08\x10\t\"\"\n\x0eReportResponse\x12\x10\n\x08stopping\x18\x01 \x01(\x08\"$\n\x13PublishRoundRequest\x12\r\n\x05round\x18\x01 \x01(\x03\"(\n\x14PublishRoundResponse\x12\x10\n\x08stopping\x18\x01 \x01(\x08\"\x0f\n\rStatusRequest\"\xfd\x01\n\x0eStatusResponse\x12\x0c\n\x04role\x18\x01 \x01(\t\x12\x0c\n\x04task\x18\x02 \x01(\x05\x12\x0f\n\x07version\x18\x03 \x01(\x03\x12\x13\n\x0binitialized\x18\x04 \x01(\x08\x12\x10\n\x08stopping\x18\x05 \x01(\x08\x12\x39\n\x08\x63ounters\x18\x06 \x03(\x0b\x32\'.easyrl.v1.StatusResponse.CountersEntry\x12\x16\n\x0erecent_returns\x18\x07 \x03(\x01\x12\x13\n\x0bstop_reason\x18\x08 \x01(\t\x1a/\n\rCountersEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\"\x11\n\x0fShutdownRequest\"\x12\n\x10ShutdownResponse\"x\n\rInsertRequest\x12\"\n\x07tensors\x18\x01 \x03(\x0b\x32\x11.easyrl.v1.Tensor\x12%\n\npriorities\x18\x02 \x01(\x0b\x32\x11.easyrl.v1.Tensor\x12\r\n\x05\x61\x63tor\x18\x03 \x01(\x05\x12\r\n\x05round\x18\x04 \x01(\x03\"P\n\x0eInsertResponse\x12\x0c\n\x04size\x18\x01 \x01(\x03\x12\x10\n\x08inserted\x18\x02 \x01(\x03\x12\x0f\n\x07refused\x18\x03 \x01(\x08\x12\r\n\x05round\x18\x04 \x01(\x03\"E\n\rSampleRequest\x12\x12\n\nbatch_size\x18\x01 \x01(\x05\x12\x11\n\ttimeout_s\x18\x02 \x01(\x01\x12\r\n\x05round\x18\x03 \x01(\x03\"\xab\x01\n\x0eSampleResponse\x12\r\n\x05ready\x18\x01 \x01(\x08\x12\"\n\x07tensors\x18\x02 \x03(\x0b\x32\x11.easyrl.v1.Tensor\x12\x1f\n\x04keys\x18\x03 \x01(\x0b\x32\x11.easyrl.v1.Tensor\x12\"\n\x07weights\x18\x04 \x01(\x0b\x32\x11.easyrl.v1.Tensor\x12\r\n\x05round\x18\x05 \x01(\x03\x12\x12\n\nincomplete\x18\x06 \x01(\x08\"a\n\x17UpdatePrioritiesRequest\x12\x1f\n\x04keys\x18\x01 \x01(\x0b\x32\x11.easyrl.v1.Tensor\x12%\n\npriorities\x18\x02 \x01(\x0b\x32\x11.easyrl.v1.Tensor\"+\n\x18UpdatePrioritiesResponse\x12\x0f\n\x07updated\x18\x01 \x01(\x03\x32\xd6\x03\n\x0fParameterServer\x12\x37\n\x04Pull\x12\x16.easyrl.v1.PullRequest\x1a\x17.easyrl.v1.PullResponse\x12\x37\n\x04Push\x12\x16.easyrl.v1.PushRequest\x1a\x17.easyrl.v1.PushResponse\x12=\n\x06\x41ssign\x12\x18.easyrl.v1.AssignRequest\x1a\x19.easyrl.v1.AssignResponse\x12=\n\x06Report\x12\x18.easyrl.v1.ReportRequest\x1a\x19.easyrl.v1.ReportResponse\x12O\n\x0cPublishRound\x12\x1e.easyrl.v1.PublishRoundRequest\x1a\x1f.easyrl.v1.PublishRoundResponse\x12=\n\x06Status\x12\x18.easyrl.v1.StatusRequest\x1a\x19.easyrl.v1.StatusResponse\x12\x43\n\x08Shutdown\x12\x1a.easyrl.v1.ShutdownRequest\x1a\x1b.easyrl.v1.ShutdownResponse2\xed\x02\n\x0cReplayMemory\x12=\n\x06Insert\x12\x18.easyrl.v1.InsertRequest\x1a\x19.easyrl.v1.InsertResponse\x12=\n\x06Sample\x12\x18.easyrl.v1.SampleRequest\x1a\x19.easyrl.v1.SampleResponse\x12[\n\x10UpdatePriorities\x12\".easyrl.v1.UpdatePrioritiesRequest\x1a#.easyrl.v1.UpdatePrioritiesResponse\x12=\n\x06Status\x12\x18.easyrl.v1.StatusRequest\x1a\x19.easyrl.v1.StatusResponse\x12\x43\n\x08Shutdown\x12\x1a.easyrl.v1.ShutdownRequest\x1a\x1b.easyrl.v1.ShutdownResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -50,35 +50,39 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_ASSIGNRESPONSE']._serialized_start=576
   _globals['_ASSIGNRESPONSE']._serialized_end=627
   _globals['_REPORTREQUEST']._serialized_start=630
-  _globals['_REPORTREQUEST']._serialized_end=902
-  _globals['_REPORTREQUEST_STATSENTRY']._serialized_start=858
-  _globals['_REPORTREQUEST_STATSENTRY']._serialized_end=902
-  _globals['_REPORTRESPONSE']._serialized_start=904
-  _globals['_REPORTRESPONSE']._serialized_end=938
-  _globals['_STATUSREQUEST']._serialized_start=940
-  _globals['_STATUSREQUEST']._serialized_end=955
-  _globals['_STATUSRESPONSE']._serialized_start=958
-  _globals['_STATUSRESPONSE']._serialized_end=1211
-  _globals['_STATUSRESPONSE_COUNTERSENTRY']._serialized_start=1164
-  _globals['_STATUSRESPONSE_COUNTERSENTRY']._serialized_end=1211
-  _globals['_SHUTDOWNREQUEST']._serialized_start=1213
-  _globals['_SHUTDOWNREQUEST']._serialized_end=1230
-  _globals['_SHUTDOWNRESPONSE']._serialized_start=1232
-  _globals['_SHUTDOWNRESPONSE']._serialized_end=1250
-  _globals['_INSERTREQUEST']._serialized_start=1252
-  _globals['_INSERTREQUEST']._serialized_end=1372
-  _globals['_INSERTRESPONSE']._serialized_start=1374
-  _globals['_INSERTRESPONSE']._serialized_end=1454
-  _globals['_SAMPLEREQUEST']._serialized_start=1456
-  _globals['_SAMPLEREQUEST']._serialized_end=1525
-  _globals['_SAMPLERESPONSE']._serialized_start=1528
-  _globals['_SAMPLERESPONSE']._serialized_end=1699
-  _globals['_UPDATEPRIORITIESREQUEST']._serialized_start=1701
-  _globals['_UPDATEPRIORITIESREQUEST']._serialized_end=1798
-  _globals['_UPDATEPRIORITIESRESPONSE']._serialized_start=1800
-  _globals['_UPDATEPRIORITIESRESPONSE']._serialized_end=1843
-  _globals['_PARAMETERSERVER']._serialized_start=1846
-  _globals['_PARAMETERSERVER']._serialized_end=2235
-  _globals['_REPLAYMEMORY']._serialized_start=2238
-  _globals['_REPLAYMEMORY']._serialized_end=2603
+  _globals['_REPORTREQUEST']._serialized_end=885
+  _globals['_REPORTREQUEST_STATSENTRY']._serialized_start=835
+  _globals['_REPORTREQUEST_STATSENTRY']._serialized_end=879
+  _globals['_REPORTRESPONSE']._serialized_start=887
+  _globals['_REPORTRESPONSE']._serialized_end=921
+  _globals['_PUBLISHROUNDREQUEST']._serialized_start=923
+  _globals['_PUBLISHROUNDREQUEST']._serialized_end=959
+  _globals['_PUBLISHROUNDRESPONSE']._serialized_start=961
+  _globals['_PUBLISHROUNDRESPONSE']._serialized_end=1001
+  _globals['_STATUSREQUEST']._serialized_start=1003
+  _globals['_STATUSREQUEST']._serialized_end=1018
+  _globals['_STATUSRESPONSE']._serialized_start=1021
+  _globals['_STATUSRESPONSE']._serialized_end=1274
+  _globals['_STATUSRESPONSE_COUNTERSENTRY']._serialized_start=1227
+  _globals['_STATUSRESPONSE_COUNTERSENTRY']._serialized_end=1274
+  _globals['_SHUTDOWNREQUEST']._serialized_start=1276
+  _globals['_SHUTDOWNREQUEST']._serialized_end=1293
+  _globals['_SHUTDOWNRESPONSE']._serialized_start=1295
+  _globals['_SHUTDOWNRESPONSE']._serialized_end=1313
+  _globals['_INSERTREQUEST']._serialized_start=1315
+  _globals['_INSERTREQUEST']._serialized_end=1435
+  _globals['_INSERTRESPONSE']._serialized_start=1437
+  _globals['_INSERTRESPONSE']._serialized_end=1517
+  _globals['_SAMPLEREQUEST']._serialized_start=1519
+  _globals['_SAMPLEREQUEST']._serialized_end=1588
+  _globals['_SAMPLERESPONSE']._serialized_start=1591
+  _globals['_SAMPLERESPONSE']._serialized_end=1762
+  _globals['_UPDATEPRIORITIESREQUEST']._serialized_start=1764
+  _globals['_UPDATEPRIORITIESREQUEST']._serialized_end=1861
+  _globals['_UPDATEPRIORITIESRESPONSE']._serialized_start=1863
+  _globals['_UPDATEPRIORITIESRESPONSE']._serialized_end=1906
+  _globals['_PARAMETERSERVER']._serialized_start=1909
+  _globals['_PARAMETERSERVER']._serialized_end=2379
+  _globals['_REPLAYMEMORY']._serialized_start=2382
+  _globals['_REPLAYMEMORY']._serialized_end=2747
 # @@protoc_insertion_point(module_scope)

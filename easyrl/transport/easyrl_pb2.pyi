@@ -83,7 +83,7 @@ class AssignResponse(_message.Message):
     def __init__(self, assigned: _Optional[bool] = ..., version: _Optional[int] = ...) -> None: ...
 
 class ReportRequest(_message.Message):
-    __slots__ = ("role", "task", "env_steps", "updates", "episode_returns", "episode_lengths", "stats", "publish_round", "eval_returns")
+    __slots__ = ("role", "task", "env_steps", "updates", "episode_returns", "episode_lengths", "stats", "eval_returns")
     class StatsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -98,7 +98,6 @@ class ReportRequest(_message.Message):
     EPISODE_RETURNS_FIELD_NUMBER: _ClassVar[int]
     EPISODE_LENGTHS_FIELD_NUMBER: _ClassVar[int]
     STATS_FIELD_NUMBER: _ClassVar[int]
-    PUBLISH_ROUND_FIELD_NUMBER: _ClassVar[int]
     EVAL_RETURNS_FIELD_NUMBER: _ClassVar[int]
     role: str
     task: int
@@ -107,11 +106,22 @@ class ReportRequest(_message.Message):
     episode_returns: _containers.RepeatedScalarFieldContainer[float]
     episode_lengths: _containers.RepeatedScalarFieldContainer[int]
     stats: _containers.ScalarMap[str, float]
-    publish_round: int
     eval_returns: _containers.RepeatedScalarFieldContainer[float]
-    def __init__(self, role: _Optional[str] = ..., task: _Optional[int] = ..., env_steps: _Optional[int] = ..., updates: _Optional[int] = ..., episode_returns: _Optional[_Iterable[float]] = ..., episode_lengths: _Optional[_Iterable[int]] = ..., stats: _Optional[_Mapping[str, float]] = ..., publish_round: _Optional[int] = ..., eval_returns: _Optional[_Iterable[float]] = ...) -> None: ...
+    def __init__(self, role: _Optional[str] = ..., task: _Optional[int] = ..., env_steps: _Optional[int] = ..., updates: _Optional[int] = ..., episode_returns: _Optional[_Iterable[float]] = ..., episode_lengths: _Optional[_Iterable[int]] = ..., stats: _Optional[_Mapping[str, float]] = ..., eval_returns: _Optional[_Iterable[float]] = ...) -> None: ...
 
 class ReportResponse(_message.Message):
+    __slots__ = ("stopping",)
+    STOPPING_FIELD_NUMBER: _ClassVar[int]
+    stopping: bool
+    def __init__(self, stopping: _Optional[bool] = ...) -> None: ...
+
+class PublishRoundRequest(_message.Message):
+    __slots__ = ("round",)
+    ROUND_FIELD_NUMBER: _ClassVar[int]
+    round: int
+    def __init__(self, round: _Optional[int] = ...) -> None: ...
+
+class PublishRoundResponse(_message.Message):
     __slots__ = ("stopping",)
     STOPPING_FIELD_NUMBER: _ClassVar[int]
     stopping: bool

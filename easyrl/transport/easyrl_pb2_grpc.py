@@ -54,6 +54,11 @@ class ParameterServerStub:
                 request_serializer=easyrl__pb2.ReportRequest.SerializeToString,
                 response_deserializer=easyrl__pb2.ReportResponse.FromString,
                 _registered_method=True)
+        self.PublishRound = channel.unary_unary(
+                '/easyrl.v1.ParameterServer/PublishRound',
+                request_serializer=easyrl__pb2.PublishRoundRequest.SerializeToString,
+                response_deserializer=easyrl__pb2.PublishRoundResponse.FromString,
+                _registered_method=True)
         self.Status = channel.unary_unary(
                 '/easyrl.v1.ParameterServer/Status',
                 request_serializer=easyrl__pb2.StatusRequest.SerializeToString,
@@ -93,6 +98,12 @@ class ParameterServerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def PublishRound(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def Status(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
@@ -127,6 +138,11 @@ def add_ParameterServerServicer_to_server(servicer, server):
                     servicer.Report,
                     request_deserializer=easyrl__pb2.ReportRequest.FromString,
                     response_serializer=easyrl__pb2.ReportResponse.SerializeToString,
+            ),
+            'PublishRound': grpc.unary_unary_rpc_method_handler(
+                    servicer.PublishRound,
+                    request_deserializer=easyrl__pb2.PublishRoundRequest.FromString,
+                    response_serializer=easyrl__pb2.PublishRoundResponse.SerializeToString,
             ),
             'Status': grpc.unary_unary_rpc_method_handler(
                     servicer.Status,
@@ -247,6 +263,33 @@ class ParameterServer:
             '/easyrl.v1.ParameterServer/Report',
             easyrl__pb2.ReportRequest.SerializeToString,
             easyrl__pb2.ReportResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def PublishRound(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/easyrl.v1.ParameterServer/PublishRound',
+            easyrl__pb2.PublishRoundRequest.SerializeToString,
+            easyrl__pb2.PublishRoundResponse.FromString,
             options,
             channel_credentials,
             insecure,

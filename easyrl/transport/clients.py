@@ -1,0 +1,163 @@
+"""Typed clients of the PS and memory shards: numpy arrays and plain values in, plain values
+or small typed results out; the protobuf messages and the codec stay here. Each client wraps
+an `rpc.Client`, which does the token, deadlines, retries and TLS.
+"""
+
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, NamedTuple, TypedDict, Unpack
+
+import numpy as np
+
+from easyrl.transport import codec, rpc
+from easyrl.transport import easyrl_pb2 as pb
+
+if TYPE_CHECKING:
+    from easyrl.config import SecurityConfig
+
+
+class Status(NamedTuple):
+    """A shard's status: its counters, and (PS shard 0) whether and why the run stops."""
+
+    version: int
+    stopping: bool
+    stop_reason: str
+    counters: dict[str, float]
+
+
+class Pulled(NamedTuple):
+    """A PS shard's `version` (0: no values yet), newest published `round` and values
+    ({name: array}; None when the caller already holds `version`)."""
+
+    version: int
+    round: int
+    values: dict[str, np.ndarray] | None
+
+
+class Pushed(NamedTuple):
+    """A push's outcome: the shard's `version`, why it was not `applied` ("stale",
+    "non-finite", "ahead") and, when asked for and applied, the values at `version`."""
+
+    version: int
+    applied: bool
+    reason: str
+    values: dict[str, np.ndarray]
+
+
+class RoundTaken(NamedTuple):
+    """Aggregate tables: all of a round (`batch`; None until it is complete), the round the
+    table collects (newer: the caller is behind) and whether a restart lost part of it."""
+
+    batch: dict | None
+    round: int
+    incomplete: bool
+
+
+class Counts(TypedDict, total=False):
+    """What a report to PS shard 0 carries: counts since the last report, finished
+    episodes, an evaluation's returns and stats."""
+
+    env_steps: int
+    updates: int
+    episode_returns: Sequence[float]
+    episode_lengths: Sequence[int]
+    eval_returns: Sequence[float]
+    stats: Mapping[str, float]
+
+
+class ShardClient:
+    """What both clients share: the wrapped `rpc.Client` (`call` is its raw call, for
+    hand-made messages), `address`, `serving`, `close`, `status` and `shutdown`."""
+
+    def __init__(self, client: rpc.Client):
+        self.rpc, self.address, self.call = client, client.address, client.call
+        self.serving, self.close = client.serving, client.close
+
+    def status(self) -> Status:
+        reply = self.call("Status", pb.StatusRequest())
+        return Status(reply.version, reply.stopping, reply.stop_reason, dict(reply.counters))
+
+    def shutdown(self) -> None:
+        """Asks the shard to checkpoint (PS) and exit."""
+        self.call("Shutdown", pb.ShutdownRequest())
+
+
+class ParameterClient(ShardClient):
+    """A client of one PS shard."""
+
+    def pull(self, known_version: int = -1, min_round: int = 0, wait_s: float = 0.0) -> Pulled:
+        """The values unless the caller holds `known_version`; with `min_round`, the shard
+        first waits up to `wait_s` seconds until it has published that round."""
+        request = pb.PullRequest(known_version=known_version, min_round=min_round, wait_s=wait_s)
+        reply = self.call("Pull", request)
+        values = None if reply.current else codec.decode_named(reply.tensors)
+        return Pulled(reply.version, reply.round, values)
+
+    def push(self, version: int, grads: Mapping, learner: int = 0, values=True) -> Pushed:
+        """Pushes gradients computed against `version` (by `learner`, for the shard's logs);
+        with `values`, an applied push returns the new values (saves the pusher a Pull)."""
+        tensors = codec.encode_named(grads)
+        request = pb.PushRequest(version=version, gradients=tensors, learner=learner)
+        request.return_values = values
+        reply = self.call("Push", request)
+        return Pushed(reply.version, reply.applied, reply.reason, codec.decode_named(reply.tensors))
+
+    def assign(self, values: Mapping[str, np.ndarray], only_if_empty: bool = False) -> int:
+        """Writes `values`; returns the shard's new version, or 0 when `only_if_empty` and
+        the shard already held values (nothing assigned)."""
+        request = pb.AssignRequest(tensors=codec.encode_named(values), only_if_empty=only_if_empty)
+        reply = self.call("Assign", request)
+        return reply.version if reply.assigned else 0
+
+    def report(self, role: str, task: int, **counts: Unpack[Counts]) -> bool:
+        """Reports to PS shard 0 as `task` of `role`; returns whether the run is stopping."""
+        return self.call("Report", pb.ReportRequest(role=role, task=task, **counts)).stopping
+
+    def publish_round(self, round_: int) -> bool:
+        """Publishes the shard's current values as round `round_` (synchronous rounds);
+        returns whether the run is stopping."""
+        return self.call("PublishRound", pb.PublishRoundRequest(round=round_)).stopping
+
+
+class MemoryClient(ShardClient):
+    """A client of one memory shard."""
+
+    def insert(self, batch: Mapping, priorities=None, actor: int = 0, round_: int = 0) -> bool:
+        """Inserts the items of a (nested) batch with initial priorities (None: the max),
+        tagged with the weight round they were collected under; returns False when an
+        aggregate table refused them (their round was already released)."""
+        request = pb.InsertRequest(tensors=codec.encode_batch(batch), actor=actor, round=round_)
+        if priorities is not None:
+            request.priorities.CopyFrom(codec.encode_array("priorities", priorities))
+        return not self.call("Insert", request).refused
+
+    def sample(
+        self, batch_size: int, timeout_s: float
+    ) -> tuple[dict, np.ndarray, np.ndarray] | None:
+        """(batch, keys, importance weights), or None when the rate limiter did not allow a
+        sample within `timeout_s`."""
+        reply = self.call("Sample", pb.SampleRequest(batch_size=batch_size, timeout_s=timeout_s))
+        if not reply.ready:
+            return None
+        keys, weights = codec.decode_array(reply.keys), codec.decode_array(reply.weights)
+        return codec.decode_batch(reply.tensors), keys, weights
+
+    def take_round(self, round_: int, timeout_s: float) -> RoundTaken:
+        """Takes all of round `round_` once it is complete, waiting up to `timeout_s`."""
+        reply = self.call("Sample", pb.SampleRequest(round=round_, timeout_s=timeout_s))
+        batch = codec.decode_batch(reply.tensors) if reply.ready else None
+        return RoundTaken(batch, reply.round, reply.incomplete)
+
+    def update_priorities(self, keys: np.ndarray, priorities: np.ndarray) -> int:
+        """Sets the priorities of sampled keys; returns how many were still in the table."""
+        request = pb.UpdatePrioritiesRequest(keys=codec.encode_array("keys", keys))
+        request.priorities.CopyFrom(codec.encode_array("priorities", priorities))
+        return self.call("UpdatePriorities", request).updated
+
+
+def connect(role: str, address: str, token: str | None, sec: "SecurityConfig", **options):
+    """A client of server `role` ("ps" or "memory") at `address`, over TLS per the config's
+    `security` section (servers with `tls_ca` ask for client certificates: ours is shown);
+    `options`: `rpc.Client`'s keyword arguments."""
+    cls = {"ps": ParameterClient, "memory": MemoryClient}[role]
+    tls = dict(tls_ca=sec.tls_ca, tls_cert=sec.tls_cert, tls_key=sec.tls_key)
+    return cls(rpc.Client(rpc.stub_class(role), address, token, **tls, **options))
