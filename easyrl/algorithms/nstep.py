@@ -17,6 +17,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
+from numpy.typing import DTypeLike
 
 from easyrl.errors import ConfigError, EasyRLError
 
@@ -61,7 +62,7 @@ def _check_shape(name: str, value: object) -> tuple[int, ...]:
     return tuple(int(d) for d in value)
 
 
-def _check_dtype(name: str, value: object) -> np.dtype:
+def _check_dtype(name: str, value: DTypeLike) -> np.dtype:
     """Checks that a constructor argument names a numpy dtype.
 
     Args:
@@ -124,9 +125,9 @@ class NStepAccumulator:
         n: int,
         gamma: float,
         obs_shape: tuple,
-        obs_dtype,
+        obs_dtype: DTypeLike,
         action_shape: tuple = (),
-        action_dtype=np.int64,
+        action_dtype: DTypeLike = np.int64,
     ) -> None:
         self._num_envs = _check_pos_int("num_envs", num_envs)
         self._n = _check_pos_int("n", n)

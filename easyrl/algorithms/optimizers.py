@@ -75,7 +75,8 @@ class Optimizer(tf.Module):
         super().__init__(name=None)
         self.spec = spec
         self.variables_ = list(variables)
-        self.step = tf.Variable(0, dtype=tf.int64, trainable=False)
+        # TF's stub types `initial_value` as a Tensor; tf.Variable takes any tensor-like value.
+        self.step = tf.Variable(0, dtype=tf.int64, trainable=False)  # pyright: ignore[reportArgumentType]
         num_slots = {"adam": 2, "rmsprop": 1, "sgd": 0}[spec.kind]
         self.slots = [
             [tf.Variable(tf.zeros_like(v), trainable=False) for v in self.variables_]
@@ -105,8 +106,9 @@ class Optimizer(tf.Module):
                     var=x.handle,
                     m=m.handle,
                     v=v.handle,
-                    beta1_power=s.beta1**t,
-                    beta2_power=s.beta2**t,
+                    # float ** Tensor runs Tensor.__rpow__, which TF's stub lacks.
+                    beta1_power=s.beta1**t,  # pyright: ignore[reportOperatorIssue]
+                    beta2_power=s.beta2**t,  # pyright: ignore[reportOperatorIssue]
                     lr=lr,
                     beta1=s.beta1,
                     beta2=s.beta2,

@@ -224,12 +224,12 @@ def scaled_greedy_fn(normalized_action, low: np.ndarray, high: np.ndarray, obs_d
     (observations `[N, obs_dim]` float32 in, actions `[N, A]` float32 out), what
     `easyrl export` saves as a SavedModel: `normalized_action(obs)` in [-1, 1] scaled to the
     bounds in float64 as `scale_actions` does, so both give the same actions."""
-    low = tf.constant(low.astype(np.float64))  # [A]
-    high = tf.constant(high.astype(np.float64))
+    low_t = tf.constant(low.astype(np.float64))  # [A]
+    high_t = tf.constant(high.astype(np.float64))
 
     def greedy(obs):
         a = tf.clip_by_value(tf.cast(normalized_action(obs), tf.float64), -1.0, 1.0)  # [N, A]
-        scaled = tf.clip_by_value(low + (a + 1.0) * 0.5 * (high - low), low, high)
+        scaled = tf.clip_by_value(low_t + (a + 1.0) * 0.5 * (high_t - low_t), low_t, high_t)
         return tf.cast(scaled, tf.float32)
 
     return compiled(greedy, tf.TensorSpec([None, obs_dim], tf.float32))
@@ -333,8 +333,10 @@ class ContinuousCollector:
         p, dims = agent.params, ((agent.obs_dim,), np.float32, (agent.action_dim,), np.float32)
         self.nstep = NStepAccumulator(num_envs, p.n_step, p.gamma, *dims)
         self.env_steps = 0
-        self.last_action_logp = None  # not recorded: the actions are clipped and scaled
-        self._obs = self._actions = None
+        # Not recorded: the actions are clipped and scaled.
+        self.last_action_logp: np.ndarray | None = None
+        self._obs: np.ndarray | None = None
+        self._actions: np.ndarray | None = None
 
     @property
     def random_phase(self) -> bool:
@@ -357,7 +359,7 @@ class ContinuousCollector:
         Raises:
             EasyRLError: called without a preceding `act`.
         """
-        if self._actions is None:
+        if self._obs is None or self._actions is None:
             raise EasyRLError("observe() needs a preceding act()")
         self.env_steps += self.num_envs
         self.explorer.reset(np.asarray(terminated, bool) | np.asarray(truncated, bool))
@@ -390,10 +392,11 @@ class ObsNorm(tf.Module):
         super().__init__(name=None)
         self.clip = clip
         if clip is not None:
-            self.mean = tf.Variable(np.zeros(obs_dim, np.float32), name="obs_norm/mean")
-            self.var = tf.Variable(np.ones(obs_dim, np.float32), name="obs_norm/var")
+            # TF's stub types `initial_value` as a Tensor; tf.Variable takes any tensor-like value.
+            self.mean = tf.Variable(np.zeros(obs_dim, np.float32), name="obs_norm/mean")  # pyright: ignore[reportArgumentType]
+            self.var = tf.Variable(np.ones(obs_dim, np.float32), name="obs_norm/var")  # pyright: ignore[reportArgumentType]
             # A tiny prior count, as Stable-Baselines3 does: the first update dominates it.
-            self.count = tf.Variable(np.float32(1e-4), name="obs_norm/count")
+            self.count = tf.Variable(np.float32(1e-4), name="obs_norm/count")  # pyright: ignore[reportArgumentType]
 
     def __call__(self, obs):
         if self.clip is None:
@@ -433,7 +436,8 @@ class PolicyNet(tf.Module):
         else:
             dim = int(action_space.shape[0])
             self.head = Dense(width, dim, "pi/mean", rng, scale=0.01)
-            self.log_std = tf.Variable(np.full(dim, log_std_init, np.float32), name="pi/log_std")
+            # TF's stub types `initial_value` as a Tensor; tf.Variable takes any tensor-like value.
+            self.log_std = tf.Variable(np.full(dim, log_std_init, np.float32), name="pi/log_std")  # pyright: ignore[reportArgumentType]
             self.low = tf.constant(action_space.low, tf.float32)  # [A]
             self.high = tf.constant(action_space.high, tf.float32)
 

@@ -62,6 +62,8 @@ class BCQ(DQN):
         seed: initialisation seed (every role builds identical initial values).
     """
 
+    params: Params
+
     def __init__(self, params: Params, obs_space, action_space, model, seed: int = 0):
         super().__init__(params, obs_space, action_space, model, seed)
         try:

@@ -14,7 +14,7 @@ from easyrl.algorithms.contract import LearnStep
 from easyrl.algorithms.dqn import FLOW, Params, actor_epsilon
 from easyrl.algorithms.nstep import NStepAccumulator
 from easyrl.algorithms.shared import CompiledGreedy, compiled, flat_gradients
-from easyrl.errors import ConfigError
+from easyrl.errors import ConfigError, EasyRLError
 from easyrl.models import Dense, FlatVariables, build_torso, named_variables
 
 
@@ -126,7 +126,8 @@ class DQN(CompiledGreedy):
         """
         flat_grads, loss, (stats, td_abs) = self._step(*self.step_inputs(batch, weights))
         stats = {"loss": float(loss), **{k: float(v) for k, v in stats.items()}}
-        return LearnStep(self._flat.split(flat_grads.numpy()), stats, td_abs.numpy())
+        grads: list[np.ndarray | None] = list(self._flat.split(flat_grads.numpy()))
+        return LearnStep(grads, stats, td_abs.numpy())
 
     def step_inputs(self, batch: dict, weights: np.ndarray) -> tuple[np.ndarray, ...]:
         """The compiled step's inputs from a batch of n-step transitions and IS weights:
@@ -193,7 +194,9 @@ class EpsilonGreedyCollector:
         self.nstep = dqn.postprocessor(num_envs)
         self.env_steps = 0
         self.epsilon = actor_epsilon(dqn.params, actor_index, num_actors, 0)
-        self._obs = self._actions = self.last_action_logp = None
+        self._obs: np.ndarray | None = None
+        self._actions: np.ndarray | None = None
+        self.last_action_logp: np.ndarray | None = None
 
     def act(self, obs: np.ndarray, rng: np.random.Generator) -> np.ndarray:
         """Epsilon-greedy actions `[N]` for `obs` `[N, obs]`."""
@@ -205,7 +208,13 @@ class EpsilonGreedyCollector:
         return self._actions
 
     def observe(self, rewards, next_obs, real_next_obs, terminated, truncated) -> dict | None:
-        """Feeds the step to the n-step accumulator; returns the completed transitions."""
+        """Feeds the step to the n-step accumulator; returns the completed transitions.
+
+        Raises:
+            EasyRLError: called without a preceding `act`.
+        """
+        if self._obs is None or self._actions is None:
+            raise EasyRLError("observe() needs a preceding act()")
         self.env_steps += self.num_envs
         return self.nstep.add(
             self._obs, self._actions, rewards, real_next_obs, terminated, truncated

@@ -144,7 +144,8 @@ class ES(CompiledGreedy):
             "pairs": float(len(batch["seed"])),
             "env_steps": float(np.sum(batch["steps"])),
         }
-        yield LearnStep(self.flat.split(grad), stats)
+        grads: list[np.ndarray | None] = list(self.flat.split(grad))
+        yield LearnStep(grads, stats)
 
     def per_env_outputs(self, obs: tf.Tensor, flat: tf.Tensor) -> tf.Tensor:
         """Policy outputs `[N, out]` with per-env flat parameters `flat` `[N, P]` (TF code)."""
@@ -192,10 +193,11 @@ class PerturbationCollector:
         self._rng = np.random.default_rng(seed)
         self._episodes = agent.params.episodes_per_perturbation
         self._theta = agent.flat.read().numpy()  # [P]
-        self._params = tf.Variable(np.tile(self._theta, (num_envs, 1)), trainable=False)  # [N, P]
+        # TF's stub types `initial_value` as a Tensor; tf.Variable takes any tensor-like value.
+        self._params = tf.Variable(np.tile(self._theta, (num_envs, 1)), trainable=False)  # pyright: ignore[reportArgumentType]  # [N, P]
         self._active = False
         self._seeds = np.zeros(0, np.int64)  # [S]
-        self.last_action_logp = None  # deterministic perturbed policies
+        self.last_action_logp: np.ndarray | None = None  # deterministic perturbed policies
         obs = tf.TensorSpec([num_envs, agent.obs_dim], tf.float32)
         rows = tf.TensorSpec([None, agent.num_params], tf.float32)
         index = tf.TensorSpec([None], tf.int32)

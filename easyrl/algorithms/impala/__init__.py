@@ -20,12 +20,15 @@ unroll stores no final observation). Unrolls continue episodes across unroll bou
 """
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import gymnasium as gym
 import numpy as np
 
 from easyrl.errors import ConfigError
+
+if TYPE_CHECKING:
+    from easyrl.algorithms import a3c
 
 FLOW = "async_replay"
 """Execution flow: actors ship unrolls, learners sample batches of them asynchronously."""
@@ -151,7 +154,7 @@ def agent_params(params: Params) -> AgentParams:
     )
 
 
-def optimizer(params: Params):
+def optimizer(params: "Params | a3c.Params"):
     """The optimizer the PS shards apply this algorithm's gradients with: a constant learning
     rate, or lr_t = (lr - lr_end) * (1 - min(t / lr_decay_steps, 1)) + lr_end when
     `lr_decay_steps > 0` (t counts PS updates). Shared by A3C, whose `Params` has the same

@@ -172,7 +172,8 @@ class IMPALA(CompiledGreedy, NoTargetNetwork):
         """
         flat_grads, _, stats = self._step(*checked_columns(self.params.name, self.spec, batch))
         stats = dict(zip(STAT_NAMES, stats.numpy().tolist(), strict=True))
-        return LearnStep(self._flat.split(flat_grads.numpy()), stats)
+        grads: list[np.ndarray | None] = list(self._flat.split(flat_grads.numpy()))
+        return LearnStep(grads, stats)
 
     # --- compiled functions ---------------------------------------------------------------
 
@@ -263,7 +264,8 @@ class UnrollCollector:
         self._t = 0
         self._acted = False
         self._unrolls = 0
-        self.last_action_logp = None  # the unrolls carry the behaviour logits instead
+        # None: the unrolls carry the behaviour logits instead.
+        self.last_action_logp: np.ndarray | None = None
 
     def act(self, obs: np.ndarray, rng: np.random.Generator | None = None) -> np.ndarray:
         """Samples actions for `obs` `[N, *obs_shape]` and remembers obs, action and logits.

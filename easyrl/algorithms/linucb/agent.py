@@ -31,8 +31,9 @@ class ArmModels(tf.Module):
     def __init__(self, num_arms: int, dim: int, ridge: float):
         super().__init__(name=None)
         eye = np.broadcast_to(ridge * np.eye(dim, dtype=np.float32), (num_arms, dim, dim))
-        self.A = tf.Variable(eye, name="linucb/A")
-        self.b = tf.Variable(np.zeros((num_arms, dim), np.float32), name="linucb/b")
+        # TF's stub types `initial_value` as a Tensor; tf.Variable takes any tensor-like value.
+        self.A = tf.Variable(eye, name="linucb/A")  # pyright: ignore[reportArgumentType]
+        self.b = tf.Variable(np.zeros((num_arms, dim), np.float32), name="linucb/b")  # pyright: ignore[reportArgumentType]
 
 
 class LinUCB(CompiledGreedy, NoTargetNetwork):
@@ -144,9 +145,9 @@ class UCBCollector:
         self.num_envs = num_envs
         self._contexts = self._arms = None
         self._width = 0.0
-        self.last_action_logp = None  # deterministic arms
+        self.last_action_logp: np.ndarray | None = None  # deterministic arms
 
-    def act(self, obs: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    def act(self, obs: np.ndarray, rng: np.random.Generator | None) -> np.ndarray:
         """UCB arms `[N]` for contexts `obs` `[N, d]` (deterministic: `rng` is not used)."""
         arms, widths = self.agent.act(obs)
         self._width = float(widths.mean())
@@ -215,7 +216,9 @@ def regret_run(
                 batch = {k: v[: params.batch_size] for k, v in items.items()}
                 pending = [{k: v[params.batch_size :] for k, v in items.items()}]
                 grads, _, _ = agent.learn(batch)
-                ps_optimizer.apply(dict(zip(agent.variables, grads, strict=True)))
+                # As the learner pushes them (LinUCB's gradients are never None).
+                named = {n: g for n, g in zip(agent.variables, grads, strict=True) if g is not None}
+                ps_optimizer.apply(named)
     finally:
         env.close()
     return np.concatenate(regrets)[:steps], np.concatenate(rewards)[:steps]

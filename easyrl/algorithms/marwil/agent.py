@@ -56,7 +56,8 @@ class MARWIL(CompiledGreedy, NoTargetNetwork):
             self.vf = ValueNet(obs_dim, model, rng, identity)
             self.variables = {**self.variables, **named_variables(self.vf)}
         self._flat = FlatVariables(list(self.variables.values()))
-        self.adv_norm = tf.Variable(params.adv_norm_start, dtype=tf.float32, trainable=False)
+        # TF's stub types `initial_value` as a Tensor; tf.Variable takes any tensor-like value.
+        self.adv_norm = tf.Variable(params.adv_norm_start, dtype=tf.float32, trainable=False)  # pyright: ignore[reportArgumentType]
         if self.discrete:
             act = tf.TensorSpec([None], tf.int64)
         else:
@@ -98,7 +99,8 @@ class MARWIL(CompiledGreedy, NoTargetNetwork):
         flat_grads, stats = self._step(*self._inputs(batch))
         stats = dict(zip(STAT_NAMES, stats.numpy().tolist(), strict=True))
         stats["adv_norm"] = float(self.adv_norm.numpy())
-        return LearnStep(self._flat.split(flat_grads.numpy()), stats)
+        grads: list[np.ndarray | None] = list(self._flat.split(flat_grads.numpy()))
+        return LearnStep(grads, stats)
 
     # --- compiled functions ---------------------------------------------------------------
 

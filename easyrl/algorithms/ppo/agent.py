@@ -135,7 +135,8 @@ class PPO(CompiledGreedy):
             np.asarray(minibatch["value"], np.float32),
         )
         stats = dict(zip(STAT_NAMES, stats.numpy().tolist(), strict=True))
-        return LearnStep(self._flat.split(flat_grads.numpy()), stats)
+        grads: list[np.ndarray | None] = list(self._flat.split(flat_grads.numpy()))
+        return LearnStep(grads, stats)
 
     def learn_round(self, batch: dict, rng: np.random.Generator) -> Iterator[LearnStep]:
         """The round's gradient steps: `num_epochs` shuffled passes over `batch`.
@@ -281,7 +282,8 @@ class RolloutCollector:
         self._terminated = np.zeros((t, n), bool)
         self._truncated = np.zeros((t, n), bool)
         self._truncated_value = np.zeros((t, n), np.float32)  # V(final obs) of truncated rows
-        self.last_action_logp = None  # behaviour log-probs of the last `act`, for recording
+        # Behaviour log-probs of the last `act`, for recording.
+        self.last_action_logp: np.ndarray | None = None
         self.start_round()
 
     def start_round(self, share: int | None = None) -> None:

@@ -113,8 +113,10 @@ class SAC(shared.PolyakActorCritic):
             self.target_critic = shared.Critics(*dims, model, True, "target_critic", spare)
         except ValueError as err:
             raise ConfigError(f"model: {err}") from err
+        # TF's stub types `initial_value` as a Tensor; tf.Variable takes any tensor-like value.
         self.log_alpha = tf.Variable(
-            np.float32(math.log(params.initial_alpha)), name="alpha/log_alpha"
+            np.float32(math.log(params.initial_alpha)),  # pyright: ignore[reportArgumentType]
+            name="alpha/log_alpha",
         )
         self.variables = dict(
             sorted(
@@ -195,7 +197,9 @@ class SAC(shared.PolyakActorCritic):
         flat, stats, td_abs = self._step(
             *columns, np.asarray(weights, np.float32), np.asarray(noise, np.float32)
         )
-        grads = dict(zip(self.variables, self._flat.split(flat.numpy()), strict=True))
+        grads: dict[str, np.ndarray | None] = dict(
+            zip(self.variables, self._flat.split(flat.numpy()), strict=True)
+        )
         if not self.params.autotune_alpha:
             grads["alpha/log_alpha"] = None
         stats = {k: float(v) for k, v in stats.items()}

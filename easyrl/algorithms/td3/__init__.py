@@ -161,10 +161,11 @@ def scale_actions(normalized: np.ndarray, low: np.ndarray, high: np.ndarray) -> 
     return np.clip(low + (a + 1.0) * 0.5 * (high - low), low, high).astype(np.float32)
 
 
-def replay_spec(params: Params, obs_space, action_space, name: str = "td3") -> dict:
+def replay_spec(params: object, obs_space, action_space, name: str = "td3") -> dict:
     """Columns of one n-step transition, as {name: (per-item shape, dtype)}: the action is
     the normalized float32 action in [-1, 1]^A, observations are float32. `name` prefixes the
-    error messages.
+    error messages. `params` is not read (the columns follow from the spaces): DDPG and SAC
+    pass their own.
 
     Raises:
         ConfigError: unsupported spaces (see `check_spaces`).
