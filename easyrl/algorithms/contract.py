@@ -6,6 +6,7 @@ it follows:
 
     flow              agent protocol    its collector      the learner calls
     async_replay      ReplayAgent       Collector          learn(batch, weights) -> LearnStep
+                      ReplayLearner     (offline only: no collector)
                       PrioritizedAgent  (prioritized replay: also initial_priorities)
     sync_rounds       RoundsAgent       RoundCollector     learn_round(batch, rng) -> LearnSteps
     actor_gradients   GradientsAgent    Collector          (the actor) learn(unroll, None)
@@ -116,11 +117,15 @@ class RoundCollector(Collector, Protocol):
 class Agent(Protocol):
     """What `build` returns, whatever the flow: variables and the greedy policy."""
 
-    flow: Flow
-    """The flow of this agent (one module may build agents of several, as IMPALA/A3C)."""
+    @property
+    def flow(self) -> Flow:
+        """The flow of this agent (one module may build agents of several, as IMPALA/A3C)."""
+        ...
 
-    variables: Mapping[str, Any]
-    """{name: tf.Variable}: the names every process agrees on, in gradient order."""
+    @property
+    def variables(self) -> Mapping[str, Any]:
+        """{name: tf.Variable}: the names every process agrees on, in gradient order."""
+        ...
 
     def greedy(self, obs: np.ndarray) -> np.ndarray:
         """Deterministic actions for a batch of observations (evaluation, rollout)."""
@@ -133,22 +138,29 @@ class Agent(Protocol):
         ...
 
 
-class ReplayAgent(Agent, Protocol):
-    """An agent of the async replay flow (DQN, IMPALA, DDPG/TD3, SAC, offline learners)."""
+class ReplayLearner(Agent, Protocol):
+    """The learner's side of the async replay flow (DQN, IMPALA, DDPG/TD3, SAC, and the
+    offline learners BC, MARWIL, BCQ)."""
 
-    target_update_period: int
-    """Learner updates between target-network syncs; 0: no target network."""
-
-    def collector(self, num_envs: int, seed: int, actor_index: int, num_actors: int) -> Collector:
-        """The actor-side collector of actor `actor_index` of `num_actors`."""
+    @property
+    def target_update_period(self) -> int:
+        """Learner updates between target-network syncs; 0: no target network."""
         ...
 
-    def learn(self, batch: Batch, weights: np.ndarray | None) -> LearnStep:
+    def learn(self, batch: Batch, weights: np.ndarray) -> LearnStep:
         """One gradient computation on a sampled batch with importance weights `[B]`."""
         ...
 
     def sync_target(self) -> None:
         """Copies the online networks into the target networks (nothing without one)."""
+        ...
+
+
+class ReplayAgent(ReplayLearner, Protocol):
+    """An async replay agent that actors collect with (all but the offline-only ones)."""
+
+    def collector(self, num_envs: int, seed: int, actor_index: int, num_actors: int) -> Collector:
+        """The actor-side collector of actor `actor_index` of `num_actors`."""
         ...
 
 

@@ -14,7 +14,7 @@ from typing import cast
 
 import numpy as np
 
-from easyrl.algorithms.contract import ReplayAgent
+from easyrl.algorithms.contract import ReplayAgent, ReplayLearner
 from easyrl.errors import EasyRLError
 from easyrl.flows import ActorPlumbing, LearnerPlumbing
 from easyrl.roles.common import put_until_stopped, threads_running
@@ -50,7 +50,7 @@ def learn(learner: LearnerPlumbing) -> None:
     """Learns from sampled batches until the run stops; syncs the target networks every
     `target_update_period` updates."""
     cfg, stop = learner.ctx.cfg, learner.stop
-    agent = cast(ReplayAgent, learner.algo)
+    agent = cast(ReplayLearner, learner.algo)
     period = agent.target_update_period  # 0: no target network
     if period:
         agent.sync_target()

@@ -19,11 +19,12 @@ from typing import Literal
 import gymnasium as gym
 
 from easyrl.algorithms import impala
+from easyrl.algorithms.contract import Flow, GradientsAgent, ReplayKind
 from easyrl.errors import ConfigError
 
-FLOW = "actor_gradients"
+FLOW: Flow = "actor_gradients"
 """Execution flow: ps and actor roles only; actors push gradients of their own unrolls."""
-REPLAY_KINDS = ()
+REPLAY_KINDS: tuple[ReplayKind, ...] = ()
 """A3C uses no replay table."""
 MODEL_KINDS = impala.MODEL_KINDS
 """Network kinds: IMPALA's."""
@@ -99,7 +100,9 @@ def replay_spec(params: Params, obs_space, action_space) -> dict:
     return impala.unroll_spec(params.unroll_length, obs_space, action_space)
 
 
-def build(params: Params, obs_space, action_space, model, seed: int = 0, learner: bool = False):
+def build(
+    params: Params, obs_space, action_space, model, seed: int = 0, learner: bool = False
+) -> GradientsAgent:
     """Builds the TF side of A3C: an `impala.agent.IMPALA` with rho_bar = c_bar = lam = 1
     (imports TensorFlow). Every role builds the same network, whatever `learner` says.
 

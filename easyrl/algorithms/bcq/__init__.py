@@ -18,11 +18,12 @@ from dataclasses import dataclass
 import numpy as np
 
 from easyrl.algorithms import dqn
+from easyrl.algorithms.contract import PrioritizedAgent, ReplayKind
 from easyrl.errors import ConfigError
 
 FLOW = dqn.FLOW
 """Execution flow: the learner samples the memory shards (which hold the dataset)."""
-REPLAY_KINDS = ("uniform",)
+REPLAY_KINDS: tuple[ReplayKind, ...] = ("uniform",)
 """The dataset's transitions, sampled uniformly (as every offline run samples them)."""
 OFFLINE_ONLY = True
 """Trains from `input.dir` only: the config refuses a run without it."""
@@ -63,7 +64,9 @@ replay_spec = dqn.replay_spec
 dataset_items = dqn.dataset_items
 
 
-def build(params: Params, obs_space, action_space, model, seed: int = 0, learner: bool = False):
+def build(
+    params: Params, obs_space, action_space, model, seed: int = 0, learner: bool = False
+) -> PrioritizedAgent:
     """Builds the TF side of BCQ (imports TensorFlow; see `agent.BCQ`); every role builds
     the same networks, whatever `learner` says."""
     from easyrl.algorithms.bcq.agent import BCQ

@@ -10,6 +10,7 @@ collector, replay columns, optimizer groups) is TD3's:
 from dataclasses import dataclass
 
 from easyrl.algorithms import td3
+from easyrl.algorithms.contract import PrioritizedAgent
 
 FLOW = td3.FLOW
 """Execution flow: actors ship transitions, learners sample asynchronously."""
@@ -47,7 +48,9 @@ def replay_spec(params: Params, obs_space, action_space) -> dict:
     return td3.replay_spec(params, obs_space, action_space, name="ddpg")
 
 
-def build(params: Params, obs_space, action_space, model, seed: int = 0, learner: bool = False):
+def build(
+    params: Params, obs_space, action_space, model, seed: int = 0, learner: bool = False
+) -> PrioritizedAgent:
     """Builds the TF side (a `td3.agent.TD3` with these params).
 
     Raises:

@@ -5,9 +5,11 @@ from typing import Literal
 
 import numpy as np
 
-FLOW = "async_replay"
+from easyrl.algorithms.contract import Flow, PrioritizedAgent, ReplayKind
+
+FLOW: Flow = "async_replay"
 """Execution flow: actors ship transitions, learners sample asynchronously."""
-REPLAY_KINDS = ("prioritized", "uniform")
+REPLAY_KINDS: tuple[ReplayKind, ...] = ("prioritized", "uniform")
 """Replay tables DQN works with; the first is the default."""
 MODEL_KINDS = ("mlp", "conv", "custom")
 """Network kinds: MLP, conv torso, or a custom `module:Class` torso."""
@@ -127,7 +129,9 @@ def dataset_items(params: Params, steps: dict[str, np.ndarray]) -> dict[str, np.
     }
 
 
-def build(params: Params, obs_space, action_space, model, seed: int = 0, learner: bool = False):
+def build(
+    params: Params, obs_space, action_space, model, seed: int = 0, learner: bool = False
+) -> PrioritizedAgent:
     """Builds the TF side of DQN (imports TensorFlow; see `agent.DQN`); every role builds
     the same networks, whatever `learner` says."""
     from easyrl.algorithms.dqn.agent import DQN

@@ -10,7 +10,7 @@ import gymnasium as gym
 import numpy as np
 import tensorflow as tf
 
-from easyrl.algorithms.contract import LearnStep
+from easyrl.algorithms.contract import Flow, LearnStep
 from easyrl.algorithms.dqn import FLOW, Params, actor_epsilon
 from easyrl.algorithms.nstep import NStepAccumulator
 from easyrl.algorithms.shared import CompiledGreedy, compiled, flat_gradients
@@ -51,7 +51,7 @@ class DQN(CompiledGreedy):
         seed: initialisation seed (every role builds identical initial values).
     """
 
-    flow = FLOW
+    flow: Flow = FLOW
 
     def __init__(self, params: Params, obs_space, action_space, model, seed: int = 0):
         if not isinstance(action_space, gym.spaces.Discrete):

@@ -11,11 +11,12 @@ from typing import Literal
 
 import numpy as np
 
+from easyrl.algorithms.contract import Flow, ReplayKind, RoundsAgent
 from easyrl.errors import ConfigError
 
-FLOW = "sync_rounds"
+FLOW: Flow = "sync_rounds"
 """Execution flow: actors evaluate a round of perturbations of one weight round."""
-REPLAY_KINDS = ("aggregate",)
+REPLAY_KINDS: tuple[ReplayKind, ...] = ("aggregate",)
 """Replay tables ES works with: rounds of (seed, returns) records."""
 
 
@@ -171,7 +172,9 @@ def es_gradient(
     return grad.astype(np.float32)
 
 
-def build(params: Params, obs_space, action_space, model, seed: int = 0, learner: bool = False):
+def build(
+    params: Params, obs_space, action_space, model, seed: int = 0, learner: bool = False
+) -> RoundsAgent:
     """Builds the TF side of ES (imports TensorFlow; see `agent.ES`); every role builds the
     same policy, whatever `learner` says.
 

@@ -12,7 +12,7 @@ import gymnasium as gym
 import numpy as np
 import tensorflow as tf
 
-from easyrl.algorithms.contract import LearnStep
+from easyrl.algorithms.contract import Flow, LearnStep
 from easyrl.algorithms.es import FLOW, Params, es_gradient, noise
 from easyrl.algorithms.shared import CompiledGreedy, compiled
 from easyrl.errors import ConfigError
@@ -53,7 +53,7 @@ class ES(CompiledGreedy):
         ConfigError: unsupported model kind, observation or action space.
     """
 
-    flow = FLOW
+    flow: Flow = FLOW
 
     def __init__(self, params: Params, obs_space, action_space, model, seed: int = 0):
         if model.kind != "mlp":

@@ -25,14 +25,15 @@ from typing import TYPE_CHECKING, Literal
 import gymnasium as gym
 import numpy as np
 
+from easyrl.algorithms.contract import Flow, ReplayAgent, ReplayKind
 from easyrl.errors import ConfigError
 
 if TYPE_CHECKING:
     from easyrl.algorithms import a3c
 
-FLOW = "async_replay"
+FLOW: Flow = "async_replay"
 """Execution flow: actors ship unrolls, learners sample batches of them asynchronously."""
-REPLAY_KINDS = ("trajectory",)
+REPLAY_KINDS: tuple[ReplayKind, ...] = ("trajectory",)
 """Replay tables IMPALA works with: a FIFO table of whole unrolls."""
 MODEL_KINDS = ("mlp", "conv", "custom")
 """Network kinds: MLP, conv torso, or a custom `module:Class` torso."""
@@ -118,7 +119,7 @@ class AgentParams:
 
     name: str
     """Algorithm name used in error messages ("impala" or "a3c")."""
-    flow: str
+    flow: Flow
     """Execution flow the agent serves (the runtime reads `agent.flow`)."""
     unroll_length: int
     """T: env steps per unroll."""
@@ -226,7 +227,9 @@ def replay_spec(params: Params, obs_space, action_space) -> dict:
     return unroll_spec(params.unroll_length, obs_space, action_space)
 
 
-def build(params: Params, obs_space, action_space, model, seed: int = 0, learner: bool = False):
+def build(
+    params: Params, obs_space, action_space, model, seed: int = 0, learner: bool = False
+) -> ReplayAgent:
     """Builds the TF side of IMPALA (imports TensorFlow; see `agent.IMPALA`); every role
     builds the same network, whatever `learner` says.
 

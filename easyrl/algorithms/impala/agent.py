@@ -12,7 +12,7 @@ with vs_t and pg_advantage_t the V-trace targets (see `vtrace`), held constant.
 import numpy as np
 import tensorflow as tf
 
-from easyrl.algorithms.contract import LearnStep
+from easyrl.algorithms.contract import Flow, LearnStep
 from easyrl.algorithms.impala import FLOW, AgentParams, check_spaces, unroll_spec
 from easyrl.algorithms.shared import (
     CompiledGreedy,
@@ -113,7 +113,7 @@ class IMPALA(CompiledGreedy, NoTargetNetwork):
         ConfigError: unsupported spaces or model kind.
     """
 
-    flow = FLOW
+    flow: Flow = FLOW
     """Execution flow (an instance built for A3C says "actor_gradients")."""
 
     def __init__(self, params: AgentParams, obs_space, action_space, model, seed: int = 0):

@@ -32,11 +32,12 @@ from typing import ClassVar
 import gymnasium as gym
 import numpy as np
 
+from easyrl.algorithms.contract import Flow, ReplayAgent, ReplayKind
 from easyrl.errors import ConfigError
 
-FLOW = "async_replay"
+FLOW: Flow = "async_replay"
 """Execution flow: actors ship logged steps, learners turn them into A/b increments."""
-REPLAY_KINDS = ("trajectory",)
+REPLAY_KINDS: tuple[ReplayKind, ...] = ("trajectory",)
 """A FIFO table: every logged step reaches exactly one learner batch (one update of A/b)."""
 
 
@@ -94,7 +95,9 @@ def replay_spec(params: Params, obs_space, action_space) -> dict:
     }
 
 
-def build(params: Params, obs_space, action_space, model, seed: int = 0, learner: bool = False):
+def build(
+    params: Params, obs_space, action_space, model, seed: int = 0, learner: bool = False
+) -> ReplayAgent:
     """Builds the TF side of LinUCB (imports TensorFlow; see `agent.LinUCB`); `model`,
     `seed` and `learner` do not matter: A and b start at ridge * I and 0 everywhere.
 

@@ -17,7 +17,7 @@ docstring).
 import numpy as np
 import tensorflow as tf
 
-from easyrl.algorithms.contract import LearnStep
+from easyrl.algorithms.contract import Flow, LearnStep
 from easyrl.algorithms.linucb import FLOW, Params, replay_spec
 from easyrl.algorithms.shared import CompiledGreedy, NoTargetNetwork, checked_columns, compiled
 from easyrl.errors import EasyRLError
@@ -45,7 +45,7 @@ class LinUCB(CompiledGreedy, NoTargetNetwork):
         action_space: a Discrete action space (K arms).
     """
 
-    flow = FLOW
+    flow: Flow = FLOW
 
     def __init__(self, params: Params, obs_space, action_space):
         self.params = params

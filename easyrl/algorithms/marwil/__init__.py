@@ -26,12 +26,13 @@ from typing import Literal
 import gymnasium as gym
 import numpy as np
 
+from easyrl.algorithms.contract import Flow, ReplayKind, ReplayLearner
 from easyrl.errors import ConfigError
 from easyrl.offline.dataset import episode_bounds
 
-FLOW = "async_replay"
+FLOW: Flow = "async_replay"
 """Execution flow: the learner samples the memory shards (which hold the dataset)."""
-REPLAY_KINDS = ("uniform",)
+REPLAY_KINDS: tuple[ReplayKind, ...] = ("uniform",)
 """Replay tables MARWIL works with: the dataset's steps, sampled uniformly."""
 OFFLINE_ONLY = True
 """Trains from `input.dir` only: the config refuses a run without it."""
@@ -157,7 +158,9 @@ def dataset_items(params: Params, steps: dict[str, np.ndarray]) -> dict[str, np.
     }
 
 
-def build(params: Params, obs_space, action_space, model, seed: int = 0, learner: bool = False):
+def build(
+    params: Params, obs_space, action_space, model, seed: int = 0, learner: bool = False
+) -> ReplayLearner:
     """Builds the TF side (see `agent.MARWIL`); every role builds the same networks.
 
     Raises:

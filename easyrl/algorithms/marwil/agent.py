@@ -12,7 +12,7 @@ import gymnasium as gym
 import numpy as np
 import tensorflow as tf
 
-from easyrl.algorithms.contract import LearnStep
+from easyrl.algorithms.contract import Flow, LearnStep
 from easyrl.algorithms.marwil import FLOW, Params
 from easyrl.algorithms.shared import (
     CompiledGreedy,
@@ -41,7 +41,7 @@ class MARWIL(CompiledGreedy, NoTargetNetwork):
         seed: initialisation seed (every role builds identical initial values).
     """
 
-    flow = FLOW
+    flow: Flow = FLOW
 
     def __init__(self, params: Params, obs_space, action_space, model, seed: int = 0):
         self.params = params

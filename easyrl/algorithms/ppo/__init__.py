@@ -18,11 +18,12 @@ from typing import Literal
 import gymnasium as gym
 import numpy as np
 
+from easyrl.algorithms.contract import Flow, ReplayKind, RoundsAgent
 from easyrl.errors import ConfigError
 
-FLOW = "sync_rounds"
+FLOW: Flow = "sync_rounds"
 """Execution flow: actors collect a round under one weight round; one learner trains on it."""
-REPLAY_KINDS = ("aggregate",)
+REPLAY_KINDS: tuple[ReplayKind, ...] = ("aggregate",)
 """Replay tables PPO works with: whole rounds of steps."""
 
 
@@ -206,7 +207,9 @@ def gae(
     return advantages, advantages + np.asarray(values, np.float32)
 
 
-def build(params: Params, obs_space, action_space, model, seed: int = 0, learner: bool = False):
+def build(
+    params: Params, obs_space, action_space, model, seed: int = 0, learner: bool = False
+) -> RoundsAgent:
     """Builds the TF side of PPO (imports TensorFlow; see `agent.PPO`). Only a learner
     (`learner=True`) splits minibatches over several GPUs; actors never do.
 

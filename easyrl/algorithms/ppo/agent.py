@@ -17,7 +17,7 @@ import gymnasium as gym
 import numpy as np
 import tensorflow as tf
 
-from easyrl.algorithms.contract import LearnStep
+from easyrl.algorithms.contract import Flow, LearnStep
 from easyrl.algorithms.ppo import FLOW, Params, check_spaces, gae
 from easyrl.algorithms.shared import (
     CompiledGreedy,
@@ -60,7 +60,7 @@ class PPO(CompiledGreedy):
         ConfigError: unsupported spaces.
     """
 
-    flow = FLOW
+    flow: Flow = FLOW
 
     def __init__(
         self,

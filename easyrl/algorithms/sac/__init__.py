@@ -18,11 +18,12 @@ from dataclasses import dataclass
 from typing import Literal
 
 from easyrl.algorithms import td3
+from easyrl.algorithms.contract import Flow, PrioritizedAgent, ReplayKind
 from easyrl.errors import ConfigError
 
-FLOW = "async_replay"
+FLOW: Flow = "async_replay"
 """Execution flow: actors ship transitions, learners sample asynchronously."""
-REPLAY_KINDS = ("uniform", "prioritized")
+REPLAY_KINDS: tuple[ReplayKind, ...] = ("uniform", "prioritized")
 """Replay tables SAC works with; the first is the default."""
 
 
@@ -108,7 +109,9 @@ def replay_spec(params: Params, obs_space, action_space) -> dict:
     return td3.replay_spec(params, obs_space, action_space, name="sac")
 
 
-def build(params: Params, obs_space, action_space, model, seed: int = 0, learner: bool = False):
+def build(
+    params: Params, obs_space, action_space, model, seed: int = 0, learner: bool = False
+) -> PrioritizedAgent:
     """Builds the TF side of SAC (imports TensorFlow; see `agent.SAC`); every role builds the
     same networks, whatever `learner` says.
 

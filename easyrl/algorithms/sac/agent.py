@@ -23,7 +23,7 @@ import numpy as np
 import tensorflow as tf
 
 from easyrl.algorithms import shared
-from easyrl.algorithms.contract import LearnStep
+from easyrl.algorithms.contract import Flow, LearnStep
 from easyrl.algorithms.sac import FLOW, Params
 from easyrl.errors import ConfigError
 from easyrl.models import MLP, Dense, FlatVariables, named_variables
@@ -95,7 +95,7 @@ class SAC(shared.PolyakActorCritic):
         ConfigError: unsupported spaces or model.
     """
 
-    flow = FLOW
+    flow: Flow = FLOW
 
     def __init__(self, params: Params, obs_space, action_space, model, seed: int = 0):
         super().__init__("sac", obs_space, action_space, model)

@@ -20,11 +20,12 @@ from typing import Literal
 import gymnasium as gym
 import numpy as np
 
+from easyrl.algorithms.contract import Flow, PrioritizedAgent, ReplayKind
 from easyrl.errors import ConfigError
 
-FLOW = "async_replay"
+FLOW: Flow = "async_replay"
 """Execution flow: actors ship transitions, learners sample asynchronously."""
-REPLAY_KINDS = ("uniform", "prioritized")
+REPLAY_KINDS: tuple[ReplayKind, ...] = ("uniform", "prioritized")
 """Replay tables TD3 works with; the first is the default."""
 
 
@@ -190,7 +191,7 @@ def build(
     seed: int = 0,
     learner: bool = False,
     name: str = "td3",
-):
+) -> PrioritizedAgent:
     """Builds the TF side of TD3 (imports TensorFlow; see `agent.TD3`); every role builds the
     same networks, whatever `learner` says. `name` prefixes the error messages.
 
