@@ -1,0 +1,120 @@
+"""A run directory belongs to one run: a new run never starts in a directory that holds
+another, and resuming one is explicit (`easyrl train --resume RUN_DIR`).
+
+A directory holds a run when it has a `config.yaml`. Starting a run there is refused before
+anything is written, naming the keys whose values differ (those of `algorithm`, `model`,
+`env` and the cluster's shape change what the checkpoints mean). Resuming loads the run's
+own `config.yaml` and accepts overrides only of `RESUMABLE` keys (stop conditions, logging,
+intervals), which are recorded in `resumes.yaml` beside it.
+"""
+
+import json
+from collections.abc import Sequence
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import yaml
+
+from easyrl import config as config_lib
+from easyrl.errors import ConfigError
+
+SHAPING = ("algorithm", "model", "env", "cluster.ps", "cluster.memory", "cluster.learner")
+"""Config keys (and prefixes) whose values the run's checkpoints and replay depend on."""
+RESUMABLE = ("stop", "run.log_interval_s", "run.checkpoint_interval_s", "eval", "security")
+"""Config keys (and prefixes) a resumed run may override."""
+
+
+def flat(raw: Any, prefix: str = "") -> dict[str, Any]:
+    """A nested mapping as {dotted key: leaf value}."""
+    if not isinstance(raw, dict) or not raw:
+        return {prefix: raw}
+    out: dict[str, Any] = {}
+    for key, value in raw.items():
+        out.update(flat(value, f"{prefix}.{key}" if prefix else str(key)))
+    return out
+
+
+def _under(key: str, prefixes: Sequence[str]) -> bool:
+    return any(key == p or key.startswith(p + ".") for p in prefixes)
+
+
+def check_fresh(cfg: config_lib.Config, run_dir: Path) -> None:
+    """Refuses to start run `cfg` in `run_dir` when it holds a run (reads, writes nothing).
+
+    Raises:
+        ConfigError: `run_dir` has a config.yaml; the message names the keys whose values
+            differ from it (algorithm, model, env, cluster shape) and how to resume instead.
+    """
+    saved = run_dir / "config.yaml"
+    if not saved.is_file():
+        return
+    try:
+        theirs = flat(config_lib.to_dict(config_lib.load(saved)))
+    except ConfigError as err:
+        raise ConfigError(
+            f"run.dir: {run_dir} holds a run whose config.yaml does not load here ({err}); "
+            "nothing was changed there: choose another run.dir"
+        ) from err
+    ours = flat(config_lib.to_dict(cfg))
+    differ = sorted(
+        k for k in set(theirs) | set(ours) if _under(k, SHAPING) and theirs.get(k) != ours.get(k)
+    )
+    if "algorithm.name" in differ:  # another algorithm: its parameters differ as a matter of course
+        differ = [k for k in differ if k == "algorithm.name" or not k.startswith("algorithm.")]
+    changes = [f"{k} {theirs.get(k)!r} there, {ours.get(k)!r} here" for k in differ[:8]]
+    more = f" and {len(differ) - 8} more" if len(differ) > 8 else ""
+    what = f"another run ({'; '.join(changes)}{more})" if differ else "a run of this config"
+    raise ConfigError(
+        f"run.dir: {run_dir} holds {what}. Nothing was changed there; resume it with "
+        f"`easyrl train --resume {run_dir}`, or choose another run.dir"
+    )
+
+
+def load_resumed(run_dir: Path, overrides: Sequence[str] = ()) -> config_lib.Config:
+    """The config of the run in `run_dir`, with `overrides` of RESUMABLE keys on top.
+
+    Raises:
+        ConfigError: no run there, or an override of a key the checkpoints depend on.
+    """
+    saved = run_dir / "config.yaml"
+    if not saved.is_file():
+        raise ConfigError(f"--resume: {run_dir} holds no run (no config.yaml)")
+    for override in overrides:
+        key = override.partition("=")[0].strip()
+        if not _under(key, RESUMABLE):
+            raise ConfigError(
+                f"--resume: {key} cannot change when resuming (only "
+                f"{', '.join(RESUMABLE)} can); start a new run for that"
+            )
+    cfg = config_lib.load(saved, overrides)
+    return replace(cfg, run=replace(cfg.run, dir=str(run_dir.resolve())))
+
+
+def record_resume(run_dir: Path, overrides: Sequence[str], elapsed_s: float) -> None:
+    """Appends this resume (its overrides and the run clock it resumed at) to resumes.yaml."""
+    path = run_dir / "resumes.yaml"
+    done = yaml.safe_load(path.read_text()) if path.is_file() else []
+    done.append({"at_elapsed_s": round(elapsed_s, 1), "overrides": list(overrides)})
+    path.write_text(yaml.safe_dump(done, sort_keys=False))
+
+
+def resume_state(run_dir: Path) -> dict[str, float]:
+    """What a run directory's checkpoints hold: PS version, env steps, run clock and replay
+    items (0 for what is missing)."""
+    state = {"version": 0.0, "env_steps": 0.0, "elapsed_s": 0.0, "replay_items": 0.0}
+    checkpoints = run_dir / "checkpoints"
+    ps0 = checkpoints / "ps-0.npz"
+    if ps0.is_file():
+        with np.load(ps0) as data:
+            meta = json.loads(bytes(data["meta"]).decode())
+        state["version"] = float(meta.get("version", 0))
+        state["elapsed_s"] = float(meta.get("elapsed_s", 0.0))
+        counters = meta.get("stats", {}).get("counters", {})
+        state["env_steps"] = float(counters.get("env_steps", 0.0))
+    for snapshot in sorted(checkpoints.glob("memory-*.npz")):
+        with np.load(snapshot) as data:
+            if "inserted" in data.files and "capacity" in data.files:
+                state["replay_items"] += float(min(data["inserted"], data["capacity"]))
+    return state
