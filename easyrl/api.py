@@ -31,6 +31,7 @@ import yaml
 
 from easyrl import config as config_lib
 from easyrl.errors import ConfigError, EasyRLError
+from easyrl.imports import add_import_roots
 
 __all__ = ["TrainResult", "load", "train"]
 
@@ -129,12 +130,9 @@ def load(
     if isinstance(set, str):
         raise ConfigError(f"set: expected a list of dotted.key=value strings, got {set!r}")
     strings = [*set, *_override_strings(overrides, "")]
-    roots = [Path.cwd()]
     if isinstance(config_or_path, str | Path):
-        roots.insert(0, Path(config_or_path).resolve().parent)
-    for root in map(str, roots):
-        if root not in sys.path:
-            sys.path.append(root)
+        add_import_roots(Path(config_or_path).resolve().parent)
+    add_import_roots(Path.cwd())
     if isinstance(config_or_path, str | Path):
         return config_lib.load(config_or_path, strings)
     if isinstance(config_or_path, config_lib.Config):

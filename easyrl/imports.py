@@ -2,6 +2,8 @@
 ids `my_pkg.envs:MyEnv`) and `"module:attribute"` paths (`model.kind: my_pkg.nets:MyTorso`)."""
 
 import importlib
+import sys
+from pathlib import Path
 from types import ModuleType
 from typing import Any
 
@@ -17,7 +19,18 @@ def import_module(name: str, what: str) -> ModuleType:
     try:
         return importlib.import_module(name)
     except ImportError as err:
-        raise ConfigError(f"cannot import module {name!r} of {what}: {err}") from err
+        raise ConfigError(
+            f"cannot import module {name!r} of {what}: {err} (easyrl looks in the config "
+            "file's directory, the current directory and PYTHONPATH)"
+        ) from err
+
+
+def add_import_roots(*roots: str | Path) -> None:
+    """Appends `roots` (absolute) to `sys.path` where missing: where user modules named in a
+    config (a custom env, torso or algorithm) are found, as `easyrl train` finds them."""
+    for root in map(str, (Path(r).resolve() for r in roots)):
+        if root not in sys.path:
+            sys.path.append(root)
 
 
 def load_object(path: str, key: str) -> Any:

@@ -11,6 +11,7 @@ import os
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -328,3 +329,36 @@ def test_tools_on_the_run_directory_of_a_real_training_run(tmp_path):
 
     image = plot([run_dir], tmp_path / "curve.png")
     assert image.read_bytes()[:8] == PNG_MAGIC and image.stat().st_size > 10_000
+
+
+def test_rollout_and_export_of_a_custom_env_run_work_from_where_it_was_started(
+    tmp_path, monkeypatch
+):
+    # A user's directory holding the env module; the run names it by a module:Class path.
+    example = Path(__file__).resolve().parent.parent / "examples" / "custom" / "my_envs.py"
+    (tmp_path / "my_envs.py").write_text(example.read_text())
+    monkeypatch.syspath_prepend(str(tmp_path))  # only to build the run here
+    raw = {**DQN, "env": {"id": "my_envs:Corridor", "kwargs": {"length": 4, "max_steps": 10}}}
+    run_dir, cfg, algo = make_run(tmp_path, "corridor", raw)
+    write_latest(run_dir, cfg, random_values(algo, 0))
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    easyrl = [sys.executable, "-P", "-c", "import sys; from easyrl.cli import main; sys.exit(main())"]
+    for args in (["rollout", "corridor", "--episodes", "1"], ["export", "corridor", "--out", "x"]):
+        done = subprocess.run(
+            [*easyrl, *args], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120
+        )
+        assert done.returncode == 0, done.stderr[-2000:]
+    assert (tmp_path / "x" / "saved_model.pb").is_file()
+    # Elsewhere the module is not found, and the error says where easyrl looked.
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    done = subprocess.run(
+        [*easyrl, "rollout", str(run_dir), "--episodes", "1"],
+        cwd=elsewhere,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode != 0 and "No module named 'my_envs'" in done.stderr
+    assert "PYTHONPATH" in done.stderr

@@ -33,6 +33,7 @@ from easyrl.envs import (
     play_episodes,
 )
 from easyrl.errors import EasyRLError
+from easyrl.imports import add_import_roots
 from easyrl.seeds import derive_seed
 
 __all__ = [
@@ -102,6 +103,7 @@ def run_config(run_dir: str | Path) -> config_lib.Config:
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
         raise EasyRLError(f"run directory {str(run_dir)!r} does not exist")
+    add_import_roots(Path.cwd())  # custom modules the run names, as `easyrl train` finds them
     path = run_dir / "config.yaml"
     if not path.is_file():
         raise EasyRLError(
