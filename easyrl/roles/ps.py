@@ -312,6 +312,7 @@ class ParameterServer(pb_grpc.ParameterServerServicer):
             stop_reason=self.stop_reason,
             counters=counters,
             recent_returns=returns,
+            elapsed_s=self.elapsed() if self.stats is not None else 0.0,
         )
 
     def Shutdown(self, request, context):

@@ -22,6 +22,8 @@ class Status(NamedTuple):
     stopping: bool
     stop_reason: str
     counters: dict[str, float]
+    elapsed_s: float
+    """The run clock (PS shard 0; 0 elsewhere): what metrics and stop conditions read."""
 
 
 class Pulled(NamedTuple):
@@ -74,7 +76,8 @@ class ShardClient:
 
     def status(self) -> Status:
         reply = self.call("Status", pb.StatusRequest())
-        return Status(reply.version, reply.stopping, reply.stop_reason, dict(reply.counters))
+        counters = dict(reply.counters)
+        return Status(reply.version, reply.stopping, reply.stop_reason, counters, reply.elapsed_s)
 
     def shutdown(self) -> None:
         """Asks the shard to checkpoint (PS) and exit."""

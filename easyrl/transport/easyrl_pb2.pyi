@@ -132,7 +132,7 @@ class StatusRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class StatusResponse(_message.Message):
-    __slots__ = ("role", "task", "version", "initialized", "stopping", "counters", "recent_returns", "stop_reason")
+    __slots__ = ("role", "task", "version", "initialized", "stopping", "counters", "recent_returns", "stop_reason", "elapsed_s")
     class CountersEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -148,6 +148,7 @@ class StatusResponse(_message.Message):
     COUNTERS_FIELD_NUMBER: _ClassVar[int]
     RECENT_RETURNS_FIELD_NUMBER: _ClassVar[int]
     STOP_REASON_FIELD_NUMBER: _ClassVar[int]
+    ELAPSED_S_FIELD_NUMBER: _ClassVar[int]
     role: str
     task: int
     version: int
@@ -156,7 +157,8 @@ class StatusResponse(_message.Message):
     counters: _containers.ScalarMap[str, float]
     recent_returns: _containers.RepeatedScalarFieldContainer[float]
     stop_reason: str
-    def __init__(self, role: _Optional[str] = ..., task: _Optional[int] = ..., version: _Optional[int] = ..., initialized: _Optional[bool] = ..., stopping: _Optional[bool] = ..., counters: _Optional[_Mapping[str, float]] = ..., recent_returns: _Optional[_Iterable[float]] = ..., stop_reason: _Optional[str] = ...) -> None: ...
+    elapsed_s: float
+    def __init__(self, role: _Optional[str] = ..., task: _Optional[int] = ..., version: _Optional[int] = ..., initialized: _Optional[bool] = ..., stopping: _Optional[bool] = ..., counters: _Optional[_Mapping[str, float]] = ..., recent_returns: _Optional[_Iterable[float]] = ..., stop_reason: _Optional[str] = ..., elapsed_s: _Optional[float] = ...) -> None: ...
 
 class ShutdownRequest(_message.Message):
     __slots__ = ()
