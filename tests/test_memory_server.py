@@ -9,7 +9,7 @@ import pytest
 
 from easyrl.errors import ReplayError, TransportError
 from easyrl.replay import PrioritizedTable, RateLimiter, UniformTable
-from easyrl.roles.memory import BetaSchedule, MemoryServer
+from easyrl.roles.memory import BetaSchedule, MemoryServer, Op
 from easyrl.transport import codec, rpc
 from easyrl.transport import easyrl_pb2 as pb
 from easyrl.transport import easyrl_pb2_grpc as pb_grpc
@@ -568,11 +568,11 @@ def test_snapshot_then_restore_gives_back_the_table(tmp_path, kind):
     table = make_table()
     memory = MemoryServer(table, RateLimiter(1), BATCH, 2, BetaSchedule(0.4, 1.0, 100))
     try:
-        memory._submit("insert", (make_batch(0, 40), None, 40, lambda: True), 1.0)  # wraps the ring
+        memory._submit(Op("insert", 1.0, batch=make_batch(0, 40), n=40))  # wraps the ring
         path = tmp_path / "checkpoints" / "memory-0.npz"
         assert memory.snapshot(path) == 32
         assert memory.counters["snapshot_items"] == 32
-        state = memory._submit("snapshot", (), 0.0)
+        state = memory._submit(Op("snapshot", 0.0))
     finally:
         memory.close()
     fresh = make_table()
@@ -593,9 +593,9 @@ def test_insert_whose_caller_gave_up_is_not_stored():
         # The call's deadline passed while the op waited in the queue: storing it would
         # make the actor's resend a duplicate.
         with pytest.raises(ReplayError, match="gave up"):
-            memory._submit("insert", (make_batch(0, 8), None, 8, lambda: False), 1.0)
+            memory._submit(Op("insert", 1.0, batch=make_batch(0, 8), n=8, active=lambda: False))
         assert table.size == 0 and memory.counters["inserts_abandoned"] == 8
-        memory._submit("insert", (make_batch(0, 8), None, 8, lambda: True), 1.0)
+        memory._submit(Op("insert", 1.0, batch=make_batch(0, 8), n=8))
         assert table.size == 8 and memory.counters["inserts"] == 8
     finally:
         memory.close()

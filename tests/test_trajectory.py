@@ -1,4 +1,4 @@
-"""The trajectory FIFO of unrolls (easyrl.replay.trajectory) and a memory shard serving it
+"""The trajectory FIFO of unrolls (easyrl.replay `Table.queue`) and a memory shard serving it
 over real gRPC: order, exactly-once delivery, back-pressure, bad input."""
 
 import threading
@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from easyrl.errors import ReplayError, TransportError
-from easyrl.replay.trajectory import FifoLimiter, FifoTable
-from easyrl.roles.memory import BetaSchedule, MemoryServer
+from easyrl.replay import RateLimiter, Table
+from easyrl.roles.memory import BetaSchedule, MemoryServer, Op
 from easyrl.transport import codec, rpc
 from easyrl.transport import easyrl_pb2 as pb
 from easyrl.transport import easyrl_pb2_grpc as pb_grpc
@@ -39,7 +39,7 @@ def indices(batch: dict) -> list[int]:
 
 
 def test_fifo_serves_oldest_first_and_each_unroll_once():
-    table = FifoTable(SPEC, 8)
+    table = Table.queue(SPEC, 8)
     table.insert(unrolls(0, 3))
     table.insert(unrolls(3, 4))
     first = table.sample(5)
@@ -53,7 +53,7 @@ def test_fifo_serves_oldest_first_and_each_unroll_once():
 
 
 def test_fifo_full_insert_and_oversized_sample_change_nothing():
-    table = FifoTable(SPEC, 4)
+    table = Table.queue(SPEC, 4)
     table.insert(unrolls(0, 3))
     with pytest.raises(ReplayError, match="full"):
         table.insert(unrolls(3, 2))
@@ -69,22 +69,22 @@ def test_fifo_full_insert_and_oversized_sample_change_nothing():
 
 
 def test_fifo_limiter_is_the_queue_state():
-    table = FifoTable(SPEC, 4)
-    limiter = FifoLimiter(table)
+    table = Table.queue(SPEC, 4)
+    limiter = RateLimiter.queue(table)
     assert limiter.can_insert(4) and not limiter.can_insert(5) and not limiter.can_sample(1)
     table.insert(unrolls(0, 3))
     assert limiter.can_sample(3) and not limiter.can_sample(4) and not limiter.can_insert(2)
     with pytest.raises(ReplayError, match="must hold one insert"):
         limiter.check_batch_sizes(2, 5)
     with pytest.raises(ReplayError, match="capacity must be an int"):
-        FifoTable(SPEC, 0)
+        Table.queue(SPEC, 0)
 
 
 @pytest.fixture
 def fifo_shard():
     """A memory shard with a 6-unroll FIFO (learner batch 2, prefetch 1) on 127.0.0.1."""
-    table = FifoTable(SPEC, 6)
-    memory = MemoryServer(table, FifoLimiter(table), 2, 1, BetaSchedule(0, 0, 0))
+    table = Table.queue(SPEC, 6)
+    memory = MemoryServer(table, RateLimiter.queue(table), 2, 1, BetaSchedule(0, 0, 0))
     server, port = rpc.make_server("127.0.0.1:0", TOKEN, max_workers=8)
     pb_grpc.add_ReplayMemoryServicer_to_server(memory, server)
     server.start()
@@ -171,14 +171,14 @@ def test_bad_inserts_and_priority_updates_are_invalid_and_change_nothing(fifo_sh
 
 
 def test_fifo_state_dict_round_trip_keeps_order_and_counters():
-    table = FifoTable(SPEC, 4)
+    table = Table.queue(SPEC, 4)
     table.insert(unrolls(0, 3))
     table.sample(2)
     table.insert(unrolls(3, 3))  # wraps the ring: queue holds 2, 3, 4, 5
     state = table.state_dict()
     assert (state["inserted"], state["removed"], state["capacity"]) == (6, 2, 4)
     assert state["data/action"][:, 0].tolist() == [2, 3, 4, 5]
-    fresh = FifoTable(SPEC, 4)
+    fresh = Table.queue(SPEC, 4)
     fresh.load_state_dict(state)
     assert (fresh.size, fresh.inserted, fresh.removed) == (4, 6, 2)
     taken = fresh.sample(4)
@@ -200,11 +200,11 @@ def test_fifo_state_dict_round_trip_keeps_order_and_counters():
     ],
 )
 def test_fifo_bad_state_dict_changes_nothing(change):
-    source = FifoTable(SPEC, 4)
+    source = Table.queue(SPEC, 4)
     source.insert(unrolls(0, 3))
     state = source.state_dict()
     change(state)
-    table = FifoTable(SPEC, 4)
+    table = Table.queue(SPEC, 4)
     table.insert(unrolls(10, 1))
     with pytest.raises(ReplayError, match="state"):
         table.load_state_dict(state)
@@ -215,11 +215,11 @@ def test_fifo_bad_state_dict_changes_nothing(change):
 def test_fifo_shard_snapshot_restores_the_queue(tmp_path):
     from easyrl.roles.memory import restore
 
-    table = FifoTable(SPEC, 8)
-    memory = MemoryServer(table, FifoLimiter(table), 2, 1, BetaSchedule(0, 0, 0))
+    table = Table.queue(SPEC, 8)
+    memory = MemoryServer(table, RateLimiter.queue(table), 2, 1, BetaSchedule(0, 0, 0))
     path = tmp_path / "checkpoints" / "memory-0.npz"
     try:
-        memory._submit("insert", (unrolls(0, 5), None, 5, lambda: True), 1.0)
+        memory._submit(Op("insert", 1.0, batch=unrolls(0, 5), n=5))
         deadline = time.monotonic() + 5
         while memory._ready.qsize() == 0 and time.monotonic() < deadline:
             time.sleep(0.01)  # the table thread prefetches one batch of 2 (taken from the queue)
@@ -227,6 +227,6 @@ def test_fifo_shard_snapshot_restores_the_queue(tmp_path):
         assert memory.counters["snapshot_items"] == 3
     finally:
         memory.close()
-    fresh = FifoTable(SPEC, 8)
+    fresh = Table.queue(SPEC, 8)
     assert restore(fresh, path) == 3
     assert indices(fresh.sample(3).data) == [2, 3, 4]

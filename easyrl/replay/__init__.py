@@ -1,29 +1,51 @@
-"""easyrl.replay: replay tables, their sum tree and the Reverb-style rate limiter.
+"""easyrl.replay: replay tables built by composition, their sum tree and rate limiter.
 
-* ``UniformTable`` / ``PrioritizedTable``: columnar numpy ring buffers with global int64
-  keys, batch insert, batch sample and priority updates.
+* ``Table``: one columnar numpy ring buffer with global int64 keys, composed with a
+  sampler (``Uniform``, ``Prioritized``, ``Fifo``) and a remover (a ring overwrites its
+  oldest items; ``Table.queue`` removes what a sample returns). ``UniformTable`` and
+  ``PrioritizedTable`` name the two rings; ``make_table`` builds a shard's table from the
+  config's ``replay`` section.
+* ``RateLimiter``: a non-blocking Reverb-style state machine: a sample-to-insert ratio
+  (its constructor), ``RateLimiter.min_size`` or ``RateLimiter.queue``; ``make_limiter``
+  pairs one with a table.
+* ``AggregateTable``: the synchronous rounds of PPO/ES (a round is released whole).
 * ``SumTree``: the vectorized sum tree behind proportional prioritized sampling.
-* ``RateLimiter``: a non-blocking sample-to-insert ratio state machine.
 """
 
+from easyrl.replay.aggregate import AggregateTable
 from easyrl.replay.rate_limiter import RateLimiter
 from easyrl.replay.sumtree import SumTree
 from easyrl.replay.tables import (
+    Fifo,
+    Prioritized,
     PrioritizedTable,
     SampleBatch,
+    Sampler,
+    Table,
     TableSpec,
+    Uniform,
     UniformTable,
+    make_limiter,
+    make_table,
     validate_batch,
     validate_spec,
 )
 
 __all__ = [
+    "AggregateTable",
+    "Fifo",
+    "Prioritized",
     "PrioritizedTable",
     "RateLimiter",
     "SampleBatch",
+    "Sampler",
     "SumTree",
+    "Table",
     "TableSpec",
+    "Uniform",
     "UniformTable",
+    "make_limiter",
+    "make_table",
     "validate_batch",
     "validate_spec",
 ]

@@ -3,67 +3,33 @@
 The limiter is a pure, non-blocking state machine: it keeps two counters and answers
 whether an insert or a sample of ``n`` items is legal now. The memory server's table
 thread keeps the pending operations, asks ``can_insert`` / ``can_sample`` and reports what
-it did with ``on_insert`` / ``on_sample``.
+it did with ``on_insert`` / ``on_sample``. One class, configured by named constructors as
+Reverb's are:
 
-Semantics (Reverb's ``SampleToInsertRatio``, counted in items)::
+* ``RateLimiter(min_size_to_sample, samples_per_insert, error_buffer)`` (Reverb's
+  ``SampleToInsertRatio``, in items)::
 
-    diff     = inserts * samples_per_insert - samples
-    min_diff = min_size_to_sample * samples_per_insert - error_buffer
-    max_diff = min_size_to_sample * samples_per_insert + error_buffer
+      diff     = inserts * samples_per_insert - samples
+      min_diff = min_size_to_sample * samples_per_insert - error_buffer
+      max_diff = min_size_to_sample * samples_per_insert + error_buffer
 
-    can_sample(n) = inserts >= min_size_to_sample and diff - n >= min_diff
-    can_insert(n) = diff <= max_diff      # checked before the insert
+      can_sample(n) = inserts >= min_size_to_sample and diff - n >= min_diff
+      can_insert(n) = diff <= max_diff      # checked before the insert
 
-Without ``samples_per_insert`` only the minimum size is enforced (Reverb's ``MinSize``).
+* ``RateLimiter.min_size``: only the minimum size is enforced (Reverb's ``MinSize``).
+* ``RateLimiter.queue``: Reverb's ``Queue`` for a table whose samples remove what they
+  return. Its counters are the table's (``inserted``, ``removed``), so
+  ``diff = inserts - samples`` is the queue length, also after a restore; ``min_diff = 0``,
+  ``max_diff = capacity``, and an insert must fit (``diff + n <= max_diff``).
 """
 
-import math
-from typing import Any
-
-import numpy as np
+from typing import TYPE_CHECKING, Any
 
 from easyrl.errors import ReplayError
+from easyrl.replay.checks import check_int, check_real
 
-
-def _check_count(name: str, value: object, minimum: int) -> int:
-    """Check that ``value`` is an integer (not a bool) >= ``minimum``.
-
-    Args:
-        name: Argument name used in the error message.
-        value: The value to check.
-        minimum: Smallest allowed value.
-
-    Returns:
-        ``value`` as a Python int.
-
-    Raises:
-        ReplayError: If ``value`` is not an integer or is below ``minimum``.
-    """
-    if isinstance(value, bool) or not isinstance(value, int | np.integer):
-        raise ReplayError(f"{name} must be an int, got {type(value).__name__} {value!r}")
-    if value < minimum:
-        raise ReplayError(f"{name} must be >= {minimum}, got {value}")
-    return int(value)
-
-
-def _check_real(name: str, value: object) -> float:
-    """Check that ``value`` is a finite real number (not a bool).
-
-    Args:
-        name: Argument name used in the error message.
-        value: The value to check.
-
-    Returns:
-        ``value`` as a Python float.
-
-    Raises:
-        ReplayError: If ``value`` is not a finite real number.
-    """
-    if isinstance(value, bool) or not isinstance(value, int | float | np.integer | np.floating):
-        raise ReplayError(f"{name} must be a number, got {type(value).__name__} {value!r}")
-    if not math.isfinite(float(value)):
-        raise ReplayError(f"{name} must be finite, got {value!r}")
-    return float(value)
+if TYPE_CHECKING:
+    from easyrl.replay.tables import Table
 
 
 class RateLimiter:
@@ -88,9 +54,11 @@ class RateLimiter:
         samples_per_insert: float | None = None,
         error_buffer: float | None = None,
     ) -> None:
-        self._min_size = _check_count("min_size_to_sample", min_size_to_sample, 1)
+        self._min_size = check_int("min_size_to_sample", min_size_to_sample, 1)
         self._spi: float | None = None
         self._error_buffer: float | None = None
+        self._window: tuple[float, float] | None = None  # (min_diff, max_diff)
+        self._queue: Table | None = None  # a queue's limiter counts what its table does
         if samples_per_insert is None:
             if error_buffer is not None:
                 raise ReplayError(
@@ -98,99 +66,73 @@ class RateLimiter:
                     f"got error_buffer={error_buffer!r} and samples_per_insert=None"
                 )
         else:
-            spi = _check_real("samples_per_insert", samples_per_insert)
+            spi = check_real("samples_per_insert", samples_per_insert)
             if spi <= 0:
                 raise ReplayError(f"samples_per_insert must be > 0, got {spi}")
             if error_buffer is None:
                 raise ReplayError("error_buffer is required when samples_per_insert is given")
-            buffer = _check_real("error_buffer", error_buffer)
+            buffer = check_real("error_buffer", error_buffer)
             if buffer < max(1.0, spi):
                 raise ReplayError(
                     f"error_buffer must be >= max(1.0, samples_per_insert) = {max(1.0, spi)}, "
                     f"got {buffer}"
                 )
-            self._spi = spi
-            self._error_buffer = buffer
+            self._spi, self._error_buffer = spi, buffer
+            centre = self._min_size * spi
+            self._window = (centre - buffer, centre + buffer)
         self._inserts = 0
         self._samples = 0
 
-    @property
-    def min_size_to_sample(self) -> int:
-        """Items that must have been inserted before sampling is allowed.
+    @classmethod
+    def min_size(cls, min_size_to_sample: int) -> "RateLimiter":
+        """Reverb's ``MinSize``: samples wait until ``min_size_to_sample`` items were inserted.
 
-        Returns:
-            The constructor's ``min_size_to_sample``.
+        Raises:
+            ReplayError: If ``min_size_to_sample`` is not an int >= 1.
         """
-        return self._min_size
+        return cls(min_size_to_sample)
 
-    @property
-    def samples_per_insert(self) -> float | None:
-        """Target sample-to-insert ratio.
+    @classmethod
+    def queue(cls, table: "Table") -> "RateLimiter":
+        """Reverb's ``Queue`` on ``table`` (``Table.queue``): an insert waits until it fits
+        in the table's capacity, a sample until ``n`` items are queued.
 
-        Returns:
-            The ratio, or None when ratio limiting is disabled.
+        Raises:
+            ReplayError: If ``table`` does not remove what it samples.
         """
-        return self._spi
-
-    @property
-    def error_buffer(self) -> float | None:
-        """Allowed deviation of ``diff`` from its centre.
-
-        Returns:
-            The buffer, or None when ratio limiting is disabled.
-        """
-        return self._error_buffer
+        if not table.remove_on_sample:
+            raise ReplayError("a queue rate limiter needs a table that removes what it samples")
+        limiter = cls(1, 1.0, 1.0)
+        limiter._window, limiter._error_buffer = (0.0, float(table.capacity)), None
+        limiter._queue = table
+        return limiter
 
     @property
     def inserts(self) -> int:
-        """Total inserted items reported through ``on_insert``.
-
-        Returns:
-            The insert counter.
-        """
-        return self._inserts
+        """Total inserted items reported through ``on_insert`` (a queue's table's)."""
+        return self._inserts if self._queue is None else self._queue.inserted
 
     @property
     def samples(self) -> int:
-        """Total sampled items reported through ``on_sample``.
-
-        Returns:
-            The sample counter.
-        """
-        return self._samples
+        """Total sampled items reported through ``on_sample`` (a queue's table's)."""
+        return self._samples if self._queue is None else self._queue.removed
 
     @property
     def min_diff(self) -> float | None:
-        """Lower bound of ``diff`` after a sample.
-
-        Returns:
-            ``min_size_to_sample * spi - error_buffer``, or None without ratio limiting.
-        """
-        if self._spi is None or self._error_buffer is None:
-            return None
-        return self._min_size * self._spi - self._error_buffer
+        """Lower bound of ``diff`` after a sample, or None without ratio limiting."""
+        return None if self._window is None else self._window[0]
 
     @property
     def max_diff(self) -> float | None:
-        """Upper bound of ``diff`` before an insert.
-
-        Returns:
-            ``min_size_to_sample * spi + error_buffer``, or None without ratio limiting.
-        """
-        if self._spi is None or self._error_buffer is None:
-            return None
-        return self._min_size * self._spi + self._error_buffer
+        """Upper bound of ``diff`` before an insert (after it, for a queue), or None."""
+        return None if self._window is None else self._window[1]
 
     @property
     def diff(self) -> float | None:
-        """Current ``inserts * samples_per_insert - samples``.
-
-        Returns:
-            The difference, or None without ratio limiting.
-        """
+        """Current ``inserts * samples_per_insert - samples``, or None without a ratio."""
         if self._spi is None:
             return None
-        return self._inserts * self._spi - self._samples
+        return self.inserts * self._spi - self.samples
 
     def can_sample(self, n: int) -> bool:
         """Whether sampling ``n`` items is legal now.
@@ -205,8 +147,8 @@ class RateLimiter:
         Raises:
             ReplayError: If ``n`` is not an int >= 1.
         """
-        n = _check_count("n", n, 1)
-        if self._inserts < self._min_size:
+        n = check_int("n", n, 1)
+        if self.inserts < self._min_size:
             return False
         diff, min_diff = self.diff, self.min_diff
         if diff is None or min_diff is None:  # no ratio limiting
@@ -216,52 +158,46 @@ class RateLimiter:
     def can_insert(self, n: int) -> bool:
         """Whether inserting ``n`` items is legal now.
 
-        The check is made before the insert, so a batch of ``n`` items may push ``diff``
-        up to ``max_diff + n * samples_per_insert``; this is what keeps batched inserts
-        from deadlocking.
+        A ratio limiter checks before the insert, so a batch of ``n`` items may push
+        ``diff`` up to ``max_diff + n * samples_per_insert``; this is what keeps batched
+        inserts from deadlocking. A queue's insert must fit: ``diff + n <= max_diff``.
 
         Args:
             n: Items in the insert batch, >= 1.
 
         Returns:
-            True iff ratio limiting is disabled or ``diff <= max_diff``.
+            True iff ratio limiting is disabled or ``diff`` is within ``max_diff``.
 
         Raises:
             ReplayError: If ``n`` is not an int >= 1.
         """
-        _check_count("n", n, 1)
+        n = check_int("n", n, 1)
         diff, max_diff = self.diff, self.max_diff
         if diff is None or max_diff is None:  # no ratio limiting
             return True
-        return diff <= max_diff
+        return diff + (0 if self._queue is None else n) <= max_diff
 
     def on_insert(self, n: int) -> None:
-        """Record that ``n`` items were inserted (the caller checked ``can_insert``).
-
-        Args:
-            n: Items inserted, >= 1.
+        """Record that ``n`` items (an int >= 1) were inserted.
 
         Raises:
             ReplayError: If ``n`` is not an int >= 1.
         """
-        self._inserts += _check_count("n", n, 1)
+        self._inserts += check_int("n", n, 1)
 
     def on_sample(self, n: int) -> None:
-        """Record that ``n`` items were sampled (the caller checked ``can_sample``).
-
-        Args:
-            n: Items sampled, >= 1.
+        """Record that ``n`` items (an int >= 1) were sampled.
 
         Raises:
             ReplayError: If ``n`` is not an int >= 1.
         """
-        self._samples += _check_count("n", n, 1)
+        self._samples += check_int("n", n, 1)
 
     def check_batch_sizes(self, insert_batch: int, sample_batch: int) -> None:
         """Reject batch sizes for which inserters and samplers could deadlock.
 
         A deadlock is a state where both ``can_insert`` and ``can_sample`` are False.
-        Inserts are blocked only when ``diff > max_diff``. Then
+        Ratio limiting blocks inserts only when ``diff > max_diff``. Then
         ``inserts * spi >= diff > min_size * spi + error_buffer``, so the minimum size is
         reached, and the sample is legal iff ``diff - sample_batch >= min_diff``. Since
         ``diff`` can lie arbitrarily close above ``max_diff`` (for general ``spi``), no
@@ -271,23 +207,26 @@ class RateLimiter:
 
         Below the minimum size ``diff < min_size * spi <= max_diff``, so inserts are
         always legal there. ``insert_batch`` does not enter the condition because
-        ``can_insert`` is checked before the insert (an insert batch may overshoot
-        ``max_diff`` by at most ``insert_batch * spi``); it is only validated.
-        Without ratio limiting no deadlock is possible.
+        ``can_insert`` is checked before the insert; it is only validated. Without ratio
+        limiting no deadlock is possible. A queue must hold one insert and one sample.
 
         Args:
             insert_batch: Items per insert call, >= 1.
             sample_batch: Items per sample call, >= 1.
 
         Raises:
-            ReplayError: If a batch size is not an int >= 1, or if
-                ``2 * error_buffer < sample_batch``.
+            ReplayError: If a batch size is not an int >= 1, or if it cannot be served.
         """
-        _check_count("insert_batch", insert_batch, 1)
-        sample_batch = _check_count("sample_batch", sample_batch, 1)
-        if self._error_buffer is None:
-            return
-        if 2 * self._error_buffer < sample_batch:
+        insert_batch = check_int("insert_batch", insert_batch, 1)
+        sample_batch = check_int("sample_batch", sample_batch, 1)
+        if self._queue is not None:
+            capacity = self._queue.capacity
+            if max(insert_batch, sample_batch) > capacity:
+                raise ReplayError(
+                    f"replay.capacity {capacity} (unrolls) must hold one insert "
+                    f"({insert_batch}) and one learner batch ({sample_batch})"
+                )
+        elif self._error_buffer is not None and 2 * self._error_buffer < sample_batch:
             raise ReplayError(
                 f"rate limiter window max_diff - min_diff = 2 * error_buffer = "
                 f"{2 * self._error_buffer} is smaller than sample_batch={sample_batch}: "
@@ -301,15 +240,14 @@ class RateLimiter:
         Returns:
             Plain dict with ``min_size_to_sample``, ``samples_per_insert``,
             ``error_buffer``, ``inserts``, ``samples``, ``diff``, ``min_diff`` and
-            ``max_diff``; the ratio entries (``samples_per_insert``, ``error_buffer``,
-            ``diff``, ``min_diff``, ``max_diff``) are None without ratio limiting.
+            ``max_diff``; the ratio entries are None without ratio limiting.
         """
         return {
             "min_size_to_sample": self._min_size,
             "samples_per_insert": self._spi,
             "error_buffer": self._error_buffer,
-            "inserts": self._inserts,
-            "samples": self._samples,
+            "inserts": self.inserts,
+            "samples": self.samples,
             "diff": self.diff,
             "min_diff": self.min_diff,
             "max_diff": self.max_diff,

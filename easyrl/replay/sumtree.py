@@ -7,27 +7,7 @@ levels (``log2(capacity)`` iterations), never over items.
 import numpy as np
 
 from easyrl.errors import ReplayError
-
-
-def _check_int(name: str, value: object, minimum: int) -> int:
-    """Check that ``value`` is a Python/numpy integer (not a bool) >= ``minimum``.
-
-    Args:
-        name: Argument name used in the error message.
-        value: The value to check.
-        minimum: Smallest allowed value.
-
-    Returns:
-        ``value`` as a Python int.
-
-    Raises:
-        ReplayError: If ``value`` is not an integer or is below ``minimum``.
-    """
-    if isinstance(value, bool) or not isinstance(value, int | np.integer):
-        raise ReplayError(f"{name} must be an int, got {type(value).__name__} {value!r}")
-    if value < minimum:
-        raise ReplayError(f"{name} must be >= {minimum}, got {value}")
-    return int(value)
+from easyrl.replay.checks import check_indices, check_int
 
 
 class SumTree:
@@ -47,7 +27,7 @@ class SumTree:
     """
 
     def __init__(self, capacity: int) -> None:
-        self._capacity = _check_int("capacity", capacity, 1)
+        self._capacity = check_int("capacity", capacity, 1)
         n = 1
         while n < self._capacity:
             n *= 2
@@ -96,12 +76,7 @@ class SumTree:
         Raises:
             ReplayError: If ``indices`` is not 1-D integer or any index is out of range.
         """
-        idx = np.asarray(indices)
-        if idx.ndim != 1:
-            raise ReplayError(f"indices must be 1-D, got shape {idx.shape}")
-        if idx.size and not np.issubdtype(idx.dtype, np.integer):
-            raise ReplayError(f"indices must be integers, got dtype {idx.dtype}")
-        idx = idx.astype(np.int64, copy=False)
+        idx = check_indices("indices", indices)
         if idx.size and (idx.min() < 0 or idx.max() >= self._capacity):
             raise ReplayError(
                 f"leaf indices must be in [0, {self._capacity}), "
@@ -207,7 +182,7 @@ class SumTree:
         Raises:
             ReplayError: If ``batch_size`` < 1 or the tree is empty.
         """
-        batch_size = _check_int("batch_size", batch_size, 1)
+        batch_size = check_int("batch_size", batch_size, 1)
         total = float(self._nodes[1])
         if total <= 0:
             raise ReplayError("cannot sample from a sum tree whose total is 0")

@@ -1,19 +1,34 @@
-"""Columnar replay tables: a uniform table and a proportional prioritized table.
+"""Replay tables by composition: one columnar store, a sampler and a remover.
 
-Both tables keep their items in preallocated numpy ring buffers, one array of shape
+A `Table` keeps its items in preallocated numpy ring buffers, one array of shape
 ``[capacity, *shape]`` per column. Every insert issues global int64 keys from an insertion
-counter: item ``k`` lives in slot ``k % capacity``, and a key is valid iff
-``inserted - capacity <= key < inserted``. Inserts, samples and priority updates are
-vectorized over the batch; no Python loop runs per item.
+counter: item ``k`` lives in slot ``k % capacity``; the stored keys are
+``[inserted - size, inserted)``. What varies is composed in, as Dopamine and Reverb do it:
+
+* the sampler (Dopamine's sampling distribution) picks a sample's items: `Uniform` (with
+  replacement), `Prioritized` (proportional, by a sum tree) or `Fifo` (the oldest first);
+* the remover: a ring overwrites its oldest items when full; a queue
+  (``remove_on_sample``) refuses an insert that does not fit and removes what a sample
+  returns, so every item goes to exactly one sample.
+
+`Table.queue` is the trajectory FIFO of IMPALA-style learning (Reverb's ``Table.queue``:
+FIFO sampler, remove-on-sample, paired with `RateLimiter.queue`). `make_table` and
+`make_limiter` build a memory shard's table and limiter from the config's ``replay``
+section. Inserts, samples and priority updates are vectorized over the batch; no Python
+loop runs per item.
 """
 
-import math
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 import numpy as np
 
 from easyrl.errors import ReplayError
+from easyrl.replay.checks import check_indices, check_int, check_real
+from easyrl.replay.rate_limiter import RateLimiter
 from easyrl.replay.sumtree import SumTree
+
+if TYPE_CHECKING:
+    from easyrl.config import ReplayConfig
 
 TableSpec = dict[str, tuple[tuple[int, ...], np.dtype]]
 """Per-column item shape (without the batch dimension) and dtype, by column name."""
@@ -21,49 +36,7 @@ TableSpec = dict[str, tuple[tuple[int, ...], np.dtype]]
 DATA_PREFIX = "data/"
 """Prefix of the column arrays in a table snapshot (`state_dict`)."""
 
-
-def _check_int(name: str, value: object, minimum: int) -> int:
-    """Check that ``value`` is an integer (not a bool) >= ``minimum``.
-
-    Args:
-        name: Argument name used in the error message.
-        value: The value to check.
-        minimum: Smallest allowed value.
-
-    Returns:
-        ``value`` as a Python int.
-
-    Raises:
-        ReplayError: If ``value`` is not an integer or is below ``minimum``.
-    """
-    if isinstance(value, bool) or not isinstance(value, int | np.integer):
-        raise ReplayError(f"{name} must be an int, got {type(value).__name__} {value!r}")
-    if value < minimum:
-        raise ReplayError(f"{name} must be >= {minimum}, got {value}")
-    return int(value)
-
-
-def _check_real(name: str, value: object, low: float, high: float = math.inf) -> float:
-    """Check that ``value`` is a finite real number in ``[low, high]``.
-
-    Args:
-        name: Argument name used in the error message.
-        value: The value to check.
-        low: Smallest allowed value.
-        high: Largest allowed value.
-
-    Returns:
-        ``value`` as a Python float.
-
-    Raises:
-        ReplayError: If ``value`` is not a finite number in range.
-    """
-    if isinstance(value, bool) or not isinstance(value, int | float | np.integer | np.floating):
-        raise ReplayError(f"{name} must be a number, got {type(value).__name__} {value!r}")
-    as_float = float(value)
-    if not math.isfinite(as_float) or not low <= as_float <= high:
-        raise ReplayError(f"{name} must be finite and in [{low}, {high}], got {value!r}")
-    return as_float
+_NO_PRIORITIES = np.zeros(0)
 
 
 def validate_spec(spec: TableSpec) -> TableSpec:
@@ -154,12 +127,8 @@ def validate_batch(spec: TableSpec, batch: dict[str, np.ndarray]) -> int:
     return n
 
 
-def _check_priorities(priorities: Any, n: int) -> np.ndarray:
+def check_priorities(priorities: Any, n: int) -> np.ndarray:
     """Convert and check a priority vector.
-
-    Args:
-        priorities: Array-like of ``n`` priorities.
-        n: Expected length.
 
     Returns:
         ``[n]`` float64 priorities.
@@ -179,21 +148,6 @@ def _check_priorities(priorities: Any, n: int) -> np.ndarray:
     return values
 
 
-def _check_beta(beta: float | None) -> float:
-    """Check an importance-sampling exponent.
-
-    Args:
-        beta: Exponent in ``[0, 1]``, or None for 0.
-
-    Returns:
-        ``beta`` as a float (0.0 for None).
-
-    Raises:
-        ReplayError: If ``beta`` is not a finite number in ``[0, 1]``.
-    """
-    return 0.0 if beta is None else _check_real("beta", beta, 0.0, 1.0)
-
-
 class SampleBatch(NamedTuple):
     """A sampled batch of items."""
 
@@ -207,233 +161,456 @@ class SampleBatch(NamedTuple):
     """Column name -> ``[B, *shape]`` copies of the sampled items."""
 
 
-class _RingBuffer:
-    """Preallocated columnar ring buffer with global insertion keys.
+class Sampler(Protocol):
+    """How a `Table` picks the items of a sample and what it keeps per item to do so (the
+    defaults: nothing)."""
+
+    state_keys: tuple[str, ...] = ()
+    """Entries the sampler adds to the table's ``state_dict``."""
+
+    def check_priorities(self, priorities: Any, n: int) -> np.ndarray:
+        """Checks an insert's priorities (None: none given) before the table changes.
+
+        Returns:
+            What ``on_insert`` records: ``[n]`` float64 priorities, or an empty array.
+
+        Raises:
+            ReplayError: If the priorities are invalid or not accepted.
+        """
+        ...
+
+    def on_insert(self, slots: np.ndarray, priorities: np.ndarray, first: int) -> None:
+        """Records the items just written to ``slots``: the batch's items from ``first``."""
+
+    def sample(
+        self, table: "Table", batch_size: int, rng: np.random.Generator
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """Picks ``batch_size`` stored items of the (non-empty) table.
+
+        Returns:
+            ``[B]`` slots and the ``[B]`` float64 probability each was drawn with.
+
+        Raises:
+            ReplayError: If no such sample can be drawn now.
+        """
+        ...
+
+    def update(self, table: "Table", keys: Any, priorities: Any) -> int:
+        """Sets the priorities of stored items; returns how many were applied.
+
+        Raises:
+            ReplayError: If a key was never issued, the priorities are invalid, or the
+                sampler has none; nothing is changed then.
+        """
+        ...
+
+    def state(self, slots: np.ndarray) -> dict[str, Any]:
+        """The ``state_keys`` entries for the items in ``slots`` (snapshot order)."""
+        return {}
+
+    def load_state(self, state: dict[str, Any], slots: np.ndarray) -> None:
+        """Restores the ``state_keys`` entries of a snapshot whose items go to ``slots``.
+
+        Raises:
+            ReplayError: If an entry is invalid or does not match; nothing is changed then.
+        """
+
+
+class Uniform(Sampler):
+    """Uniform sampling with replacement; priorities are checked when given, then ignored."""
+
+    def check_priorities(self, priorities: Any, n: int) -> np.ndarray:
+        """Checks the priorities (``[n]``, finite, >= 0) when given; keeps none."""
+        if priorities is not None:
+            check_priorities(priorities, n)
+        return _NO_PRIORITIES
+
+    def sample(
+        self, table: "Table", batch_size: int, rng: np.random.Generator
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """``batch_size`` stored items, each drawn with probability ``1 / size``."""
+        size = table.size
+        slots = (table.removed + rng.integers(0, size, batch_size)) % table.capacity  # [B]
+        return slots, np.full(batch_size, 1.0 / size, dtype=np.float64)
+
+    def update(self, table: "Table", keys: Any, priorities: Any) -> int:
+        """Checks a priority update and ignores it: 0 applied."""
+        array, _ = table.check_keys(keys)
+        check_priorities(priorities, array.size)
+        return 0
+
+
+class Fifo(Sampler):
+    """The oldest items first; no priorities (a queue's sampler)."""
+
+    def check_priorities(self, priorities: Any, n: int) -> np.ndarray:
+        """Refuses priorities."""
+        if priorities is not None:
+            raise ReplayError("a FIFO table takes no priorities")
+        return _NO_PRIORITIES
+
+    def sample(
+        self, table: "Table", batch_size: int, rng: np.random.Generator
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """The ``batch_size`` oldest items (probability 1 each)."""
+        if batch_size > table.size:
+            raise ReplayError(f"batch_size must be in [1, {table.size}] (items queued)")
+        oldest = table.inserted - table.size
+        slots = np.arange(oldest, oldest + batch_size) % table.capacity  # [B]
+        return slots, np.ones(batch_size, dtype=np.float64)
+
+    def update(self, table: "Table", keys: Any, priorities: Any) -> int:
+        """A FIFO has no priorities: always raises ReplayError."""
+        raise ReplayError("a FIFO table has no priorities")
+
+
+class Prioritized(Sampler):
+    """Proportional prioritized sampling (Schaul et al., 2016).
+
+    An item of priority ``p`` is stored with weight ``(p + priority_epsilon) ** alpha`` in
+    a sum tree and drawn with probability ``P(i) = w_i / sum(w)`` by stratified sampling.
+    An insert without priorities gives its items the largest priority seen so far.
 
     Args:
-        spec: Normalised table spec.
-        capacity: Number of slots, >= 1.
+        capacity: Slots of the table, >= 1.
+        alpha: Priority exponent, finite and >= 0 (0 is uniform).
+        priority_epsilon: Added to every priority before the exponent, finite and >= 0.
+
+    Raises:
+        ReplayError: If an argument is invalid.
     """
 
-    def __init__(self, spec: TableSpec, capacity: int) -> None:
-        self.spec = spec
-        self.capacity = capacity
-        self.inserted = 0
-        self.columns = {
-            name: np.zeros((capacity, *shape), dtype=dtype) for name, (shape, dtype) in spec.items()
-        }  # name -> [capacity, *shape]
+    state_keys: tuple[str, ...] = (
+        "priorities",
+        "max_priority",
+        "alpha",
+        "priority_epsilon",
+        "stale_updates",
+    )
 
-    @property
-    def size(self) -> int:
-        """Number of valid items.
+    def __init__(self, capacity: int, alpha: float = 0.6, priority_epsilon: float = 1e-6):
+        self.tree = SumTree(capacity)
+        self.alpha = check_real("alpha", alpha, 0.0)
+        self.priority_epsilon = check_real("priority_epsilon", priority_epsilon, 0.0)
+        self.max_priority = 1.0
+        """Largest raw priority seen so far (initially 1.0), given to new items."""
+        self.stale_updates = 0
+        """Priority updates skipped so far because their key was overwritten."""
 
-        Returns:
-            ``min(inserted, capacity)``.
-        """
-        return min(self.inserted, self.capacity)
-
-    def write(self, batch: dict[str, np.ndarray], n: int) -> tuple[np.ndarray, np.ndarray, int]:
-        """Append a validated batch, keeping only its last ``capacity`` items.
-
-        Args:
-            batch: Batch already checked by ``validate_batch``.
-            n: Its size.
-
-        Returns:
-            ``(keys, slots, first)``: ``[n]`` int64 keys issued for the whole batch,
-            ``[m]`` slots written (``m = min(n, capacity)``), and the batch offset
-            ``first = n - m`` of the first stored item.
-        """
-        keys = np.arange(self.inserted, self.inserted + n, dtype=np.int64)  # [n]
-        first = n - min(n, self.capacity)
-        slots = keys[first:] % self.capacity  # [m], distinct
-        for name, column in self.columns.items():
-            column[slots] = batch[name][first:]
-        self.inserted += n
-        return keys, slots, first
-
-    def slots_to_keys(self, slots: np.ndarray) -> np.ndarray:
-        """Key of the item currently stored in each slot.
-
-        Args:
-            slots: ``[B]`` slots in ``[0, size)``.
-
-        Returns:
-            ``[B]`` int64 keys.
-        """
-        base = max(self.inserted - self.capacity, 0)
-        return (base + (slots - base) % self.capacity).astype(np.int64)
-
-    def check_keys(self, keys: Any) -> tuple[np.ndarray, np.ndarray]:
-        """Validate keys and find those still stored.
-
-        Args:
-            keys: ``[K]`` integer keys.
-
-        Returns:
-            ``(keys, valid)``: ``[K]`` int64 keys and ``[K]`` bool mask of the keys not yet
-            overwritten by the ring.
+    def _values(self, priorities: np.ndarray) -> np.ndarray:
+        """``[K]`` sum-tree weights ``(p + priority_epsilon) ** alpha`` of raw priorities.
 
         Raises:
-            ReplayError: If ``keys`` is not a 1-D integer array or holds a key never
-                issued (``< 0`` or ``>= inserted``).
+            ReplayError: If a weight overflows to infinity.
         """
-        array = np.asarray(keys)
-        if array.ndim != 1:
-            raise ReplayError(f"keys must be 1-D, got shape {array.shape}")
-        if array.size and not np.issubdtype(array.dtype, np.integer):
-            raise ReplayError(f"keys must be integers, got dtype {array.dtype}")
-        array = array.astype(np.int64, copy=False)
-        never_issued = (array < 0) | (array >= self.inserted)  # [K]
-        if np.any(never_issued):
-            raise ReplayError(
-                f"keys {array[never_issued][:5]} were never issued "
-                f"(valid keys are in [0, {self.inserted}))"
-            )
-        return array, array >= self.inserted - self.capacity
+        with np.errstate(over="ignore"):
+            values = (priorities + self.priority_epsilon) ** self.alpha  # [K]
+        if not np.all(np.isfinite(values)):
+            raise ReplayError(f"priorities overflow (p + eps) ** alpha, alpha={self.alpha}")
+        return values
 
-    def gather(self, slots: np.ndarray) -> dict[str, np.ndarray]:
-        """Copy the items in ``slots``.
+    def check_priorities(self, priorities: Any, n: int) -> np.ndarray:
+        """Checks the ``[n]`` raw priorities (None: the largest seen so far for all)."""
+        if priorities is None:
+            raw = np.full(n, self.max_priority, dtype=np.float64)  # [n]
+        else:
+            raw = check_priorities(priorities, n)  # [n]
+        self._values(raw)
+        return raw
 
-        Args:
-            slots: ``[B]`` slots.
+    def on_insert(self, slots: np.ndarray, priorities: np.ndarray, first: int) -> None:
+        """Enters the stored items' weights in the sum tree."""
+        self.tree.update(slots, self._values(priorities[first:]))
+        self.max_priority = max(self.max_priority, float(priorities.max()))
 
-        Returns:
-            Column name -> ``[B, *shape]`` copies.
-        """
-        return {name: column[slots] for name, column in self.columns.items()}
-
-    def state_dict(self) -> dict[str, Any]:
-        """Plain-data snapshot of the buffer.
-
-        Returns:
-            ``capacity`` and ``inserted`` ints, and ``data/<column>`` arrays of shape
-            ``[size, *shape]`` in slot order.
-        """
-        size = self.size
-        state: dict[str, Any] = {"capacity": self.capacity, "inserted": self.inserted}
-        for name, column in self.columns.items():
-            state[DATA_PREFIX + name] = column[:size].copy()
-        return state
-
-    def check_state(self, state: dict[str, Any]) -> int:
-        """Validate a snapshot from ``state_dict`` without changing anything.
-
-        Args:
-            state: The snapshot.
-
-        Returns:
-            The snapshot's ``inserted`` counter.
+    def sample(
+        self, table: "Table", batch_size: int, rng: np.random.Generator
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """Stratified proportional sampling.
 
         Raises:
-            ReplayError: If an entry is missing, the capacity differs, or a column does not
-                match the spec.
+            ReplayError: If all stored priorities are zero.
         """
-        for entry in ("capacity", "inserted"):
-            if entry not in state:
-                raise ReplayError(f"state dict lacks {entry!r}")
-        capacity = _check_int("state['capacity']", state["capacity"], 1)
-        if capacity != self.capacity:
-            raise ReplayError(f"state dict capacity {capacity} != table capacity {self.capacity}")
-        inserted = _check_int("state['inserted']", state["inserted"], 0)
-        size = min(inserted, self.capacity)
-        for name, (shape, dtype) in self.spec.items():
-            array = state.get(DATA_PREFIX + name)
-            if not isinstance(array, np.ndarray):
-                raise ReplayError(f"state dict lacks array {DATA_PREFIX + name!r}")
-            if array.dtype != dtype or array.shape != (size, *shape):
-                raise ReplayError(
-                    f"state dict column {name!r}: expected {dtype} {(size, *shape)}, "
-                    f"got {array.dtype} {array.shape}"
-                )
-        return inserted
+        total = self.tree.total
+        if total <= 0:
+            raise ReplayError("cannot sample: all stored priorities are zero")
+        slots = self.tree.stratified_sample(batch_size, rng)  # [B]
+        return slots, self.tree.get(slots) / total
 
-    def load_state(self, state: dict[str, Any], inserted: int) -> None:
-        """Restore a snapshot already checked by ``check_state``.
+    def update(self, table: "Table", keys: Any, priorities: Any) -> int:
+        """Sets the raw priorities of still-stored items.
 
-        Args:
-            state: The snapshot.
-            inserted: Its ``inserted`` counter.
+        Keys already overwritten by the ring are skipped (and counted in
+        ``stale_updates``). For a key repeated in one call, the last priority wins.
         """
-        size = min(inserted, self.capacity)
-        for name, column in self.columns.items():
-            column[:size] = state[DATA_PREFIX + name]
-            column[size:] = 0
-        self.inserted = inserted
+        array, valid = table.check_keys(keys)  # [K], [K]
+        raw = check_priorities(priorities, array.size)  # [K]
+        values = self._values(raw)  # [K]
+        applied = int(valid.sum())
+        self.stale_updates += array.size - applied
+        if applied:
+            self.tree.update(array[valid] % table.capacity, values[valid])
+            self.max_priority = max(self.max_priority, float(raw[valid].max()))
+        return applied
+
+    def state(self, slots: np.ndarray) -> dict[str, Any]:
+        """``priorities`` (``[size]`` float64 sum-tree weights), ``max_priority``,
+        ``alpha``, ``priority_epsilon`` and ``stale_updates``."""
+        return {
+            "priorities": self.tree.get(slots),
+            "max_priority": self.max_priority,
+            "alpha": self.alpha,
+            "priority_epsilon": self.priority_epsilon,
+            "stale_updates": self.stale_updates,
+        }
+
+    def load_state(self, state: dict[str, Any], slots: np.ndarray) -> None:
+        """Restores the sum tree and counters; ``alpha`` and ``priority_epsilon`` must
+        match this sampler's."""
+        for name, mine in (("alpha", self.alpha), ("priority_epsilon", self.priority_epsilon)):
+            if check_real(f"state[{name!r}]", state[name], 0.0) != mine:
+                raise ReplayError(f"state dict {name} {state[name]} != table {name} {mine}")
+        max_priority = check_real("state['max_priority']", state["max_priority"], 0.0)
+        stale = check_int("state['stale_updates']", state["stale_updates"], 0)
+        tree = SumTree(self.tree.capacity)
+        tree.update(slots, check_priorities(state["priorities"], slots.size))
+        self.tree, self.max_priority, self.stale_updates = tree, max_priority, stale
 
 
-class _Table:
-    """Behaviour shared by the replay tables: spec, ring buffer, RNG and checks.
+class Table:
+    """A replay table: a columnar store of ``capacity`` items, a sampler and a remover.
 
     Args:
         spec: Column name -> (item shape, dtype).
-        capacity: Maximum number of stored items, >= 1.
+        capacity: Most items stored, an int >= 1.
+        sampler: Picks a sample's items (`Uniform`, `Prioritized` or `Fifo`).
+        remove_on_sample: False: a ring that overwrites its oldest items when full. True:
+            a queue that refuses an insert that does not fit and removes what a sample
+            returns (the sampler must be `Fifo`: it returns the oldest items).
         seed: Seed of the sampling RNG, >= 0.
 
     Raises:
         ReplayError: If an argument is invalid.
     """
 
-    def __init__(self, spec: TableSpec, capacity: int, seed: int) -> None:
-        self._ring = _RingBuffer(validate_spec(spec), _check_int("capacity", capacity, 1))
-        self._rng = np.random.default_rng(_check_int("seed", seed, 0))
+    def __init__(
+        self,
+        spec: TableSpec,
+        capacity: int,
+        sampler: Sampler,
+        *,
+        remove_on_sample: bool = False,
+        seed: int = 0,
+    ) -> None:
+        if isinstance(capacity, bool) or not isinstance(capacity, int | np.integer) or capacity < 1:
+            raise ReplayError(f"capacity must be an int >= 1, got {capacity!r}")
+        if remove_on_sample and not isinstance(sampler, Fifo):
+            raise ReplayError("only a FIFO sampler can remove what it samples")
+        self._spec = validate_spec(spec)
+        self._rng = np.random.default_rng(check_int("seed", seed, 0))
+        self.capacity = int(capacity)
+        self.sampler = sampler
+        self.remove_on_sample = remove_on_sample
+        self.inserted = 0
+        """Items ever inserted (the key of the next item)."""
+        self.removed = 0
+        """Items ever removed by samples (a queue's; a ring overwrites instead)."""
+        self._columns = {
+            name: np.zeros((self.capacity, *shape), dtype=dtype)
+            for name, (shape, dtype) in self._spec.items()
+        }  # name -> [capacity, *shape]
+
+    @staticmethod
+    def queue(spec: TableSpec, capacity: int) -> "Table":
+        """Reverb's ``Table.queue``: a FIFO that removes what a sample returns (pair it
+        with ``RateLimiter.queue``: inserts wait for room, samples for items).
+
+        Raises:
+            ReplayError: If an argument is invalid.
+        """
+        return Table(spec, capacity, Fifo(), remove_on_sample=True)
 
     @property
     def spec(self) -> TableSpec:
-        """The normalised table spec.
-
-        Returns:
-            A copy of column name -> (shape, ``np.dtype``).
-        """
-        return dict(self._ring.spec)
-
-    @property
-    def capacity(self) -> int:
-        """Maximum number of stored items.
-
-        Returns:
-            The constructor's capacity.
-        """
-        return self._ring.capacity
+        """A copy of the normalised spec: column name -> (shape, ``np.dtype``)."""
+        return dict(self._spec)
 
     @property
     def size(self) -> int:
-        """Number of items currently stored.
+        """Number of items currently stored."""
+        return min(self.inserted - self.removed, self.capacity)
+
+    def _checked(self, batch: dict[str, np.ndarray], priorities: Any) -> tuple[int, np.ndarray]:
+        n = validate_batch(self._spec, batch)
+        recorded = self.sampler.check_priorities(priorities, n)
+        if self.remove_on_sample and n > self.capacity:
+            raise ReplayError(f"{n} items never fit a queue of {self.capacity}")
+        return n, recorded
+
+    def check_insert(self, batch: dict[str, np.ndarray], priorities: Any = None) -> int:
+        """Checks what an insert can be refused for whatever the table holds.
 
         Returns:
-            ``min(inserted, capacity)``.
-        """
-        return self._ring.size
-
-    @property
-    def inserted(self) -> int:
-        """Number of items ever inserted (the next key to issue).
-
-        Returns:
-            The insertion counter.
-        """
-        return self._ring.inserted
-
-    def _check_sample(self, batch_size: int) -> int:
-        """Check that a sample of ``batch_size`` items is possible.
-
-        Args:
-            batch_size: Requested items, >= 1.
-
-        Returns:
-            ``batch_size`` as an int.
+            The batch size ``n``.
 
         Raises:
-            ReplayError: If ``batch_size`` < 1 or the table is empty.
+            ReplayError: If the batch or priorities are invalid, or a queue can never
+                hold ``n`` items.
         """
-        batch_size = _check_int("batch_size", batch_size, 1)
-        if self._ring.size == 0:
+        return self._checked(batch, priorities)[0]
+
+    def insert(self, batch: dict[str, np.ndarray], priorities: Any = None) -> np.ndarray:
+        """Appends a batch; a ring that cannot hold it all keeps only its last items.
+
+        Args:
+            batch: Column name -> ``[n, *shape]`` arrays matching the spec.
+            priorities: ``[n]`` finite raw priorities >= 0, or None (see the sampler).
+
+        Returns:
+            ``[n]`` int64 keys issued to the batch's items.
+
+        Raises:
+            ReplayError: If the batch or priorities are invalid, or a queue lacks room for
+                them; the table is unchanged.
+        """
+        n, recorded = self._checked(batch, priorities)
+        if self.remove_on_sample and self.size + n > self.capacity:
+            raise ReplayError(
+                f"queue full: {self.size} of {self.capacity} items queued, cannot add {n}"
+            )
+        keys = np.arange(self.inserted, self.inserted + n, dtype=np.int64)  # [n]
+        first = n - min(n, self.capacity)
+        slots = keys[first:] % self.capacity  # [m], distinct
+        for name, column in self._columns.items():
+            column[slots] = batch[name][first:]
+        self.inserted += n
+        self.sampler.on_insert(slots, recorded, first)
+        return keys
+
+    def sample(self, batch_size: int, beta: float | None = None) -> SampleBatch:
+        """Draws ``batch_size`` items (a queue removes them).
+
+        Importance weights are ``w_i = (size * P(i)) ** -beta`` divided by the batch max.
+
+        Args:
+            batch_size: Items to draw, >= 1.
+            beta: Importance-sampling exponent in ``[0, 1]``; None means 0 (all weights 1).
+
+        Returns:
+            The batch.
+
+        Raises:
+            ReplayError: If ``batch_size`` < 1, ``beta`` is invalid, the table is empty,
+                or the sampler cannot draw the batch now.
+        """
+        batch_size = check_int("batch_size", batch_size, 1)
+        beta = 0.0 if beta is None else check_real("beta", beta, 0.0, 1.0)
+        if self.size == 0:
             raise ReplayError("cannot sample from an empty table")
-        return batch_size
+        slots, probabilities = self.sampler.sample(self, batch_size, self._rng)  # [B], [B]
+        weights = (self.size * probabilities) ** -beta  # [B]
+        oldest = self.inserted - self.size
+        batch = SampleBatch(
+            keys=(oldest + (slots - oldest) % self.capacity).astype(np.int64),
+            weights=(weights / weights.max()).astype(np.float32),
+            probabilities=probabilities,
+            data={name: column[slots] for name, column in self._columns.items()},
+        )
+        if self.remove_on_sample:
+            self.removed += batch_size
+        return batch
+
+    def check_keys(self, keys: Any) -> tuple[np.ndarray, np.ndarray]:
+        """Validate keys and find those still stored.
+
+        Returns:
+            ``(keys, valid)``: ``[K]`` int64 keys and the ``[K]`` bool mask of those
+            still stored (not overwritten or removed).
+
+        Raises:
+            ReplayError: If ``keys`` is not a 1-D integer array or holds a key never
+                issued (``< 0`` or ``>= inserted``).
+        """
+        array = check_indices("keys", keys)  # [K]
+        never_issued = (array < 0) | (array >= self.inserted)  # [K]
+        if np.any(never_issued):
+            raise ReplayError(
+                f"keys {array[never_issued][:5]} were never issued "
+                f"(valid keys are in [0, {self.inserted}))"
+            )
+        return array, array >= self.inserted - self.size
+
+    def update_priorities(self, keys: Any, priorities: Any) -> int:
+        """Sets the raw priorities of still-stored items (see the sampler).
+
+        Args:
+            keys: ``[K]`` integer keys.
+            priorities: ``[K]`` finite raw priorities >= 0.
+
+        Returns:
+            The number of updates applied.
+
+        Raises:
+            ReplayError: If a key was never issued, the priorities are invalid, or the
+                sampler has no priorities; nothing is changed then.
+        """
+        return self.sampler.update(self, keys, priorities)
+
+    def state_dict(self) -> dict[str, Any]:
+        """Plain-data snapshot of the table (the sampling RNG is not included).
+
+        Returns:
+            ``capacity`` and ``inserted`` (and a queue's ``removed``) ints,
+            ``data/<column>`` arrays of shape ``[size, *shape]`` (slot order for a ring,
+            the oldest first for a queue) and the sampler's entries.
+        """
+        slots = (self.removed + np.arange(self.size)) % self.capacity  # [size]
+        state: dict[str, Any] = {"capacity": self.capacity, "inserted": self.inserted}
+        if self.remove_on_sample:
+            state["removed"] = self.removed
+        state.update({DATA_PREFIX + name: col[slots] for name, col in self._columns.items()})
+        return {**state, **self.sampler.state(slots)}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore a snapshot from ``state_dict``: the same items, keys and counters.
+
+        Raises:
+            ReplayError: If the snapshot does not match this table (entries, capacity,
+                columns, the sampler's configuration); the table is unchanged.
+        """
+        counters = ["capacity", "inserted", *(["removed"] if self.remove_on_sample else [])]
+        data_keys = [DATA_PREFIX + name for name in self._spec]
+        expected = {*counters, *data_keys, *self.sampler.state_keys}
+        missing, extra = sorted(expected - set(state)), sorted(set(state) - expected, key=str)
+        if missing or extra:
+            raise ReplayError(f"state dict mismatch: missing {missing}, unexpected {extra}")
+        capacity = check_int("state['capacity']", state["capacity"], 1)
+        if capacity != self.capacity:
+            raise ReplayError(f"state dict capacity {capacity} != table capacity {self.capacity}")
+        inserted = check_int("state['inserted']", state["inserted"], 0)
+        removed = check_int("state['removed']", state.get("removed", 0), 0)
+        if removed > inserted or (self.remove_on_sample and inserted - removed > capacity):
+            raise ReplayError(
+                f"state dict holds {inserted - removed} items for capacity {capacity}"
+            )
+        size = min(inserted - removed, capacity)
+        for name, (shape, dtype) in self._spec.items():
+            array = state[DATA_PREFIX + name]
+            got = (array.dtype, array.shape) if isinstance(array, np.ndarray) else array
+            if got != (dtype, (size, *shape)):
+                raise ReplayError(
+                    f"state dict column {name!r}: expected {dtype} {(size, *shape)}, got {got}"
+                )
+        slots = (removed + np.arange(size)) % capacity  # [size]
+        self.sampler.load_state(state, slots)
+        for name, column in self._columns.items():
+            column[:] = 0
+            column[slots] = state[DATA_PREFIX + name]
+        self.inserted, self.removed = inserted, removed
 
 
-class UniformTable(_Table):
-    """Ring-buffer table sampled uniformly with replacement.
+class UniformTable(Table):
+    """A ring sampled uniformly with replacement.
 
     Args:
         spec: Column name -> (item shape, dtype).
@@ -445,107 +622,11 @@ class UniformTable(_Table):
     """
 
     def __init__(self, spec: TableSpec, capacity: int, seed: int = 0) -> None:
-        super().__init__(spec, capacity, seed)
-
-    def insert(self, batch: dict[str, np.ndarray], priorities: Any = None) -> np.ndarray:
-        """Append a batch; if it exceeds the capacity, only its last items are kept.
-
-        Args:
-            batch: Column name -> ``[n, *shape]`` arrays matching the spec.
-            priorities: Ignored, but checked (``[n]``, finite, >= 0) when given.
-
-        Returns:
-            ``[n]`` int64 keys issued to the batch's items.
-
-        Raises:
-            ReplayError: If the batch or priorities are invalid; the table is unchanged.
-        """
-        n = validate_batch(self._ring.spec, batch)
-        if priorities is not None:
-            _check_priorities(priorities, n)
-        keys, _, _ = self._ring.write(batch, n)
-        return keys
-
-    def sample(self, batch_size: int, beta: float | None = None) -> SampleBatch:
-        """Draw ``batch_size`` items uniformly with replacement.
-
-        Args:
-            batch_size: Items to draw, >= 1.
-            beta: Ignored (uniform sampling needs no correction), checked to be in
-                ``[0, 1]`` when given.
-
-        Returns:
-            The batch, with all-ones weights and probabilities ``1 / size``.
-
-        Raises:
-            ReplayError: If ``batch_size`` < 1, ``beta`` is invalid, or the table is empty.
-        """
-        batch_size = self._check_sample(batch_size)
-        _check_beta(beta)
-        size = self._ring.size
-        slots = self._rng.integers(0, size, batch_size)  # [B]
-        return SampleBatch(
-            keys=self._ring.slots_to_keys(slots),
-            weights=np.ones(batch_size, dtype=np.float32),
-            probabilities=np.full(batch_size, 1.0 / size, dtype=np.float64),
-            data=self._ring.gather(slots),
-        )
-
-    def update_priorities(self, keys: Any, priorities: Any) -> int:
-        """Check a priority update and ignore it (uniform tables have no priorities).
-
-        Args:
-            keys: ``[K]`` integer keys.
-            priorities: ``[K]`` finite priorities >= 0.
-
-        Returns:
-            0, the number of updates applied.
-
-        Raises:
-            ReplayError: If a key was never issued or the priorities are invalid.
-        """
-        array, _ = self._ring.check_keys(keys)
-        _check_priorities(priorities, array.size)
-        return 0
-
-    def state_dict(self) -> dict[str, Any]:
-        """Plain-data snapshot of the table (the sampling RNG is not included).
-
-        Returns:
-            ``capacity`` and ``inserted`` ints and ``data/<column>`` arrays of shape
-            ``[size, *shape]`` in slot order.
-        """
-        return self._ring.state_dict()
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore a snapshot from ``state_dict``.
-
-        Args:
-            state: The snapshot; its capacity and columns must match this table.
-
-        Raises:
-            ReplayError: If the snapshot does not match; the table is unchanged.
-        """
-        extra = sorted(set(state) - set(self.state_dict_keys()))
-        if extra:
-            raise ReplayError(f"state dict has unexpected entries {extra}")
-        inserted = self._ring.check_state(state)
-        self._ring.load_state(state, inserted)
-
-    def state_dict_keys(self) -> list[str]:
-        """Names of the entries of ``state_dict``.
-
-        Returns:
-            The entry names.
-        """
-        return ["capacity", "inserted", *(DATA_PREFIX + name for name in self._ring.spec)]
+        super().__init__(spec, capacity, Uniform(), seed=seed)
 
 
-class PrioritizedTable(_Table):
-    """Ring-buffer table with proportional prioritized sampling (Schaul et al., 2016).
-
-    An item of priority ``p`` is stored with weight ``(p + priority_epsilon) ** alpha`` in
-    a sum tree and drawn with probability ``P(i) = w_i / sum(w)`` by stratified sampling.
+class PrioritizedTable(Table):
+    """A ring with proportional prioritized sampling (`Prioritized`).
 
     Args:
         spec: Column name -> (item shape, dtype).
@@ -566,228 +647,70 @@ class PrioritizedTable(_Table):
         seed: int = 0,
         priority_epsilon: float = 1e-6,
     ) -> None:
-        super().__init__(spec, capacity, seed)
-        self._alpha = _check_real("alpha", alpha, 0.0)
-        self._epsilon = _check_real("priority_epsilon", priority_epsilon, 0.0)
-        self._tree = SumTree(self._ring.capacity)
-        self._max_priority = 1.0
-        self._stale_updates = 0
-
-    @property
-    def alpha(self) -> float:
-        """Priority exponent.
-
-        Returns:
-            The constructor's ``alpha``.
-        """
-        return self._alpha
+        self.prioritized = Prioritized(capacity, alpha, priority_epsilon)
+        super().__init__(spec, capacity, self.prioritized, seed=seed)
 
     @property
     def priority_epsilon(self) -> float:
-        """Constant added to priorities before the exponent.
-
-        Returns:
-            The constructor's ``priority_epsilon``.
-        """
-        return self._epsilon
+        """Constant added to priorities before the exponent."""
+        return self.prioritized.priority_epsilon
 
     @property
     def max_priority(self) -> float:
-        """Largest raw priority seen so far (initially 1.0), given to new items.
-
-        Returns:
-            The priority.
-        """
-        return self._max_priority
+        """Largest raw priority seen so far (initially 1.0), given to new items."""
+        return self.prioritized.max_priority
 
     @property
     def stale_updates(self) -> int:
-        """Priority updates skipped so far because their key was overwritten.
-
-        Returns:
-            The running count.
-        """
-        return self._stale_updates
-
-    def _tree_values(self, priorities: np.ndarray) -> np.ndarray:
-        """Map raw priorities to sum-tree weights.
-
-        Args:
-            priorities: ``[K]`` checked raw priorities.
-
-        Returns:
-            ``[K]`` float64 ``(p + priority_epsilon) ** alpha``.
-
-        Raises:
-            ReplayError: If a weight overflows to infinity.
-        """
-        with np.errstate(over="ignore"):
-            values = (priorities + self._epsilon) ** self._alpha  # [K]
-        if not np.all(np.isfinite(values)):
-            raise ReplayError(f"priorities overflow (p + eps) ** alpha, alpha={self._alpha}")
-        return values
+        """Priority updates skipped so far because their key was overwritten."""
+        return self.prioritized.stale_updates
 
     def priorities(self, keys: Any) -> np.ndarray:
-        """Current sum-tree weights ``(p + eps) ** alpha`` of stored items.
-
-        Args:
-            keys: ``[K]`` keys still stored in the table.
-
-        Returns:
-            ``[K]`` float64 weights.
+        """``[K]`` float64 sum-tree weights ``(p + eps) ** alpha`` of stored items.
 
         Raises:
             ReplayError: If a key was never issued or has been overwritten.
         """
-        array, valid = self._ring.check_keys(keys)
+        array, valid = self.check_keys(keys)
         if not np.all(valid):
             raise ReplayError(f"keys {array[~valid][:5]} have been overwritten")
-        return self._tree.get(array % self._ring.capacity)
+        return self.prioritized.tree.get(array % self.capacity)
 
-    def insert(self, batch: dict[str, np.ndarray], priorities: Any = None) -> np.ndarray:
-        """Append a batch; if it exceeds the capacity, only its last items are kept.
 
-        Args:
-            batch: Column name -> ``[n, *shape]`` arrays matching the spec.
-            priorities: ``[n]`` finite raw priorities >= 0, or None to give every item
-                the largest priority seen so far.
+def make_table(r: "ReplayConfig", spec: TableSpec, seed: int = 0) -> Table:
+    """The table of a memory shard of replay kind ``r.kind``: a ring of ``r.capacity``
+    items sampled uniformly or by priority (``r.alpha``), or a trajectory queue.
 
-        Returns:
-            ``[n]`` int64 keys issued to the batch's items.
+    Raises:
+        ReplayError: If the kind has no such table (an aggregate table collects rounds:
+            `AggregateTable`) or an argument is invalid.
+    """
+    if r.kind == "trajectory":
+        return Table.queue(spec, r.capacity)
+    if r.kind == "prioritized":
+        return PrioritizedTable(spec, r.capacity, alpha=r.alpha, seed=seed)
+    if r.kind == "uniform":
+        return UniformTable(spec, r.capacity, seed=seed)
+    raise ReplayError(f"replay.kind {r.kind!r} has no replay table")
 
-        Raises:
-            ReplayError: If the batch or priorities are invalid; the table is unchanged.
-        """
-        n = validate_batch(self._ring.spec, batch)
-        if priorities is None:
-            raw = np.full(n, self._max_priority, dtype=np.float64)  # [n]
-        else:
-            raw = _check_priorities(priorities, n)  # [n]
-        values = self._tree_values(raw)  # [n]
-        keys, slots, first = self._ring.write(batch, n)
-        self._tree.update(slots, values[first:])
-        self._max_priority = max(self._max_priority, float(raw.max()))
-        return keys
 
-    def sample(self, batch_size: int, beta: float | None = None) -> SampleBatch:
-        """Draw ``batch_size`` items by stratified proportional sampling.
+def make_limiter(
+    r: "ReplayConfig", table: Table, num_envs: int, send_every: int, batch_size: int
+) -> RateLimiter:
+    """The rate limiter a memory server pairs with ``table`` (from `make_table`).
 
-        Importance weights are ``w_i = (size * P(i)) ** -beta`` divided by the batch max.
+    A queue gets Reverb's ``Queue`` (its state is the queue's, restored items included;
+    an actor ships one unroll per env); a ring gets ``SampleToInsertRatio`` or ``MinSize``
+    from the config (it counts what this process inserts; an actor ships ``send_every``
+    steps per env). Both are checked against the insert and learner batch sizes.
 
-        Args:
-            batch_size: Items to draw, >= 1.
-            beta: Importance-sampling exponent in ``[0, 1]``; None means 0 (all weights 1).
-
-        Returns:
-            The batch.
-
-        Raises:
-            ReplayError: If ``batch_size`` < 1, ``beta`` is invalid, the table is empty,
-                or all stored priorities are zero.
-        """
-        batch_size = self._check_sample(batch_size)
-        beta = _check_beta(beta)
-        total = self._tree.total
-        if total <= 0:
-            raise ReplayError("cannot sample: all stored priorities are zero")
-        slots = self._tree.stratified_sample(batch_size, self._rng)  # [B]
-        probabilities = self._tree.get(slots) / total  # [B]
-        weights = (self._ring.size * probabilities) ** -beta  # [B]
-        weights = (weights / weights.max()).astype(np.float32)
-        return SampleBatch(
-            keys=self._ring.slots_to_keys(slots),
-            weights=weights,
-            probabilities=probabilities,
-            data=self._ring.gather(slots),
-        )
-
-    def update_priorities(self, keys: Any, priorities: Any) -> int:
-        """Set the raw priorities of still-stored items.
-
-        Keys already overwritten by the ring are skipped (and counted in
-        ``stale_updates``). For a key repeated in one call, the last priority wins.
-
-        Args:
-            keys: ``[K]`` integer keys.
-            priorities: ``[K]`` finite raw priorities >= 0.
-
-        Returns:
-            The number of updates applied (``K`` minus the skipped stale keys).
-
-        Raises:
-            ReplayError: If a key was never issued or the priorities are invalid;
-                nothing is changed then.
-        """
-        array, valid = self._ring.check_keys(keys)  # [K], [K]
-        raw = _check_priorities(priorities, array.size)  # [K]
-        values = self._tree_values(raw)  # [K]
-        applied = int(valid.sum())
-        self._stale_updates += array.size - applied
-        if applied:
-            self._tree.update(array[valid] % self._ring.capacity, values[valid])
-            self._max_priority = max(self._max_priority, float(raw[valid].max()))
-        return applied
-
-    def state_dict(self) -> dict[str, Any]:
-        """Plain-data snapshot of the table (the sampling RNG is not included).
-
-        Returns:
-            The ring entries (``capacity``, ``inserted``, ``data/<column>``) plus
-            ``priorities`` (``[size]`` float64 sum-tree weights in slot order),
-            ``max_priority``, ``alpha`` and ``priority_epsilon`` floats and the
-            ``stale_updates`` int.
-        """
-        state = self._ring.state_dict()
-        state["priorities"] = self._tree.get(np.arange(self._ring.size))
-        state["max_priority"] = self._max_priority
-        state["alpha"] = self._alpha
-        state["priority_epsilon"] = self._epsilon
-        state["stale_updates"] = self._stale_updates
-        return state
-
-    def state_dict_keys(self) -> list[str]:
-        """Names of the entries of ``state_dict``.
-
-        Returns:
-            The entry names.
-        """
-        return [
-            "capacity",
-            "inserted",
-            *(DATA_PREFIX + name for name in self._ring.spec),
-            "priorities",
-            "max_priority",
-            "alpha",
-            "priority_epsilon",
-            "stale_updates",
-        ]
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore a snapshot from ``state_dict``.
-
-        Args:
-            state: The snapshot; capacity, columns, ``alpha`` and ``priority_epsilon``
-                must match this table.
-
-        Raises:
-            ReplayError: If the snapshot does not match; the table is unchanged.
-        """
-        expected = self.state_dict_keys()
-        missing = sorted(set(expected) - set(state))
-        extra = sorted(set(state) - set(expected))
-        if missing or extra:
-            raise ReplayError(f"state dict mismatch: missing {missing}, unexpected {extra}")
-        inserted = self._ring.check_state(state)
-        size = min(inserted, self._ring.capacity)
-        for name, mine in (("alpha", self._alpha), ("priority_epsilon", self._epsilon)):
-            if _check_real(f"state[{name!r}]", state[name], 0.0) != mine:
-                raise ReplayError(f"state dict {name} {state[name]} != table {name} {mine}")
-        max_priority = _check_real("state['max_priority']", state["max_priority"], 0.0)
-        stale = _check_int("state['stale_updates']", state["stale_updates"], 0)
-        leaves = _check_priorities(state["priorities"], size)  # [size]
-        tree = SumTree(self._ring.capacity)
-        tree.update(np.arange(size), leaves)
-        self._ring.load_state(state, inserted)
-        self._tree = tree
-        self._max_priority = max_priority
-        self._stale_updates = stale
+    Raises:
+        ReplayError: If the batch sizes could deadlock or an argument is invalid.
+    """
+    if table.remove_on_sample:
+        limiter = RateLimiter.queue(table)
+        limiter.check_batch_sizes(num_envs, batch_size)
+        return limiter
+    limiter = RateLimiter(r.min_size_to_sample, r.samples_per_insert, r.error_buffer)
+    limiter.check_batch_sizes(send_every * num_envs, batch_size)
+    return limiter

@@ -1,15 +1,17 @@
 """Replay-memory shard: one table, owned by one thread, behind a gRPC service.
 
-gRPC handler threads validate requests and hand them to the table thread through a
-queue; the table thread is the only code that touches the table and the rate
-limiter (no locks on the table). Operations the rate limiter does not allow yet
-wait in a pending list until they are legal or their deadline passes. The table
-thread also keeps a small queue of ready, already-encoded sample batches so a
-learner's Sample call usually returns without waiting for the table.
+gRPC handler threads validate requests and hand them to the table thread as typed
+operations (`Op`); the table thread is the only code that touches the table and the rate
+limiter (no locks on the table). Operations the rate limiter does not allow yet wait in a
+pending list until they are legal or their deadline passes. The table thread also keeps a
+small queue of ready, already-encoded sample batches so a learner's Sample call usually
+returns without waiting for the table.
 
-An aggregate table (synchronous rounds) has no rate limiter and no prefetch: an
-Insert carries its weight round, and a Sample for round r waits until the round is
-complete, then takes all of it.
+A replay table (`replay.Table`: uniform, prioritized or a trajectory queue) is served the
+same way whatever its sampler; `replay.make_table` and `replay.make_limiter` build it and
+its rate limiter from the config. An aggregate table (synchronous rounds) has no rate
+limiter and no prefetch: an Insert carries its weight round, and a Sample for round r
+waits until the round is complete, then takes all of it.
 
 An offline run (`input.dir`) fills a uniform table from the dataset at start (see
 `load_dataset`) and only serves samples: no inserts come, so the rate limiter asks for
@@ -23,19 +25,27 @@ import logging
 import queue
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Literal
 
 import grpc
 import numpy as np
 
 from easyrl.atomic import save_npz
 from easyrl.errors import RateLimitTimeout, ReplayError
-from easyrl.replay.aggregate import AggregateTable
-from easyrl.replay.rate_limiter import RateLimiter
-from easyrl.replay.tables import DATA_PREFIX, PrioritizedTable, UniformTable, validate_batch
-from easyrl.replay.trajectory import FifoLimiter, FifoTable
+from easyrl.replay import (
+    AggregateTable,
+    RateLimiter,
+    Table,
+    UniformTable,
+    make_limiter,
+    make_table,
+    validate_batch,
+)
+from easyrl.replay.tables import DATA_PREFIX
 from easyrl.seeds import derive_seed
 from easyrl.transport import codec
 from easyrl.transport import easyrl_pb2 as pb
@@ -45,14 +55,37 @@ from easyrl.transport.rpc import invalid_argument_on_error, within_deadline
 log = logging.getLogger(__name__)
 
 
-@dataclass
-class _Op:
-    """One request for the table thread."""
+def _always() -> bool:
+    return True
 
-    kind: str  # "insert" | "sample" | "update" | "take_round" | "snapshot"
-    args: tuple
-    deadline: float
+
+def _caller_active(context) -> Callable[[], bool]:
+    """Whether an RPC's caller still waits (always, for a direct call without a context)."""
+    return context.is_active if context is not None else _always
+
+
+@dataclass
+class Op:
+    """One request for the table thread: its kind, how long it may wait for the rate
+    limiter (or its round), and what its kind uses (the others keep their defaults):
+    `batch` (insert), `priorities` (insert, update; None: the table's default), `keys`
+    (update), `n` (items inserted, sampled or updated), `round` (insert and take_round of
+    an aggregate table) and `active` (whether the caller still waits: nothing is stored or
+    released for one that is gone)."""
+
+    kind: Literal["insert", "sample", "update", "take_round", "snapshot"]
+    timeout_s: float
+    batch: dict[str, np.ndarray] = field(default_factory=dict)
+    priorities: np.ndarray | None = None
+    keys: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    n: int = 0
+    round: int = 0
+    active: Callable[[], bool] = _always
+    deadline: float = field(init=False)
     future: Future = field(default_factory=Future)
+
+    def __post_init__(self) -> None:
+        self.deadline = time.monotonic() + self.timeout_s
 
 
 class BetaSchedule:
@@ -72,9 +105,9 @@ class MemoryServer(pb_grpc.ReplayMemoryServicer):
     """A replay shard.
 
     Args:
-        table: a `UniformTable`, `PrioritizedTable`, `FifoTable` or `AggregateTable`.
-        limiter: the shard's rate limiter (a `FifoLimiter` for a FIFO; None for an
-            aggregate table).
+        table: a replay `Table` (any sampler) or an `AggregateTable`.
+        limiter: the rate limiter paired with a replay table (`replay.make_limiter`); None
+            for an aggregate table.
         batch_size: the learners' batch size (prefetched batches have this size).
         prefetch: how many ready batches to keep.
         beta: importance-sampling exponent schedule.
@@ -83,7 +116,7 @@ class MemoryServer(pb_grpc.ReplayMemoryServicer):
 
     def __init__(
         self,
-        table,
+        table: Table | AggregateTable,
         limiter: RateLimiter | None,
         batch_size: int,
         prefetch: int,
@@ -100,9 +133,9 @@ class MemoryServer(pb_grpc.ReplayMemoryServicer):
         self.batch_size = batch_size
         self.shard = shard
         self._beta = beta
-        self._ops: queue.Queue[_Op] = queue.Queue()
+        self._ops: queue.Queue[Op | None] = queue.Queue()
         self._ready: queue.Queue[pb.SampleResponse] = queue.Queue(maxsize=prefetch)
-        self._pending: collections.deque[_Op] = collections.deque()
+        self._pending: collections.deque[Op] = collections.deque()
         self.counters = collections.Counter()
         self.stopping = threading.Event()
         self._thread = threading.Thread(target=self._table_loop, name="table", daemon=True)
@@ -150,62 +183,56 @@ class MemoryServer(pb_grpc.ReplayMemoryServicer):
                 still.append(op)
         self._pending = still
 
-    def _try(self, op: _Op):
+    def _try(self, op: Op):
         """Runs `op` if the rate limiter allows it now; returns its result or None."""
+        table, limiter = self.table, self.limiter
+        if isinstance(table, AggregateTable):
+            return self._try_round(table, op)
+        assert limiter is not None, "a replay table is served with its rate limiter"
         if op.kind == "snapshot":  # a copy taken between two operations: consistent
-            return self.table.state_dict()
-        if self.rounds:
-            return self._try_round(op)
+            return table.state_dict()
         if op.kind == "insert":
-            batch, priorities, n, active = op.args
-            if not active():  # the caller's deadline passed while the op waited: not stored
-                self.counters["inserts_abandoned"] += n
+            if not op.active():  # the caller's deadline passed while the op waited: not stored
+                self.counters["inserts_abandoned"] += op.n
                 raise ReplayError("the caller gave up before the insert ran")
-            if not self.limiter.can_insert(n):
+            if not limiter.can_insert(op.n):
                 return None
-            self.table.insert(batch, priorities)
-            self.limiter.on_insert(n)
-            self.counters["inserts"] += n
-            return pb.InsertResponse(size=self.table.size, inserted=self.table.inserted)
+            table.insert(op.batch, op.priorities)
+            limiter.on_insert(op.n)
+            self.counters["inserts"] += op.n
+            return pb.InsertResponse(size=table.size, inserted=table.inserted)
         if op.kind == "sample":
-            (batch_size,) = op.args
-            if not self.limiter.can_sample(batch_size):
-                return None
-            return self._sample(batch_size)
-        keys, priorities = op.args
-        updated = self.table.update_priorities(keys, priorities)
+            return self._sample(table, limiter, op.n) if limiter.can_sample(op.n) else None
+        updated = table.update_priorities(op.keys, op.priorities)
         self.counters["priority_updates"] += updated
-        self.counters["stale_priority_keys"] += len(keys) - updated
+        self.counters["stale_priority_keys"] += op.n - updated
         return pb.UpdatePrioritiesResponse(updated=updated)
 
-    def _try_round(self, op: _Op):
+    def _try_round(self, table: AggregateTable, op: Op):
         """Aggregate table: inserts always run; a round is taken once complete."""
-        table = self.table
         if op.kind == "insert":
-            batch, round_, n = op.args
-            kept = table.insert(batch, round_)
-            self.counters["inserts" if kept else "refused_stale"] += n
+            kept = table.insert(op.batch, op.round)
+            self.counters["inserts" if kept else "refused_stale"] += op.n
             return pb.InsertResponse(
                 size=table.size, inserted=table.inserted, refused=not kept, round=table.round
             )
-        round_, caller_active = op.args
-        if not caller_active():  # the caller gave up (deadline, crash): keep the round
+        if not op.active():  # the caller gave up (deadline, crash): keep the round
             raise ReplayError("the caller is gone")
-        table.catch_up(round_)
-        if table.round > round_:  # the caller is behind: tell it which round is collected
+        table.catch_up(op.round)
+        if table.round > op.round:  # the caller is behind: tell it which round is collected
             return pb.SampleResponse(ready=False, round=table.round)
-        if table.incomplete_round == round_:
-            return pb.SampleResponse(ready=False, round=round_, incomplete=True)
-        if not table.ready(round_):
+        if table.incomplete_round == op.round:
+            return pb.SampleResponse(ready=False, round=op.round, incomplete=True)
+        if not table.ready(op.round):
             return None
-        batch = table.take(round_)
+        batch = table.take(op.round)
         self.counters["rounds_released"] += 1
         self.counters["samples"] += len(next(iter(batch.values())))
-        return pb.SampleResponse(ready=True, tensors=codec.encode_batch(batch), round=round_)
+        return pb.SampleResponse(ready=True, tensors=codec.encode_batch(batch), round=op.round)
 
-    def _sample(self, batch_size: int) -> pb.SampleResponse:
-        sample = self.table.sample(batch_size, self._beta(self.counters["sample_batches"]))
-        self.limiter.on_sample(batch_size)
+    def _sample(self, table: Table, limiter: RateLimiter, batch_size: int) -> pb.SampleResponse:
+        sample = table.sample(batch_size, self._beta(self.counters["sample_batches"]))
+        limiter.on_sample(batch_size)
         self.counters["samples"] += batch_size
         self.counters["sample_batches"] += 1
         return pb.SampleResponse(
@@ -216,20 +243,20 @@ class MemoryServer(pb_grpc.ReplayMemoryServicer):
         )
 
     def _fill_prefetch(self) -> None:
-        if self.rounds:  # an aggregate table releases whole rounds on request only
+        table, limiter = self.table, self.limiter
+        if isinstance(table, AggregateTable) or limiter is None:  # whole rounds on request
             return
-        while not self._ready.full() and self.limiter.can_sample(self.batch_size):
+        while not self._ready.full() and limiter.can_sample(self.batch_size):
             try:
-                response = self._sample(self.batch_size)
+                response = self._sample(table, limiter, self.batch_size)
             except ReplayError as err:  # e.g. every stored priority is zero: retry later
                 log.debug("prefetch skipped: %s", err)
                 return
             self._ready.put_nowait(response)
 
-    def _submit(self, kind: str, args: tuple, timeout_s: float):
+    def _submit(self, op: Op):
         if self.stopping.is_set():
             raise ReplayError("memory shard is shutting down")
-        op = _Op(kind, args, time.monotonic() + timeout_s)
         self._ops.put(op)
         while True:
             try:
@@ -244,24 +271,20 @@ class MemoryServer(pb_grpc.ReplayMemoryServicer):
     @invalid_argument_on_error
     def Insert(self, request, context):
         batch = codec.decode_batch(request.tensors)
-        n = validate_batch(self.table.spec, batch)
-        if isinstance(self.table, FifoTable) and n > self.table.capacity:  # would wait forever
-            raise ReplayError(f"{n} unrolls never fit a trajectory table of {self.table.capacity}")
         priorities = None
         if request.HasField("priorities"):
-            priorities = codec.decode_array(request.priorities).astype(np.float64)
-            if priorities.shape != (n,) or not np.all(np.isfinite(priorities)):
-                raise ReplayError(f"priorities must be {n} finite values")
-            if np.any(priorities < 0):
-                raise ReplayError("priorities must be >= 0")
-        timeout = within_deadline(context, 5.0)
-        if self.rounds:
+            priorities = codec.decode_array(request.priorities)
+        timeout, table = within_deadline(context, 5.0), self.table
+        if isinstance(table, AggregateTable):
+            n = validate_batch(table.spec, batch)
             if priorities is not None or request.round < 0:
                 raise ReplayError("an aggregate table takes a round >= 0 and no priorities")
-            return self._submit("insert", (batch, request.round, n), timeout)
-        active = context.is_active if context is not None else (lambda: True)
+            return self._submit(Op("insert", timeout, batch=batch, n=n, round=request.round))
+        n = table.check_insert(batch, priorities)  # e.g. more unrolls than a queue ever holds
+        active = _caller_active(context)
+        op = Op("insert", timeout, batch=batch, priorities=priorities, n=n, active=active)
         try:
-            return self._submit("insert", (batch, priorities, n, active), timeout)
+            return self._submit(op)
         except RateLimitTimeout as err:
             context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(err))
 
@@ -269,10 +292,11 @@ class MemoryServer(pb_grpc.ReplayMemoryServicer):
     def Sample(self, request, context):
         if not 0 <= request.timeout_s <= 600:
             raise ReplayError("timeout_s must be in [0, 600]")
-        if self.rounds:
-            return self._take_round(request, context)
-        if not 1 <= request.batch_size <= self.table.capacity:
-            raise ReplayError(f"batch_size must be in [1, {self.table.capacity}]")
+        table = self.table
+        if isinstance(table, AggregateTable):
+            return self._take_round(table, request, context)
+        if not 1 <= request.batch_size <= table.capacity:
+            raise ReplayError(f"batch_size must be in [1, {table.capacity}]")
         if request.batch_size == self.batch_size:
             try:
                 batch = self._ready.get(timeout=request.timeout_s)
@@ -281,21 +305,21 @@ class MemoryServer(pb_grpc.ReplayMemoryServicer):
             self._ops.put(None)  # wake the table thread to refill the prefetch queue
             return batch
         try:
-            return self._submit("sample", (request.batch_size,), request.timeout_s)
+            return self._submit(Op("sample", request.timeout_s, n=request.batch_size))
         except RateLimitTimeout:
             return pb.SampleResponse(ready=False)
 
-    def _take_round(self, request, context) -> pb.SampleResponse:
+    def _take_round(self, table: AggregateTable, request, context) -> pb.SampleResponse:
         if request.round < 0 or request.batch_size != 0:
             raise ReplayError("an aggregate table takes a round >= 0 and batch_size 0 (all of it)")
         # Give up before the caller's deadline does, and never release a round to a caller
         # that is gone: its items would be lost.
         timeout = within_deadline(context, request.timeout_s)
-        active = context.is_active if context is not None else (lambda: True)
+        op = Op("take_round", timeout, round=request.round, active=_caller_active(context))
         try:
-            return self._submit("take_round", (request.round, active), timeout)
+            return self._submit(op)
         except RateLimitTimeout:
-            return pb.SampleResponse(ready=False, round=self.table.round)
+            return pb.SampleResponse(ready=False, round=table.round)
 
     @invalid_argument_on_error
     def UpdatePriorities(self, request, context):
@@ -305,13 +329,14 @@ class MemoryServer(pb_grpc.ReplayMemoryServicer):
         priorities = codec.decode_array(request.priorities)
         if keys.ndim != 1 or keys.dtype.kind not in "iu" or priorities.shape != keys.shape:
             raise ReplayError("keys must be 1-D integers and priorities of the same shape")
-        return self._submit("update", (keys.astype(np.int64), priorities), 0.0)
+        op = Op("update", 0.0, keys=keys.astype(np.int64), priorities=priorities, n=len(keys))
+        return self._submit(op)
 
     def Status(self, request, context):
         snapshot = dict(self.counters)  # the table thread may add keys meanwhile
         counters = {f"memory/{self.shard}/{k}": float(v) for k, v in snapshot.items()}
         counters[f"memory/{self.shard}/size"] = float(self.table.size)
-        if self.rounds:
+        if isinstance(self.table, AggregateTable):
             counters[f"memory/{self.shard}/round"] = float(self.table.round)
             counters[f"memory/{self.shard}/dropped_items"] = float(self.table.refused)
         counters[f"memory/{self.shard}/ready_batches"] = float(self._ready.qsize())
@@ -333,9 +358,9 @@ class MemoryServer(pb_grpc.ReplayMemoryServicer):
 
     @property
     def snapshots(self) -> bool:
-        """Whether this shard's table can be snapshotted (replay and trajectory tables; an
-        aggregate round is not: a restarted shard makes the learner abandon the round)."""
-        return hasattr(self.table, "state_dict")
+        """Whether this shard's table is snapshotted: a replay table is; an aggregate round
+        is not (a restarted shard makes the learner abandon the round)."""
+        return not self.rounds
 
     def snapshot(self, path: Path) -> int:
         """Writes the table to `path` (write, then rename): copied by the table thread between
@@ -344,18 +369,21 @@ class MemoryServer(pb_grpc.ReplayMemoryServicer):
 
         Returns:
             The number of items saved.
+
+        Raises:
+            ReplayError: the table is an aggregate table.
         """
-        if self._thread.is_alive():
-            state = self._submit("snapshot", (), 0.0)
-        else:
-            state = self.table.state_dict()
+        table = self.table
+        if isinstance(table, AggregateTable):
+            raise ReplayError("an aggregate table is not snapshotted")
+        state = self._submit(Op("snapshot", 0.0)) if self._thread.is_alive() else table.state_dict()
         save_npz(path, state)
         items = len(next(v for k, v in state.items() if k.startswith(DATA_PREFIX)))
         self.counters["snapshot_items"] = items
         return items
 
 
-def restore(table, path: Path) -> int:
+def restore(table: Table, path: Path) -> int:
     """Loads a snapshot written by `MemoryServer.snapshot` into a new table.
 
     Returns:
@@ -437,35 +465,26 @@ def build(
     if cfg.input.dir is not None:  # offline: the dataset's items, sampling only
         num_memory = len(cluster.memory) if cluster is not None else 1
         table, shards = load_dataset(cfg, spec, shard, num_memory)
-        limiter = RateLimiter(min(r.min_size_to_sample, table.size))
+        limiter = RateLimiter.min_size(min(r.min_size_to_sample, table.size))
         limiter.on_insert(table.size)  # before the table thread starts reading it
         batch_size = cfg.algorithm.params.batch_size
         memory = MemoryServer(table, limiter, batch_size, r.prefetch, BetaSchedule(0, 0, 0), shard)
         memory.counters.update(loaded_items=table.size, loaded_shards=shards)
         return memory
-    seed = derive_seed(cfg.run.seed, "memory", shard)
-    if r.kind == "aggregate":
+    if r.kind == "aggregate":  # synchronous rounds, sized by the actors shipping here
         from easyrl.algorithms import registry
 
+        if cluster is None:
+            raise ReplayError("an aggregate table needs the cluster to size its rounds")
         module = registry.module(cfg.algorithm.name)
         size = round_size(cfg, module, cluster.actor, len(cluster.memory), shard)
         table = AggregateTable(spec, r.capacity, size, restarted)
         return MemoryServer(table, None, 1, 1, BetaSchedule(0, 0, 0), shard)
     batch_size = cfg.algorithm.params.batch_size
-    if r.kind == "trajectory":  # items are unrolls; one shipment is one unroll per env
-        table = FifoTable(spec, r.capacity)
-        limiter = FifoLimiter(table)
-        limiter.check_batch_sizes(cfg.env.num_envs, batch_size)
-        beta = BetaSchedule(0, 0, 0)
-    else:
-        if r.kind == "prioritized":
-            table = PrioritizedTable(spec, r.capacity, alpha=r.alpha, seed=seed)
-        else:
-            table = UniformTable(spec, r.capacity, seed=seed)
-        limiter = RateLimiter(r.min_size_to_sample, r.samples_per_insert, r.error_buffer)
-        limiter.check_batch_sizes(cfg.actor.send_every * cfg.env.num_envs, batch_size)
-        beta = BetaSchedule(r.beta, r.beta_final, r.beta_anneal_steps)
+    table = make_table(r, spec, seed=derive_seed(cfg.run.seed, "memory", shard))
     restored = restore(table, snapshot) if snapshot is not None else 0
+    limiter = make_limiter(r, table, cfg.env.num_envs, cfg.actor.send_every, batch_size)
+    beta = BetaSchedule(r.beta, r.beta_final, r.beta_anneal_steps)
     memory = MemoryServer(table, limiter, batch_size, r.prefetch, beta, shard)
     memory.counters["restored_items"] = restored
     return memory
