@@ -20,7 +20,7 @@
 # WORKDIR/.easyrl_token (mode 600) and copied to each remote host with ${SCP:-scp} first.
 #
 #   --dry-run   print the commands instead of running them
-#   -- EXTRA... passed to every `easyrl run` (e.g. --set train.lr=1e-4)
+#   -- EXTRA... passed to every `easyrl run` (e.g. --set algorithm.lr=1e-4)
 # EASYRL_STARTUP_DELAY (default 2): seconds to wait after starting the listening roles.
 set -euo pipefail
 

@@ -13,7 +13,7 @@
 #   --num_learners, --num_actors number of learner / actor processes in the cluster
 #   --token_file F   export EASYRL_TOKEN from F's contents (else the environment is left as is)
 #   --log_dir DIR    append stdout/stderr to DIR/ROLE-TASK.log
-#   -- EXTRA...      passed to `easyrl run` unchanged (e.g. --set train.lr=1e-4)
+#   -- EXTRA...      passed to `easyrl run` unchanged (e.g. --set algorithm.lr=1e-4)
 # The cluster flags may be omitted if the cluster comes from EASYRL_CLUSTER or "-- --cluster FILE".
 # The token never goes on a command line. EASYRL_BIN overrides the easyrl executable.
 set -euo pipefail
