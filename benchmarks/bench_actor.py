@@ -153,12 +153,13 @@ class StepsWatcher:
         self._thread.join()
 
 
-def run_actor(cluster, spec, cfg_path: Path, num_envs: int, algo, args) -> dict:
+def run_actor(cluster, local, cfg_path: Path, num_envs: int, algo, args) -> dict:
     """Runs one actor for `args.duration` measured seconds; returns its rate."""
     from easyrl import config as config_lib
     from easyrl.roles.actor import Actor
     from easyrl.roles.common import RoleContext, StopSignal
 
+    spec = local.spec
     ps0 = common.client("ps", spec.ps[0], cluster.token)
     memory = common.client("memory", spec.memory[0], cluster.token)
     inserts_before = memory.call("Status", pb.StatusRequest()).counters.get("memory/0/inserts", 0.0)
@@ -166,7 +167,7 @@ def run_actor(cluster, spec, cfg_path: Path, num_envs: int, algo, args) -> dict:
     overrides = [f"env.num_envs={num_envs}"]
     stop = StopSignal()
     if args.actor_process:
-        process = cluster.start_worker("actor", 0, spec, cfg_path, overrides)
+        (process,) = local.start_role("actor", 1, overrides)
         thread = None
     else:
         cfg = config_lib.load(str(cfg_path), overrides)
@@ -199,7 +200,7 @@ def run_actor(cluster, spec, cfg_path: Path, num_envs: int, algo, args) -> dict:
         if thread is not None:
             thread.join(timeout=30)
         if process is not None:
-            cluster.stop_worker(process)
+            cluster.stop([process])
     inserts_after = memory.call("Status", pb.StatusRequest()).counters.get("memory/0/inserts", 0.0)
     stats = watcher.stats
     ps0.close()
@@ -238,14 +239,14 @@ def main() -> None:
     with common.Cluster() as cluster:
         raw = raw_config(args.config.resolve(), sizes[0], args.capacity)
         cfg_path = common.write_config(raw, cluster.run_dir, "actor.yaml")
-        spec = cluster.start_cli(cfg_path, num_ps=1, num_memory=1, wait=False)
+        local = cluster.start_cli(cfg_path, num_ps=1, num_memory=1, wait=False)
         import tensorflow as tf
 
         from easyrl.roles.common import RoleContext, ShardedWeights
 
         cfg = config_lib.load(str(cfg_path))
         ctx = RoleContext(
-            cfg=cfg, task=0, cluster=spec, token=cluster.token, run_dir=cluster.run_dir
+            cfg=cfg, task=0, cluster=local.spec, token=cluster.token, run_dir=cluster.run_dir
         )
         with tf.device("/CPU:0"):
             algo = ctx.build_algorithm()
@@ -263,7 +264,7 @@ def main() -> None:
             with tf.device("/CPU:0"):
                 plain = plain_loop(cfg_n, algo, args.duration / 2, post=False)
                 post = plain_loop(cfg_n, algo, args.duration, post=True)
-            actor = run_actor(cluster, spec, cfg_path, n, algo, args)
+            actor = run_actor(cluster, local, cfg_path, n, algo, args)
             with tf.device("/CPU:0"):
                 plain = merge(plain, plain_loop(cfg_n, algo, args.duration / 2, post=False))
             p, q, a = (r.median_units_per_s for r in (plain, post, actor["rate"]))

@@ -45,7 +45,7 @@ import common
 import numpy as np
 from bench_memory import ITEM_SPECS, item_bytes, random_batch
 
-from easyrl.cluster.launcher import die_with_parent
+from easyrl.cluster.launcher import Child, die_with_parent, tail
 from easyrl.errors import TransportError
 from easyrl.transport import codec
 from easyrl.transport import easyrl_pb2 as pb
@@ -172,7 +172,7 @@ def raw_config(args) -> dict:
     }
 
 
-def start_shard(cluster: common.Cluster, args) -> common.Server:
+def start_shard(cluster: common.Cluster, args) -> Child:
     """The memory shard: `easyrl run --role memory` for CartPole items, spawned for Atari."""
     raw = raw_config(args)
     if args.items == "cartpole":
@@ -223,8 +223,8 @@ def run_load(args) -> dict:
         while time.monotonic() - start < args.duration:
             time.sleep(RSS_POLL_S)
             rss.append((time.monotonic() - start, common.memory_kib(pid).get("VmRSS", 0)))
-            if not server.alive():
-                raise RuntimeError(f"the memory shard died during the run:\n{server.tail()}")
+            if server.process.poll() is not None:
+                raise RuntimeError(f"the memory shard died during the run:\n{tail(server)}")
         window = time.monotonic() - start
         cpu_after = common.cpu_seconds(pid)
         clients_cpu = sum(common.cpu_seconds(p.pid) or 0.0 for p in procs) - clients_cpu_before

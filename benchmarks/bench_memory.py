@@ -92,12 +92,13 @@ def bench_items(cluster: common.Cluster, items: str, args) -> dict:
     raw = raw_config(args)
     if items == "cartpole" and args.server == "cli":
         config = common.write_config(raw, cluster.run_dir, f"memory-{items}.yaml")
-        cluster_spec = cluster.start_cli(config, num_memory=1)
-        address, how = cluster_spec.memory[0], "`easyrl run --role memory`"
+        cluster.start_cli(config, num_memory=1)
+        how = "`easyrl run --role memory`"
     else:
-        address = cluster.spawn_memory_server(raw, spec).address
+        cluster.spawn_memory_server(raw, spec)
         how = "spawned `memory.build` + `rpc.make_server`"
     server = cluster.servers[-1]
+    address = server.address
     client = common.client("memory", address, cluster.token)
     rng = np.random.default_rng(0)
     per_item = item_bytes(spec)
@@ -190,7 +191,7 @@ def bench_items(cluster: common.Cluster, items: str, args) -> dict:
     status = client.call("Status", pb.StatusRequest())
     result["status"] = {k.split("/", 2)[-1]: v for k, v in status.counters.items()}
     client.close()
-    cluster.stop_servers([server])
+    cluster.stop([server])
     return result
 
 

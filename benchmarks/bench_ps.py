@@ -129,7 +129,7 @@ def start_model(cluster: common.Cluster, name: str, args) -> dict:
     """Starts the PS processes for `name` (one set per shard count) without waiting."""
     config = common.write_config(raw_config(MODELS[name]), cluster.run_dir, f"ps-{name}.yaml")
     before = len(cluster.servers)
-    specs = {n: cluster.start_cli(config, num_ps=n, wait=False) for n in args.shards}
+    specs = {n: cluster.start_cli(config, num_ps=n, wait=False).spec for n in args.shards}
     return {"specs": specs, "servers": cluster.servers[before:]}
 
 
@@ -168,7 +168,7 @@ def bench_model(cluster: common.Cluster, name: str, started: dict, args, rng) ->
         rows[-1]["status"] = bench.clients[0].status().counters
         bench.close()
     t0 = time.monotonic()
-    cluster.stop_servers(started["servers"])
+    cluster.stop(started["servers"])
     print(f"  stopped its PS processes in {time.monotonic() - t0:.1f} s", flush=True)
     return rows
 

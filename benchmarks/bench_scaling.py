@@ -37,7 +37,6 @@ from easyrl.cluster.launcher import LocalCluster
 from easyrl.errors import EasyRLError
 from easyrl.transport import rpc
 
-ROLES = ("ps", "memory", "learner", "actor", "evaluator")
 CPU_ROLES = ("actor", "memory", "learner", "ps", "evaluator", "bench")
 POLL_S = 0.5
 PROJECTION_CORES = (2, 4, 8, 16, 32)
@@ -79,16 +78,10 @@ def measure_point(args, actors: int, memory: int, run_dir: Path) -> dict:
         f"run.dir={run_dir}",
         *args.overrides,
     ]
-    cfg = config_lib.load(args.config_path, overrides)
-    run_dir.mkdir(parents=True)
-    config_path = run_dir / "config.yaml"
-    config_lib.save(cfg, config_path)
-    cluster = LocalCluster(cfg, config_path, rpc.new_token())
+    cluster = LocalCluster(config_lib.load(args.config_path, overrides), rpc.new_token())
     started = time.monotonic()
     try:
-        for role in ROLES:
-            cluster.start_role(role, getattr(cfg.cluster, role))
-        cluster.wait_ready()
+        cluster.start()
         wait(
             cluster,
             common.READY_TIMEOUT_S,

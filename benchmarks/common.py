@@ -1,12 +1,12 @@
 """Shared helpers of the component benchmarks: server processes, timing, RESULTS.md.
 
-Servers run in their own processes, started the way the local launcher starts them
-(`python -m easyrl.cli run --role ps|memory --task I --config CONFIG`, with the cluster
-in EASYRL_CLUSTER and the token in EASYRL_TOKEN), or, where a config cannot express
-what a benchmark needs, as a `multiprocessing` "spawn" child that builds the same
-servicer and `rpc.make_server` directly (`spawn_memory_server`). The benchmark process
-is the client and talks to them with `easyrl.transport.rpc.Client` + the codec, like
-the roles do.
+Servers run in their own processes, started by the local launcher
+(`easyrl.cluster.launcher.LocalCluster.start_role`: `python -m easyrl.cli run --role
+ps|memory --task I`), or, where a config cannot express what a benchmark needs, as a
+`multiprocessing` "spawn" child that builds the same servicer and `rpc.make_server`
+directly (`spawn_memory_server`); the launcher waits for and stops both. The benchmark
+process is the client and talks to them with `easyrl.transport.rpc.Client` + the codec,
+like the roles do.
 
 This module does not import TensorFlow (neither does the spawned memory server).
 """
@@ -18,6 +18,7 @@ import os
 import platform
 import re
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
@@ -31,10 +32,14 @@ from pathlib import Path
 import numpy as np
 import yaml
 
-from easyrl.cluster.launcher import die_with_parent, free_ports, spawn_role
-from easyrl.cluster.spec import CLUSTER_ENV, ClusterSpec
-from easyrl.errors import EasyRLError, TransportError
-from easyrl.transport import easyrl_pb2 as pb
+from easyrl.cluster.launcher import (
+    Child,
+    LocalCluster,
+    die_with_parent,
+    free_ports,
+    stop_children,
+    wait_servers,
+)
 from easyrl.transport import easyrl_pb2_grpc as pb_grpc
 from easyrl.transport import rpc
 
@@ -416,56 +421,56 @@ def client(role: str, address: str, token: str, timeout_s: float = 30.0) -> rpc.
     return rpc.Client(rpc.stub_class(role), address, token, timeout_s=timeout_s)
 
 
+class _Spawned:
+    """A multiprocessing.Process behind the Popen calls the launcher makes."""
+
+    def __init__(self, process):
+        self.process, self.pid = process, process.pid
+
+    def poll(self) -> int | None:
+        return self.process.exitcode
+
+    def send_signal(self, signum: int) -> None:
+        os.kill(self.pid, signum)
+
+    def wait(self, timeout: float | None = None) -> int:
+        self.process.join(timeout)
+        if self.process.exitcode is None:
+            raise subprocess.TimeoutExpired(self.process.name, timeout or 0.0)
+        return self.process.exitcode
+
+
 @dataclass
-class Server:
-    """One server process (a Popen or a multiprocessing.Process) and its address."""
+class Server(Child):
+    """A launcher child for `spawn_memory_server`'s multiprocessing child."""
 
-    role: str
-    task: int
-    address: str
-    process: object
-    log_path: Path | None = None
-
-    def alive(self) -> bool:
-        if isinstance(self.process, subprocess.Popen):
-            return self.process.poll() is None
-        return self.process.is_alive()
-
-    def tail(self, lines: int = 20) -> str:
-        if self.log_path is None or not self.log_path.exists():
-            return ""
-        return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+    def __post_init__(self):
+        if not isinstance(self.process, subprocess.Popen):
+            self.process = _Spawned(self.process)
 
 
 @dataclass
 class Cluster:
-    """Server processes of one benchmark, a token, and a scratch run directory.
+    """The processes of one benchmark: clusters of the local launcher (one per `start_cli`,
+    each with its own ports, run directory and saved config) and spawned memory shards,
+    all with one token, under a scratch directory.
 
-    Use as a context manager: every process it started is shut down on exit
-    (Shutdown RPC, then SIGTERM, then SIGKILL), and the run directory is removed.
+    Use as a context manager: on exit every process is stopped the launcher's way
+    (`stop_children`: workers by SIGTERM, servers by a Shutdown RPC, then SIGKILL), and
+    the scratch directory is removed.
     """
 
     run_dir: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="easyrl-bench-")))
     token: str = field(default_factory=rpc.new_token)
-    servers: list[Server] = field(default_factory=list)
-    workers: list[subprocess.Popen] = field(default_factory=list)
-    starts: int = 0
+    servers: list[Child] = field(default_factory=list)
+    clusters: list[LocalCluster] = field(default_factory=list)
 
     def __enter__(self) -> "Cluster":
         return self
 
     def __exit__(self, *exc) -> None:
-        self.close()
-
-    def env(self, spec: ClusterSpec) -> dict[str, str]:
-        """The environment the launcher gives its children."""
-        env = dict(os.environ)
-        env[CLUSTER_ENV] = spec.to_json()
-        env[rpc.TOKEN_ENV] = self.token
-        env["TF_CPP_MIN_LOG_LEVEL"] = "2"
-        env["PYTHONUNBUFFERED"] = "1"
-        env["CUDA_VISIBLE_DEVICES"] = "-1"
-        return env
+        self.stop()
+        shutil.rmtree(self.run_dir, ignore_errors=True)
 
     def start_cli(
         self,
@@ -475,74 +480,27 @@ class Cluster:
         overrides: Sequence[str] = (),
         actors: int = 1,
         wait: bool = True,
-    ) -> ClusterSpec:
-        """Starts `num_ps` PS and `num_memory` memory shards as `easyrl run` processes,
-        waits until every one answers Status (unless `wait` is false: call `wait_ready`),
-        and returns the cluster spec.
+    ) -> LocalCluster:
+        """Starts `num_ps` PS and `num_memory` memory shards of `config` (+ `overrides`) as
+        `easyrl run` processes of a new `LocalCluster`, waits until every one answers
+        Status (unless `wait` is false: call `wait_ready`), and returns the cluster.
 
-        With num_ps or num_memory 0 the spec still names an (unused) address for it.
-        Each call gets its own run directory (PS shards restore checkpoints from theirs).
+        Its spec names 1 learner and `actors` actors, and an (unused) address for a
+        server role started with 0 processes. Each call gets its own run directory (PS
+        shards restore checkpoints from theirs).
         """
-        ports = free_ports(HOST, max(num_ps, 1) + max(num_memory, 1))
-        ps = tuple(f"{HOST}:{p}" for p in ports[: max(num_ps, 1)])
-        memory = tuple(f"{HOST}:{p}" for p in ports[max(num_ps, 1) :])
-        spec = ClusterSpec(ps=ps, memory=memory, learner=1, actor=actors)
-        self.starts += 1
-        overrides = [f"run.dir={self.run_dir / f'run-{self.starts}'}", *overrides]
-        started = []
-        for role, count in (("ps", num_ps), ("memory", num_memory)):
-            for task in range(count):
-                started.append(
-                    self._spawn(role, task, spec, config, overrides, getattr(spec, role)[task])
-                )
+        from easyrl import config as config_lib
+
+        counts = dict(ps=max(num_ps, 1), memory=max(num_memory, 1), learner=1, actor=actors)
+        overrides = [*overrides, *(f"cluster.{k}={v}" for k, v in counts.items())]
+        overrides.append(f"run.dir={self.run_dir / f'run-{len(self.clusters)}'}")
+        cluster = LocalCluster(config_lib.load(config, overrides), self.token)
+        self.clusters.append(cluster)
+        started = cluster.start_role("ps", num_ps) + cluster.start_role("memory", num_memory)
+        self.servers += started
         if wait:
             self.wait_ready(started)
-        return spec
-
-    def _spawn(self, role, task, spec, config, overrides, address) -> Server:
-        logs = self.run_dir / "logs"
-        logs.mkdir(parents=True, exist_ok=True)
-        log_path = logs / f"{role}-{task}-{len(self.servers)}.log"
-        process = self.popen_role(role, task, spec, config, overrides, log_path)
-        server = Server(role, task, address, process, log_path)
-        self.servers.append(server)
-        return server
-
-    def popen_role(
-        self,
-        role: str,
-        task: int,
-        spec: ClusterSpec,
-        config: Path,
-        overrides: Sequence[str],
-        log_path: Path,
-    ) -> subprocess.Popen:
-        """`python -m easyrl.cli run --role ROLE --task TASK --config CONFIG --set ...`."""
-        return spawn_role(role, task, config, self.env(spec), log_path, overrides, cwd=REPO)
-
-    def start_worker(
-        self, role: str, task: int, spec: ClusterSpec, config: Path, overrides: Sequence[str]
-    ) -> subprocess.Popen:
-        """Starts an actor or learner process (stopped with SIGTERM by `stop_worker`)."""
-        logs = self.run_dir / "logs"
-        logs.mkdir(parents=True, exist_ok=True)
-        log_path = logs / f"{role}-{task}-{len(self.workers)}.log"
-        overrides = [f"run.dir={self.run_dir / 'workers'}", *overrides]
-        process = self.popen_role(role, task, spec, config, overrides, log_path)
-        self.workers.append(process)
-        return process
-
-    @staticmethod
-    def stop_worker(process: subprocess.Popen, grace_s: float = 10.0) -> int:
-        """SIGTERM (a clean stop for the roles), then SIGKILL after `grace_s`."""
-        if process.poll() is None:
-            process.send_signal(signal.SIGTERM)
-            try:
-                process.wait(timeout=grace_s)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
-        return process.returncode
+        return cluster
 
     def spawn_memory_server(self, raw_config: dict, spec: dict) -> Server:
         """Starts a memory shard in a multiprocessing "spawn" child that builds
@@ -563,77 +521,17 @@ class Cluster:
         self.wait_ready([server])
         return server
 
-    def wait_ready(self, servers: Sequence[Server]) -> None:
-        """Blocks until every server answers Status."""
-        deadline = time.monotonic() + READY_TIMEOUT_S
-        for server in servers:
-            c = client(server.role, server.address, self.token, timeout_s=2.0)
-            try:
-                while True:
-                    if not server.alive():
-                        raise EasyRLError(
-                            f"{server.role}-{server.task} exited during start-up:\n{server.tail()}"
-                        )
-                    try:
-                        c.call("Status", pb.StatusRequest(), retry_s=0.5)
-                        break
-                    except TransportError:
-                        if time.monotonic() > deadline:
-                            raise EasyRLError(f"{server.role} did not become ready") from None
-            finally:
-                c.close()
+    def wait_ready(self, servers: Sequence[Child]) -> None:
+        """Blocks until every one of `servers` answers Status."""
+        wait_servers(servers, self.token)
 
-    def stop_servers(self, servers: Sequence[Server] | None = None, grace_s: float = 15.0) -> None:
-        """Shutdown RPC to each server, then SIGTERM / SIGKILL what outlives `grace_s`."""
-        servers = list(self.servers if servers is None else servers)
-        for server in servers:
-            if not server.alive():
-                continue
-            c = client(server.role, server.address, self.token, timeout_s=5.0)
-            try:
-                c.call("Shutdown", pb.ShutdownRequest(), retry_s=0.0)
-            except TransportError:
-                _terminate(server.process)
-            finally:
-                c.close()
-        deadline = time.monotonic() + grace_s
-        for server in servers:
-            _wait(server.process, max(0.0, deadline - time.monotonic()))
-            if server.alive():
-                _terminate(server.process)
-                _wait(server.process, 5.0)
-            if server.alive():
-                server.process.kill()
-                _wait(server.process, 5.0)
-        self.servers = [s for s in self.servers if s not in servers]
-
-    def close(self) -> None:
-        """Stops every worker and server this cluster started; removes the run dir."""
-        import shutil
-
-        for process in self.workers:
-            self.stop_worker(process)
-        self.workers = []
-        self.stop_servers()
-        shutil.rmtree(self.run_dir, ignore_errors=True)
-
-
-def _terminate(process) -> None:
-    if isinstance(process, subprocess.Popen):
-        if process.poll() is None:
-            process.send_signal(signal.SIGTERM)
-    elif process.is_alive():
-        process.terminate()
-
-
-def _wait(process, timeout_s: float) -> None:
-    if isinstance(process, subprocess.Popen):
-        try:
-            process.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            return
-    else:
-        process.join(timeout_s)
+    def stop(self, children: Sequence[Child] | None = None) -> None:
+        """Stops `children` (default: every process started here; see `stop_children`)."""
+        if children is None:
+            workers = [c for x in self.clusters for c in x.children if c.address is None]
+            children = workers + self.servers
+        stop_children(children, self.token)
+        self.servers = [s for s in self.servers if s not in children]
 
 
 def _memory_server_main(address: str, token: str, raw_config: dict, spec: dict) -> None:

@@ -4,7 +4,8 @@
 workers retry until the servers listen), waits until the servers answer, shows
 progress, restarts crashed processes (see `LocalCluster.check_children`), stops at the
 config's stop condition (decided by PS shard 0) and shuts every process down, leaving
-no orphan (children die with the launcher too).
+no orphan (children die with the launcher too). The component benchmarks start chosen
+roles through the same `LocalCluster.start_role`, `wait_servers` and `stop_children`.
 """
 
 import ctypes
@@ -16,6 +17,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -33,6 +35,8 @@ SERVER_ROLES = ("ps", "memory")
 MAX_RESTARTS = 20
 """A process that crashed this many times ends the run instead of being restarted again."""
 WORKER_ROLES = ("learner", "actor", "evaluator")
+Security = config_lib.SecurityConfig | None
+"""A config's `security` section (None: its defaults: plaintext, token only)."""
 READY_TIMEOUT_S = 120.0
 GRACE_S = 10.0
 _PR_SET_PDEATHSIG = 1
@@ -84,7 +88,6 @@ def spawn_role(
     env: dict[str, str],
     log_path: Path,
     overrides=(),
-    cwd: Path | None = None,
 ) -> subprocess.Popen:
     """Starts `python -m easyrl.cli run --role ROLE --task TASK --config CONFIG` in its own
     session (Ctrl-C reaches the launcher only), logging to `log_path`, dying with its
@@ -100,7 +103,6 @@ def spawn_role(
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
             env=env,
-            cwd=cwd,
             start_new_session=True,
             preexec_fn=die_with_parent,
         )
@@ -108,12 +110,15 @@ def spawn_role(
 
 @dataclass
 class Child:
-    """One role process started by the launcher."""
+    """One role process started by the launcher (a server's with its address), started with
+    `--set` `overrides` (again on a restart)."""
 
     role: str
     task: int
+    address: str | None
     process: subprocess.Popen
-    log_path: Path
+    log_path: Path | None = None
+    overrides: tuple[str, ...] = ()
     restarts: int = 0
 
     @property
@@ -125,15 +130,16 @@ class LocalCluster:
     """Starts, watches and stops the role processes of one run.
 
     Args:
-        cfg: the run's config (its `run.dir` is set).
-        config_path: the saved resolved config the children load.
+        cfg: the run's config (its `run.dir` is set); saved there as config.yaml, which the
+            children load.
         token: the shared auth token, handed to children through the environment.
     """
 
-    def __init__(self, cfg, config_path: Path, token: str):
+    def __init__(self, cfg, token: str):
         self.cfg = cfg
-        self.config_path = config_path
         self.run_dir = Path(cfg.run.dir)
+        self.config_path = self.run_dir / "config.yaml"
+        config_lib.save(cfg, self.config_path)
         self.token = token
         c = cfg.cluster
         ports = free_ports(c.host, c.ps + c.memory)
@@ -158,42 +164,31 @@ class LocalCluster:
             env["CUDA_VISIBLE_DEVICES"] = "-1"  # only learners compute on a GPU
         return env
 
-    def _spawn(self, role: str, task: int) -> subprocess.Popen:
+    def _spawn(self, role: str, task: int, overrides: Sequence[str] = ()) -> subprocess.Popen:
         log_path = self.run_dir / "logs" / f"{role}-{task}.log"
-        return spawn_role(role, task, self.config_path, self._env(role), log_path)
+        return spawn_role(role, task, self.config_path, self._env(role), log_path, overrides)
 
-    def start_role(self, role: str, count: int) -> None:
-        """Starts `count` processes of `role`."""
+    def start_role(self, role: str, count: int, overrides: Sequence[str] = ()) -> list[Child]:
+        """Starts `count` processes of `role` (tasks 0..count-1) with `--set` `overrides`;
+        returns them."""
+        started = []
         for task in range(count):
-            process = self._spawn(role, task)
-            self.children.append(
-                Child(role, task, process, self.run_dir / "logs" / f"{role}-{task}.log")
-            )
+            address = getattr(self.spec, role)[task] if role in SERVER_ROLES else None
+            process = self._spawn(role, task, overrides)
+            log_path = self.run_dir / "logs" / f"{role}-{task}.log"
+            started.append(Child(role, task, address, process, log_path, tuple(overrides)))
+        self.children += started
+        return started
 
-    def client(self, role: str, task: int, retry_s: float = 5.0) -> ShardClient:
-        """A client for server `task` of `role` (over TLS too when the roles' calls are)."""
-        address, sec = getattr(self.spec, role)[task], self.cfg.security
-        return connect(role, address, self.token, sec, timeout_s=5.0, retry_s=retry_s)
+    def start(self) -> None:
+        """Starts every role of the config at once and waits until the servers answer.
 
-    def wait_ready(self) -> None:
-        """Blocks until every server answers Status.
-
-        Raises:
-            EasyRLError: a server exited or did not answer within READY_TIMEOUT_S.
+        Importing TensorFlow costs each process ~2 s of CPU, and workers retry their first
+        calls until the servers listen.
         """
-        deadline = time.monotonic() + READY_TIMEOUT_S
-        for child in [c for c in self.children if c.role in SERVER_ROLES]:
-            client = self.client(child.role, child.task, retry_s=0.5)
-            while True:
-                if child.process.poll() is not None:
-                    raise EasyRLError(f"{child.name} exited during start-up:\n{tail(child)}")
-                try:
-                    client.status()
-                    break
-                except TransportError:
-                    if time.monotonic() > deadline:
-                        raise EasyRLError(f"{child.name} did not become ready") from None
-            client.close()
+        for role in (*SERVER_ROLES, *WORKER_ROLES):
+            self.start_role(role, getattr(self.cfg.cluster, role) or 0)  # actor None: offline
+        wait_servers([c for c in self.children if c.address], self.token, self.cfg.security)
 
     def check_children(self) -> str | None:
         """Restarts crashed processes; returns a failure reason when one cannot be.
@@ -221,12 +216,13 @@ class LocalCluster:
                 code,
                 child.restarts,
             )
-            child.process = self._spawn(child.role, child.task)
+            child.process = self._spawn(child.role, child.task, child.overrides)
         return None
 
     def status(self, role: str, task: int) -> dict:
         """Status of one server as a plain dict ({} when it does not answer)."""
-        client = self.client(role, task, retry_s=0.0)
+        address, sec = getattr(self.spec, role)[task], self.cfg.security
+        client = connect(role, address, self.token, sec, timeout_s=5.0, retry_s=0.0)
         try:
             return client.status()._asdict()  # version, stopping, stop_reason, counters
         except TransportError:
@@ -235,33 +231,68 @@ class LocalCluster:
             client.close()
 
     def shutdown(self, workers_stopping: bool) -> None:
-        """Stops workers, then asks the servers to checkpoint and exit; kills whatever
-        outlives its grace.
+        """Stops every process (see `stop_children`)."""
+        stop_children(self.children, self.token, self.cfg.security, workers_stopping)
 
-        Args:
-            workers_stopping: the run reached its stop condition, so workers are exiting
-                on their own and get a moment before SIGTERM.
-        """
-        workers = [c for c in self.children if c.role in WORKER_ROLES]
-        servers = [c for c in self.children if c.role in SERVER_ROLES]
-        if workers_stopping:
-            _wait(workers, GRACE_S / 2)
-        for child in workers:
-            _signal(child, signal.SIGTERM)
-        _wait(workers, GRACE_S)
-        for child in servers:
-            client = self.client(child.role, child.task, retry_s=0.0)
+
+def _connect(server: Child, token: str, security: Security, retry_s: float = 0.0) -> ShardClient:
+    """A client of a server (over TLS too when the roles' calls are)."""
+    assert server.address is not None
+    security = security or config_lib.SecurityConfig()
+    return connect(server.role, server.address, token, security, timeout_s=5.0, retry_s=retry_s)
+
+
+def wait_servers(servers: Sequence[Child], token: str, security: Security = None) -> None:
+    """Blocks until every one of `servers` answers Status.
+
+    Raises:
+        EasyRLError: a server exited or did not answer within READY_TIMEOUT_S.
+    """
+    deadline = time.monotonic() + READY_TIMEOUT_S
+    for child in servers:
+        client = _connect(child, token, security, retry_s=0.5)
+        while True:
+            if child.process.poll() is not None:
+                raise EasyRLError(f"{child.name} exited during start-up:\n{tail(child)}")
             try:
-                client.shutdown()
+                client.status()
+                break
             except TransportError:
-                _signal(child, signal.SIGTERM)
-            client.close()
-        _wait(servers, GRACE_S)
-        for child in self.children:
-            if child.process.poll() is None:
-                log.warning("%s did not stop in time; killing it", child.name)
-                _signal(child, signal.SIGKILL)
-                child.process.wait()
+                if time.monotonic() > deadline:
+                    raise EasyRLError(f"{child.name} did not become ready") from None
+        client.close()
+
+
+def stop_children(
+    children: Sequence[Child], token: str, security: Security = None, workers_stopping: bool = False
+) -> None:
+    """Stops workers (SIGTERM), then asks the servers to checkpoint and exit (Shutdown RPC,
+    else SIGTERM); kills whatever outlives its grace.
+
+    Args:
+        workers_stopping: the run reached its stop condition, so workers are exiting on
+            their own and get a moment before SIGTERM.
+    """
+    workers = [c for c in children if c.address is None]
+    servers = [c for c in children if c.address is not None]
+    if workers_stopping:
+        _wait(workers, GRACE_S / 2)
+    for child in workers:
+        _signal(child, signal.SIGTERM)
+    _wait(workers, GRACE_S)
+    for child in servers:
+        client = _connect(child, token, security)
+        try:
+            client.shutdown()
+        except TransportError:
+            _signal(child, signal.SIGTERM)
+        client.close()
+    _wait(servers, GRACE_S)
+    for child in children:
+        if child.process.poll() is None:
+            log.warning("%s did not stop in time; killing it", child.name)
+            _signal(child, signal.SIGKILL)
+            child.process.wait()
 
 
 def _signal(child: Child, signum: int) -> None:
@@ -279,9 +310,9 @@ def _wait(children: list[Child], timeout_s: float) -> None:
 
 
 def tail(child: Child, lines: int = 15) -> str:
-    """The last lines of a child's log."""
+    """The last lines of a child's log ("" without one)."""
     try:
-        text = child.log_path.read_text(errors="replace").splitlines()
+        text = child.log_path.read_text(errors="replace").splitlines() if child.log_path else []
     except OSError:
         return ""
     return "\n".join("    " + line for line in text[-lines:])
@@ -313,21 +344,14 @@ def train(cfg, out=sys.stdout) -> int:
     cfg = replace(cfg, run=replace(cfg.run, dir=str(run_dir)))
     if cfg.output.dir is not None:
         check_output_dir(cfg.output.dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    config_path = run_dir / "config.yaml"
-    config_lib.save(cfg, config_path)
-    cluster = LocalCluster(cfg, config_path, rpc.new_token())
+    cluster = LocalCluster(cfg, rpc.new_token())
     # SIGTERM to the launcher shuts the run down like Ctrl-C does.
     signal.signal(signal.SIGTERM, signal.default_int_handler)
     start = time.monotonic()
     reason, exit_code, ps_stopping = None, 1, False
     print(f"run directory: {run_dir}", file=out, flush=True)
     try:
-        # Every role starts at once: importing TensorFlow costs each process ~2 s of CPU,
-        # and workers retry their first calls until the servers listen.
-        for role in ("ps", "memory", "learner", "actor", "evaluator"):
-            cluster.start_role(role, getattr(cfg.cluster, role) or 0)  # actor None: offline
-        cluster.wait_ready()
+        cluster.start()
         next_log = time.monotonic()
         while reason is None:
             time.sleep(0.5)
