@@ -85,25 +85,18 @@ def _parser() -> argparse.ArgumentParser:
 def _cluster_from_args(args, cfg):
     from easyrl.cluster.spec import ClusterSpec
 
-    flags = (
-        args.ps_hosts,
-        args.memory_hosts,
-        args.num_learners,
-        args.num_actors,
-        args.num_evaluators,
-    )
+    flags = ("ps_hosts", "memory_hosts", "num_learners", "num_actors", "num_evaluators")
     if args.cluster:
         return ClusterSpec.from_file(args.cluster)
-    if any(f is not None for f in flags):
-        return ClusterSpec.from_mapping(
-            {
-                "ps": args.ps_hosts or "",
-                "memory": args.memory_hosts or "",
-                "learner": args.num_learners if args.num_learners is not None else 1,
-                "actor": args.num_actors if args.num_actors is not None else 1,
-                "evaluator": args.num_evaluators or 0,
-            }
-        )
+    if any(getattr(args, flag) is not None for flag in flags):
+        raw = {
+            "ps": args.ps_hosts or "",
+            "memory": args.memory_hosts or "",
+            "learner": args.num_learners if args.num_learners is not None else 1,
+            "actor": args.num_actors if args.num_actors is not None else 1,
+            "evaluator": args.num_evaluators or 0,
+        }
+        return ClusterSpec.from_mapping(raw)
     spec = ClusterSpec.from_env()
     if spec is None:
         raise EasyRLError(
@@ -135,17 +128,11 @@ def run_role(args) -> int:
 def k8s_cmd(args) -> int:
     """`easyrl k8s`: prints the manifests of a config's cluster, or writes them to a folder."""
     from easyrl.cluster import k8s
+    from easyrl.transport.rpc import read_token_file
 
-    token = k8s.read_token(args.token_file) if args.token_file else None
-    options = k8s.Options(
-        image=args.image,
-        name=args.name,
-        namespace=args.namespace,
-        token=token,
-        volume=args.volume,
-        storage_class=args.storage_class,
-        cluster_domain=args.cluster_domain,
-    )
+    token = read_token_file(args.token_file, "k8s") if args.token_file else None
+    flags = ("image", "name", "namespace", "volume", "storage_class", "cluster_domain")
+    options = k8s.Options(token=token, **{flag: getattr(args, flag) for flag in flags})
     cfg = config_lib.load(args.config, args.overrides)
     groups = k8s.manifests(cfg, options)
     if args.out:

@@ -14,6 +14,7 @@ of range, always naming the full dotted key. Command-line style overrides (`repl
 are applied to the raw mapping before loading, so they go through the same checks.
 """
 
+import contextlib
 import copy
 import dataclasses
 import difflib
@@ -395,57 +396,45 @@ def _each(check: _Check) -> _Check:
     return _Check(lambda v: all(check.test(x) for x in v), f"all {check.text}")
 
 
-_RULES: dict[type, tuple[tuple[str, _Check], ...]] = {
-    EnvConfig: (("num_envs", _ge(1)), ("max_episode_steps", _opt(_ge(1)))),
-    AtariConfig: (
-        ("noop_max", _ge(0)),
-        ("frame_skip", _ge(1)),
-        ("screen_size", _ge(8)),
-        ("frame_stack", _ge(1)),
+_RULES: dict[type, dict[str, _Check]] = {
+    EnvConfig: dict(num_envs=_ge(1), max_episode_steps=_opt(_ge(1))),
+    AtariConfig: dict(noop_max=_ge(0), frame_skip=_ge(1), screen_size=_ge(8), frame_stack=_ge(1)),
+    ModelConfig: dict(
+        kind=_Check(lambda v: v in ("mlp", "conv") or ":" in v, "mlp, conv or module:Class"),
+        hidden=_each(_ge(1)),
+        conv=_Check(lambda v: all(min(layer) >= 1 for layer in v), "all >= 1"),
     ),
-    ModelConfig: (
-        ("kind", _Check(lambda v: v in ("mlp", "conv") or ":" in v, "mlp, conv or module:Class")),
-        ("hidden", _each(_ge(1))),
-        ("conv", _Check(lambda v: all(min(layer) >= 1 for layer in v), "all >= 1")),
+    ReplayConfig: dict(
+        capacity=_ge(1),
+        alpha=_ge(0),
+        beta=_between(0, 1),
+        beta_final=_between(0, 1),
+        beta_anneal_steps=_ge(0),
+        min_size_to_sample=_ge(1),
+        samples_per_insert=_opt(_gt(0)),
+        error_buffer=_opt(_gt(0)),
+        prefetch=_ge(1),
     ),
-    ReplayConfig: (
-        ("capacity", _ge(1)),
-        ("alpha", _ge(0)),
-        ("beta", _between(0, 1)),
-        ("beta_final", _between(0, 1)),
-        ("beta_anneal_steps", _ge(0)),
-        ("min_size_to_sample", _ge(1)),
-        ("samples_per_insert", _opt(_gt(0))),
-        ("error_buffer", _opt(_gt(0))),
-        ("prefetch", _ge(1)),
+    ClusterConfig: dict(
+        ps=_ge(1),
+        memory=_opt(_ge(0)),
+        learner=_opt(_ge(0)),
+        actor=_Check(lambda v: v is None or v >= 1, ">= 1"),
+        evaluator=_between(0, 1),
     ),
-    ClusterConfig: (
-        ("ps", _ge(1)),
-        ("memory", _opt(_ge(0))),
-        ("learner", _opt(_ge(0))),
-        ("actor", _Check(lambda v: v is None or v >= 1, ">= 1")),
-        ("evaluator", _between(0, 1)),
+    EvalConfig: dict(episodes=_ge(1), interval_s=_ge(0), num_envs=_ge(1)),
+    ActorConfig: dict(send_every=_ge(1), weight_sync_every=_ge(1), queue_size=_ge(1)),
+    LearnerConfig: dict(
+        batch_queue=_ge(1), push_queue=_ge(1), push_threads=_ge(1), updates_per_report=_ge(1)
     ),
-    EvalConfig: (("episodes", _ge(1)), ("interval_s", _ge(0)), ("num_envs", _ge(1))),
-    ActorConfig: (("send_every", _ge(1)), ("weight_sync_every", _ge(1)), ("queue_size", _ge(1))),
-    LearnerConfig: (
-        ("batch_queue", _ge(1)),
-        ("push_queue", _ge(1)),
-        ("push_threads", _ge(1)),
-        ("updates_per_report", _ge(1)),
-    ),
-    StopConfig: (
-        ("window", _ge(1)),
-        ("max_env_steps", _opt(_ge(1))),
-        ("max_seconds", _opt(_gt(0))),
-    ),
-    OutputConfig: (("max_file_mb", _gt(0)), ("max_steps", _opt(_ge(1)))),
-    InputConfig: (("ope_episodes", _ge(0)),),
-    RunConfig: (
-        ("checkpoint_interval_s", _gt(0)),
-        ("log_interval_s", _gt(0)),
-        ("rpc_timeout_s", _gt(0)),
-        ("peer_timeout_s", _gt(0)),
+    StopConfig: dict(window=_ge(1), max_env_steps=_opt(_ge(1)), max_seconds=_opt(_gt(0))),
+    OutputConfig: dict(max_file_mb=_gt(0), max_steps=_opt(_ge(1))),
+    InputConfig: dict(ope_episodes=_ge(0)),
+    RunConfig: dict(
+        checkpoint_interval_s=_gt(0),
+        log_interval_s=_gt(0),
+        rpc_timeout_s=_gt(0),
+        peer_timeout_s=_gt(0),
     ),
 }
 
@@ -471,7 +460,7 @@ _CROSS_RULES: dict[type, tuple[tuple[Callable[[Any], bool], str], ...]] = {
 def _validate(section: _Section) -> None:
     """Raises ConfigError naming the dotted key of the first value `section` breaks a rule with."""
     prefix = section.SECTION
-    for name, check in _RULES.get(type(section), ()):
+    for name, check in _RULES.get(type(section), {}).items():
         value = getattr(section, name)
         if not check.test(value):
             raise ConfigError(f"{_join(prefix, name)} must be {check.text}, got {value!r}")
@@ -560,36 +549,23 @@ def _coerce(tp: Any, value: Any, key: str, nullable: bool = False) -> Any:
         if len(arms) == 1:  # Optional[X]: let X report its own (possibly nested) error.
             return _coerce(arms[0], value, key, nullable=len(arms) < len(args))
         for arm in arms:
-            try:
+            with contextlib.suppress(ConfigError):
                 return _coerce(arm, value, key)
-            except ConfigError:
-                pass
         raise _mismatch(key, expected, value)
     if origin is Literal:
-        allowed = get_args(tp)
-        if any(value == a and type(value) is type(a) for a in allowed):
+        if any(value == a and type(value) is type(a) for a in get_args(tp)):
             return value
         raise _mismatch(key, expected, value)
-    if tp is bool:
-        if isinstance(value, bool):
-            return value
-        raise _mismatch(key, expected, value)
-    if tp is int:
-        if isinstance(value, int) and not isinstance(value, bool):
+    if tp in (bool, int, str):
+        if isinstance(value, tp) and not (tp is int and isinstance(value, bool)):
             return value
         raise _mismatch(key, expected, value)
     if tp is float:
         if isinstance(value, int | float) and not isinstance(value, bool):
             return float(value)
         if isinstance(value, str):  # YAML 1.1 reads `1e-3` as a string.
-            try:
+            with contextlib.suppress(ValueError):
                 return float(value)
-            except ValueError:
-                pass
-        raise _mismatch(key, expected, value)
-    if tp is str:
-        if isinstance(value, str):
-            return value
         raise _mismatch(key, expected, value)
     if origin is tuple or origin is list:
         if not isinstance(value, list | tuple):
@@ -690,10 +666,9 @@ def apply_overrides(raw: Mapping[str, Any], overrides: Sequence[str]) -> dict[st
         if not isinstance(override, str) or "=" not in override:
             raise ConfigError(f"malformed override {override!r}: expected dotted.key=value")
         dotted, text = override.split("=", 1)
-        parts = dotted.strip().split(".")
-        if not all(p.strip() for p in parts):
+        parts = [p.strip() for p in dotted.split(".")]
+        if not all(parts):
             raise ConfigError(f"malformed override {override!r}: empty key in {dotted!r}")
-        parts = [p.strip() for p in parts]
         try:
             value = yaml.safe_load(text)
         except yaml.YAMLError as e:
@@ -701,17 +676,14 @@ def apply_overrides(raw: Mapping[str, Any], overrides: Sequence[str]) -> dict[st
         node = out
         for i, part in enumerate(parts[:-1]):
             child = node.get(part)
-            if child is None:
-                child = node[part] = {}
-            elif not isinstance(child, dict):
-                if isinstance(child, Mapping):
-                    child = node[part] = dict(child)
-                else:
-                    where = ".".join(parts[: i + 1])
-                    raise ConfigError(
-                        f"override {override!r}: {where!r} is {_describe(child)}, not a mapping"
-                    )
-            node = child
+            if child is not None and not isinstance(child, Mapping):
+                where = ".".join(parts[: i + 1])
+                raise ConfigError(
+                    f"override {override!r}: {where!r} is {_describe(child)}, not a mapping"
+                )
+            if not isinstance(child, dict):  # None, or a mapping of another type
+                node[part] = dict(child or {})
+            node = node[part]
         node[parts[-1]] = value
     return out
 

@@ -14,8 +14,6 @@ from the final observation.
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 from numpy.typing import DTypeLike
 
@@ -134,8 +132,7 @@ class NStepAccumulator:
         if (
             isinstance(gamma, bool)
             or not isinstance(gamma, int | float | np.integer | np.floating)
-            or not math.isfinite(float(gamma))
-            or not 0.0 <= float(gamma) <= 1.0
+            or not 0.0 <= float(gamma) <= 1.0  # NaN fails too
         ):
             raise ConfigError(f"gamma must be a float in [0, 1], got {gamma!r}")
         self._gamma = float(gamma)
@@ -152,33 +149,6 @@ class NStepAccumulator:
         self._count = np.zeros(big_n, np.int64)  # [N] pending entries, always < n between adds
         self._env_idx = np.arange(big_n)  # [N]
         self._powers = self._gamma ** np.arange(n + 1, dtype=np.float64)  # [n + 1]
-
-    @property
-    def num_envs(self) -> int:
-        """Number of environments ``N``.
-
-        Returns:
-            ``N``.
-        """
-        return self._num_envs
-
-    @property
-    def n(self) -> int:
-        """The return horizon.
-
-        Returns:
-            ``n``.
-        """
-        return self._n
-
-    @property
-    def gamma(self) -> float:
-        """The discount factor.
-
-        Returns:
-            ``gamma``.
-        """
-        return self._gamma
 
     @property
     def pending(self) -> np.ndarray:
@@ -270,15 +240,14 @@ class NStepAccumulator:
             head = self._head[full]  # [F]
             offsets = (head[:, None] + np.arange(n)) % n  # [F, n]
             rewards = self._reward[offsets, full[:, None]]  # [F, n]
-            parts.append(
-                (
-                    self._obs[head, full],  # [F, *obs_shape]
-                    self._action[head, full],  # [F, *action_shape]
-                    rewards @ self._powers[:n],  # [F]
-                    next_obs[full],  # [F, *obs_shape]
-                    np.full(full.size, self._powers[n]),  # [F]
-                )
+            oldest = (
+                self._obs[head, full],  # [F, *obs_shape]
+                self._action[head, full],  # [F, *action_shape]
+                rewards @ self._powers[:n],  # [F]
+                next_obs[full],  # [F, *obs_shape]
+                np.full(full.size, self._powers[n]),  # [F]
             )
+            parts.append(oldest)
             self._head[full] = (head + 1) % n
             self._count[full] -= 1
 
@@ -293,19 +262,15 @@ class NStepAccumulator:
                 acc = rewards[j] + self._gamma * acc
                 returns[j] = acc
             steps = count - np.arange(count)  # [C] m of each entry
-            if terminated[e]:
-                discount = np.zeros(count, np.float64)  # [C]
-            else:
-                discount = self._powers[steps]  # [C]
-            parts.append(
-                (
-                    self._obs[ring, e],  # [C, *obs_shape]
-                    self._action[ring, e],  # [C, *action_shape]
-                    returns,
-                    np.repeat(next_obs[e][None], count, axis=0).astype(self._obs_dtype),
-                    discount,
-                )
+            discount = np.zeros(count) if terminated[e] else self._powers[steps]  # [C]
+            flushed = (
+                self._obs[ring, e],  # [C, *obs_shape]
+                self._action[ring, e],  # [C, *action_shape]
+                returns,
+                np.repeat(next_obs[e][None], count, axis=0).astype(self._obs_dtype),
+                discount,
             )
+            parts.append(flushed)
             self._count[e] = 0
             self._head[e] = 0
 

@@ -123,20 +123,21 @@ class Optimizer(tf.Module):
             for x, g in zip(self.variables_, grads, strict=True):
                 tf.raw_ops.ResourceApplyGradientDescent(var=x.handle, alpha=lr, delta=g)
 
+    def _named_slots(self) -> list[tuple[str, tf.Variable]]:
+        """(checkpoint key `slot<k>/<i>`, variable) of every slot variable."""
+        return [
+            (f"slot{k}/{i}", v) for k, slot in enumerate(self.slots) for i, v in enumerate(slot)
+        ]
+
     def state(self) -> dict[str, np.ndarray]:
         """Slots and step as numpy arrays, for checkpoints."""
-        out = {"step": self.step.numpy()}
-        for k, slot in enumerate(self.slots):
-            for i, var in enumerate(slot):
-                out[f"slot{k}/{i}"] = var.numpy()
-        return out
+        return {"step": self.step.numpy(), **{key: v.numpy() for key, v in self._named_slots()}}
 
     def load_state(self, state: dict[str, np.ndarray]) -> None:
         """Restores what `state` returned."""
         self.step.assign(int(state["step"]))
-        for k, slot in enumerate(self.slots):
-            for i, var in enumerate(slot):
-                var.assign(state[f"slot{k}/{i}"])
+        for key, var in self._named_slots():
+            var.assign(state[key])
 
 
 class OptimizerGroups:
@@ -171,14 +172,12 @@ class OptimizerGroups:
         self.members = {p: names for p, names in members.items() if names}
         """{prefix: variable names} of the groups this shard holds variables of."""
         self.group_of = {name: p for p, names in self.members.items() for name in names}
-        self.optimizers = {
-            p: Optimizer(specs[p], [variables[n] for n in names])
-            for p, names in self.members.items()
-        }
-        self._flat = {
-            p: _FlatApply(opt, [variables[n] for n in self.members[p]])
-            for p, opt in self.optimizers.items()
-        }
+        self.optimizers: dict[str, Optimizer] = {}
+        self._flat: dict[str, _FlatApply] = {}
+        for p, names in self.members.items():
+            group = [variables[n] for n in names]
+            self.optimizers[p] = Optimizer(specs[p], group)
+            self._flat[p] = _FlatApply(self.optimizers[p], group)
 
     def groups_in(self, names) -> list[str]:
         """The groups `names` covers; each must be covered completely.
@@ -217,10 +216,8 @@ class _FlatApply:
 
         self._optimizer = optimizer
         self._flat = FlatVariables(variables)
-        size = int(self._flat.offsets[-1])
-        self._apply = tf.function(
-            self._apply_fn, autograph=False, input_signature=[tf.TensorSpec([size], tf.float32)]
-        )
+        flat_spec = tf.TensorSpec([int(self._flat.offsets[-1])], tf.float32)
+        self._apply = tf.function(self._apply_fn, autograph=False, input_signature=[flat_spec])
 
     def _apply_fn(self, flat: tf.Tensor) -> None:
         self._optimizer.apply(self._flat.split_tensor(flat))

@@ -71,6 +71,8 @@ DISK_BYTES_PER_S = 50 * 2**20
 """The slowest volume write rate a memory shard's grace allows for its replay snapshot."""
 BACKOFF_PER_TASK = 10
 """Restarts per task a worker Job allows before it fails."""
+PROBE_TIMING = {"periodSeconds": 5, "timeoutSeconds": 5, "failureThreshold": 3}
+"""How often a shard's readiness probe asks its health service, and when it gives up."""
 _NAME = re.compile(r"[a-z]([-a-z0-9]*[a-z0-9])?")
 _DOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
 GROUPS = ("configmap", "secret", "ps", "memory", "learner", "actor", "evaluator")
@@ -107,10 +109,8 @@ class Options:
         if self.name is not None:
             check_name(self.name, "--name", MAX_NAME)
         check_name(self.namespace, "--namespace", 63)
-        for what, value in (
-            ("--cluster-domain", self.cluster_domain),
-            ("--storage-class", self.storage_class),
-        ):
+        domains = {"--cluster-domain": self.cluster_domain, "--storage-class": self.storage_class}
+        for what, value in domains.items():
             if value is not None and not _DOMAIN.fullmatch(value):
                 raise ConfigError(f"k8s: {what} {value!r} is not a DNS name")
         if self.volume not in ("pvc", "emptydir"):
@@ -134,21 +134,6 @@ def check_name(value: str, what: str, longest: int) -> str:
     return value
 
 
-def read_token(path: str | Path) -> str:
-    """The token in file `path` (surrounding whitespace removed).
-
-    Raises:
-        ConfigError: the file cannot be read or holds no token.
-    """
-    try:
-        token = Path(path).read_text(encoding="utf-8").strip()
-    except (OSError, UnicodeDecodeError) as err:
-        raise ConfigError(f"k8s: cannot read the token file {path}: {err}") from err
-    if not token:
-        raise ConfigError(f"k8s: the token file {path} is empty")
-    return token
-
-
 def pod_config(cfg: config_lib.Config) -> config_lib.Config:
     """The config as the pods load it: `run.dir` on the pod's volume, no token file (the token
     comes from the Secret as EASYRL_TOKEN), authentication on.
@@ -160,11 +145,8 @@ def pod_config(cfg: config_lib.Config) -> config_lib.Config:
     sec = cfg.security
     if sec.tls_cert or sec.tls_ca:
         raise ConfigError("k8s: security.tls_* is not supported in the generated manifests")
-    return replace(
-        cfg,
-        run=replace(cfg.run, dir=RUN_DIR),
-        security=replace(sec, token_file=None, insecure=False),
-    )
+    run = replace(cfg.run, dir=RUN_DIR)
+    return replace(cfg, run=run, security=replace(sec, token_file=None, insecure=False))
 
 
 def cluster_spec(cfg: config_lib.Config, name: str, options: Options) -> ClusterSpec:
@@ -197,9 +179,8 @@ def replay_bytes(cfg: config_lib.Config) -> int:
     from easyrl.envs import env_options, env_spaces
 
     obs_space, action_space = env_spaces(cfg.env.id, **env_options(cfg.env))
-    spec = registry.module(cfg.algorithm.name).replay_spec(
-        cfg.algorithm.params, obs_space, action_space
-    )
+    module = registry.module(cfg.algorithm.name)
+    spec = module.replay_spec(cfg.algorithm.params, obs_space, action_space)
     item = sum(math.prod(shape) * np.dtype(dtype).itemsize for shape, dtype in spec.values())
     return cfg.replay.capacity * item
 
@@ -208,8 +189,9 @@ def _mib(n: float) -> str:
     return f"{math.ceil(n / 2**20)}Mi"
 
 
-def _gib(n: float) -> str:
-    return f"{math.ceil(n / GIB)}Gi"
+def _object(api_version: str, kind: str, metadata: dict, **fields) -> dict:
+    """A Kubernetes object: apiVersion, kind and metadata, then `fields` in order."""
+    return {"apiVersion": api_version, "kind": kind, "metadata": metadata, **fields}
 
 
 def resources(cfg: config_lib.Config, role: str, replay: int) -> dict:
@@ -251,32 +233,20 @@ class _Builder:
         return {"name": f"{self.name}-{suffix}", "namespace": self.o.namespace, "labels": labels}
 
     def container(self, role: str, task: str) -> dict:
+        token = {"secretKeyRef": {"name": f"{self.name}-token", "key": SECRET_KEY}}
         env = [
-            {
-                "name": TOKEN_ENV,
-                "valueFrom": {
-                    "secretKeyRef": {"name": f"{self.name}-token", "key": SECRET_KEY},
-                },
-            },
+            {"name": TOKEN_ENV, "valueFrom": token},
             {"name": "TF_CPP_MIN_LOG_LEVEL", "value": "2"},
             {"name": "PYTHONUNBUFFERED", "value": "1"},
         ]
         if role != "learner":  # only learners compute on a GPU
             env.append({"name": "CUDA_VISIBLE_DEVICES", "value": "-1"})
+        args = ["run", "--role", role, "--task", f"$({task})"]
+        args += ["--config", f"{CONFIG_DIR}/config.yaml", "--cluster", f"{CONFIG_DIR}/cluster.json"]
         container = {
             "name": "easyrl",
             "image": self.o.image,
-            "args": [
-                "run",
-                "--role",
-                role,
-                "--task",
-                f"$({task})",
-                "--config",
-                f"{CONFIG_DIR}/config.yaml",
-                "--cluster",
-                f"{CONFIG_DIR}/cluster.json",
-            ],
+            "args": args,
             "env": env,
             "resources": resources(self.cfg, role, self.replay),
             "volumeMounts": [
@@ -287,12 +257,7 @@ class _Builder:
         }
         if role in PORTS:
             container["ports"] = [{"name": "grpc", "containerPort": PORTS[role]}]
-            container["readinessProbe"] = {
-                "grpc": {"port": PORTS[role]},
-                "periodSeconds": 5,
-                "timeoutSeconds": 5,
-                "failureThreshold": 3,
-            }
+            container["readinessProbe"] = {"grpc": {"port": PORTS[role]}, **PROBE_TIMING}
         return container
 
     def pod(self, role: str, container: dict, restart: str, run_volume: dict | None) -> dict:
@@ -318,7 +283,7 @@ class _Builder:
     def claim(self, storage: int) -> dict:
         spec = {
             "accessModes": ["ReadWriteOnce"],
-            "resources": {"requests": {"storage": _gib(storage)}},
+            "resources": {"requests": {"storage": f"{math.ceil(storage / GIB)}Gi"}},
         }
         if self.o.storage_class:
             spec["storageClassName"] = self.o.storage_class
@@ -326,24 +291,16 @@ class _Builder:
 
     def server(self, role: str) -> list[dict]:
         """Headless Service + StatefulSet of the PS or memory shards."""
-        count = getattr(self.cfg.cluster, role)
         meta = self.meta(role, role)
         # The pod index label is set on StatefulSet pods since Kubernetes 1.28.
         container = self.container(role, "POD_INDEX")
-        container["env"].insert(
-            0,
-            {
-                "name": "POD_INDEX",
-                "valueFrom": {
-                    "fieldRef": {"fieldPath": "metadata.labels['apps.kubernetes.io/pod-index']"}
-                },
-            },
-        )
+        index = {"fieldRef": {"fieldPath": "metadata.labels['apps.kubernetes.io/pod-index']"}}
+        container["env"].insert(0, {"name": "POD_INDEX", "valueFrom": index})
         pvc = self.o.volume == "pvc"
         template = self.pod(role, container, "Always", None if pvc else {"emptyDir": {}})
         spec = {
             "serviceName": meta["name"],
-            "replicas": count,
+            "replicas": getattr(self.cfg.cluster, role),
             "podManagementPolicy": "Parallel",
             "selector": {"matchLabels": meta["labels"]},
             "template": template,
@@ -351,22 +308,13 @@ class _Builder:
         if pvc:
             # A memory shard writes its snapshot next to the last one, then renames it.
             storage = 2 * self.replay + GIB if role == "memory" else 2 * GIB
-            spec["volumeClaimTemplates"] = [
-                {"metadata": {"name": "run"}, "spec": self.claim(storage)}
-            ]
-        service = {
-            "apiVersion": "v1",
-            "kind": "Service",
-            "metadata": meta,
-            "spec": {
-                "clusterIP": "None",
-                "selector": meta["labels"],
-                "ports": [{"name": "grpc", "port": PORTS[role], "targetPort": "grpc"}],
-            },
-        }
+            claim = {"metadata": {"name": "run"}, "spec": self.claim(storage)}
+            spec["volumeClaimTemplates"] = [claim]
+        ports = [{"name": "grpc", "port": PORTS[role], "targetPort": "grpc"}]
+        service = {"clusterIP": "None", "selector": meta["labels"], "ports": ports}
         return [
-            service,
-            {"apiVersion": "apps/v1", "kind": "StatefulSet", "metadata": meta, "spec": spec},
+            _object("v1", "Service", meta, spec=service),
+            _object("apps/v1", "StatefulSet", meta, spec=spec),
         ]
 
     def worker(self, role: str) -> list[dict]:
@@ -374,23 +322,18 @@ class _Builder:
         count = getattr(self.cfg.cluster, role)
         docs, run_volume = [], {"emptyDir": {}}
         if role == "evaluator" and self.o.volume == "pvc":
-            claim = {"apiVersion": "v1", "kind": "PersistentVolumeClaim"}
-            docs.append({**claim, "metadata": self.meta(role, role), "spec": self.claim(GIB)})
+            claim = self.claim(GIB)
+            docs.append(_object("v1", "PersistentVolumeClaim", self.meta(role, role), spec=claim))
             run_volume = {"persistentVolumeClaim": {"claimName": f"{self.name}-{role}"}}
         container = self.container(role, "JOB_COMPLETION_INDEX")
         job = {
-            "apiVersion": "batch/v1",
-            "kind": "Job",
-            "metadata": self.meta(role, role),
-            "spec": {
-                "completionMode": "Indexed",
-                "completions": count,
-                "parallelism": count,
-                "backoffLimit": BACKOFF_PER_TASK * count,
-                "template": self.pod(role, container, "OnFailure", run_volume),
-            },
+            "completionMode": "Indexed",
+            "completions": count,
+            "parallelism": count,
+            "backoffLimit": BACKOFF_PER_TASK * count,
+            "template": self.pod(role, container, "OnFailure", run_volume),
         }
-        return [*docs, job]
+        return [*docs, _object("batch/v1", "Job", self.meta(role, role), spec=job)]
 
     def build(self) -> dict[str, list[dict]]:
         spec = cluster_spec(self.cfg, self.name, self.o)
@@ -398,26 +341,14 @@ class _Builder:
             "config.yaml": config_lib.dump(pod_config(self.cfg)),
             "cluster.json": json.dumps(asdict(spec), indent=2) + "\n",
         }
-        groups = {
-            "configmap": [
-                {
-                    "apiVersion": "v1",
-                    "kind": "ConfigMap",
-                    "metadata": self.meta("config"),
-                    "data": data,
-                }
-            ]
-        }
+        groups = {"configmap": [_object("v1", "ConfigMap", self.meta("config"), data=data)]}
         if self.o.token is not None:
-            token = base64.b64encode(self.o.token.encode()).decode()
-            secret = {"apiVersion": "v1", "kind": "Secret", "metadata": self.meta("token")}
-            groups["secret"] = [{**secret, "type": "Opaque", "data": {SECRET_KEY: token}}]
-        for role in ("ps", "memory"):
+            token = {SECRET_KEY: base64.b64encode(self.o.token.encode()).decode()}
+            secret = _object("v1", "Secret", self.meta("token"), type="Opaque", data=token)
+            groups["secret"] = [secret]
+        for role in ("ps", "memory", *WORKER_ROLES):
             if getattr(self.cfg.cluster, role):
-                groups[role] = self.server(role)
-        for role in WORKER_ROLES:
-            if getattr(self.cfg.cluster, role):
-                groups[role] = self.worker(role)
+                groups[role] = self.server(role) if role in PORTS else self.worker(role)
         return groups
 
 
@@ -468,11 +399,9 @@ def write(groups: dict[str, list[dict]], out_dir: str | Path) -> list[Path]:
     for stem in GROUPS:
         if stem not in groups:
             (out / f"{stem}.yaml").unlink(missing_ok=True)
-    paths = []
-    for stem, docs in groups.items():
-        path = out / f"{stem}.yaml"
+    paths = [out / f"{stem}.yaml" for stem in groups]
+    for path, docs in zip(paths, groups.values()):
         path.write_text(render(docs))
-        paths.append(path)
     return paths
 
 

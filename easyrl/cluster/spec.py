@@ -61,12 +61,9 @@ class ClusterSpec:
                         f"(also as {where}{first!r})"
                     )
                 seen[key] = (role, address)
-        if self.actor < 0:  # 0: an offline run (input.dir) trains without actors
-            raise ConfigError("cluster.actor: must be >= 0")
-        if self.learner < 0:
-            raise ConfigError("cluster.learner: must be >= 0")
-        if self.evaluator < 0:
-            raise ConfigError("cluster.evaluator: must be >= 0")
+        for role in ("actor", "learner", "evaluator"):  # actor 0: an offline run (input.dir)
+            if getattr(self, role) < 0:
+                raise ConfigError(f"cluster.{role}: must be >= 0")
 
     def to_json(self) -> str:
         """Serializes the spec as the JSON the EASYRL_CLUSTER variable holds."""
@@ -89,21 +86,20 @@ class ClusterSpec:
         missing = [k for k in ROLES if k not in raw and k not in OPTIONAL]
         if missing:
             raise ConfigError(f"cluster spec: missing {', '.join(missing)}")
-        lists = {}
+        fields = {}
         for role in ("ps", "memory"):
             value = raw[role]
             if isinstance(value, str):
                 value = [v for v in value.split(",") if v]
             if not isinstance(value, Sequence) or not all(isinstance(v, str) for v in value):
                 raise ConfigError(f"cluster.{role}: expected a list of host:port")
-            lists[role] = tuple(value)
-        counts = {}
+            fields[role] = tuple(value)
         for role in ("learner", "actor", "evaluator"):
             value = raw.get(role, OPTIONAL.get(role))
             if not isinstance(value, int) or isinstance(value, bool):
                 raise ConfigError(f"cluster.{role}: expected an int, got {value!r}")
-            counts[role] = value
-        return cls(**lists, **counts)
+            fields[role] = value
+        return cls(**fields)
 
     @classmethod
     def from_file(cls, path: str | Path) -> "ClusterSpec":

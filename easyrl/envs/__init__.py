@@ -50,8 +50,6 @@ CUSTOM_NAMESPACE = "easyrl-custom"
 """Gymnasium namespace of the ids under which ``"module:MyEnv"`` environment classes are
 registered."""
 
-_NUM_SUGGESTIONS = 3
-
 
 def _resolve_spec(env_id: str) -> EnvSpec:
     """Looks up the registered spec of an environment id.
@@ -91,12 +89,10 @@ def _resolve_spec(env_id: str) -> EnvSpec:
         return gymnasium.spec(name)
     except gymnasium.error.Error as exc:
         registered = sorted(str(key) for key in gymnasium.registry.keys())
-        close = difflib.get_close_matches(name, registered, n=_NUM_SUGGESTIONS, cutoff=0.5)
-        hint = (
-            "did you mean " + ", ".join(repr(c) for c in close) + "?"
-            if close
-            else "no similar id is registered"
-        )
+        close = difflib.get_close_matches(name, registered, n=3, cutoff=0.5)
+        hint = "no similar id is registered"
+        if close:
+            hint = "did you mean " + ", ".join(repr(c) for c in close) + "?"
         if ":" in env_id:
             hint += f" (module {module!r} defines no environment class or function {name!r})"
         raise ConfigError(f"unknown environment id {env_id!r}: {hint} ({exc})") from exc
@@ -108,6 +104,11 @@ def _register_custom(module: str, attribute: str) -> str:
     if env_id not in gymnasium.registry:
         gymnasium.register(env_id, entry_point=f"{module}:{attribute}")
     return env_id
+
+
+def _is_positive_int(value: object) -> bool:
+    """Whether `value` is an int or numpy integer >= 1 (bools are not ints here)."""
+    return not isinstance(value, bool) and isinstance(value, int | np.integer) and int(value) >= 1
 
 
 def _check_make_args(max_episode_steps: int | None, kwargs: dict | None) -> dict[str, Any]:
@@ -124,11 +125,7 @@ def _check_make_args(max_episode_steps: int | None, kwargs: dict | None) -> dict
         ConfigError: `max_episode_steps` is not None or a positive int, or `kwargs` is not a
             dict with string keys.
     """
-    if max_episode_steps is not None and (
-        isinstance(max_episode_steps, bool)
-        or not isinstance(max_episode_steps, int | np.integer)
-        or max_episode_steps < 1
-    ):
+    if max_episode_steps is not None and not _is_positive_int(max_episode_steps):
         raise ConfigError(
             f"max_episode_steps must be None or a positive int, got {max_episode_steps!r}"
         )
@@ -259,7 +256,7 @@ def make_vector_env(
             `num_envs` is not a positive int, `vector` is not ``"sync"``/``"async"``, `seed` is
             not an int, or `max_episode_steps`/`kwargs` are invalid.
     """
-    if isinstance(num_envs, bool) or not isinstance(num_envs, int | np.integer) or num_envs < 1:
+    if not _is_positive_int(num_envs):
         raise ConfigError(f"num_envs must be a positive int, got {num_envs!r}")
     if vector not in VECTOR_MODES:
         raise ConfigError(f"vector must be one of {VECTOR_MODES}, got {vector!r}")
@@ -269,15 +266,12 @@ def make_vector_env(
     spec = _resolve_spec(env_id)
     env_fn = functools.partial(_make_one, spec, max_episode_steps, env_kwargs, atari)
     env_fns = [env_fn] * int(num_envs)
-    autoreset = gymnasium.vector.AutoresetMode.SAME_STEP
+    mode = gymnasium.vector.AutoresetMode.SAME_STEP
+    env: gymnasium.vector.VectorEnv
     if vector == "sync":
-        env: gymnasium.vector.VectorEnv = gymnasium.vector.SyncVectorEnv(
-            env_fns, autoreset_mode=autoreset
-        )
+        env = gymnasium.vector.SyncVectorEnv(env_fns, autoreset_mode=mode)
     else:
-        env = gymnasium.vector.AsyncVectorEnv(
-            env_fns, context=ASYNC_CONTEXT, autoreset_mode=autoreset
-        )
+        env = gymnasium.vector.AsyncVectorEnv(env_fns, context=ASYNC_CONTEXT, autoreset_mode=mode)
     env.action_space.seed(int(seed))
     env.single_action_space.seed(int(seed))
     env.observation_space.seed(int(seed))
@@ -357,12 +351,8 @@ def final_observations(obs: np.ndarray, infos: dict, done: np.ndarray) -> np.nda
     return out
 
 
-def _register_builtin_envs() -> None:
-    """Registers easyrl's own environments with gymnasium (`easyrl/LinearBandit-v0`, see
-    `easyrl.envs.bandit`), so that every process that creates environments knows them."""
-    from easyrl.envs import bandit
+# easyrl's own environments (`easyrl/LinearBandit-v0`, see `easyrl.envs.bandit`) are registered
+# with gymnasium on import, so that every process that creates environments knows them.
+from easyrl.envs import bandit  # noqa: E402
 
-    bandit.register()
-
-
-_register_builtin_envs()
+bandit.register()

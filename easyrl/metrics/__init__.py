@@ -28,9 +28,8 @@ class RunStats:
         self.window = window
         self._returns = collections.deque(maxlen=window)
         self._lengths = collections.deque(maxlen=window)
-        self._counters: dict[str, float] = collections.defaultdict(float)
-        for key in ("env_steps", "updates", "episodes"):
-            self._counters[key] = 0.0
+        totals = {"env_steps": 0.0, "updates": 0.0, "episodes": 0.0}
+        self._counters: dict[str, float] = collections.defaultdict(float, totals)
         self._stats: dict[str, float] = {}
         self._last = (time.monotonic(), 0.0, 0.0)
         self._eval: dict[str, float] = {}
@@ -49,22 +48,14 @@ class RunStats:
                     "eval_count": self._eval.get("eval_count", 0.0) + 1,
                     "eval_return_best": max(mean, self._eval.get("eval_return_best", -np.inf)),
                 }
-            c = self._counters
-            c["env_steps"] += env_steps
-            c["updates"] += updates
-            c["episodes"] += len(returns)
-            c[f"{role}/{task}/env_steps"] += env_steps
-            c[f"{role}/{task}/updates"] += updates
-            c[f"{role}/{task}/episodes"] += len(returns)
+            for prefix in ("", f"{role}/{task}/"):  # the run's totals and the reporter's own
+                self._counters[f"{prefix}env_steps"] += env_steps
+                self._counters[f"{prefix}updates"] += updates
+                self._counters[f"{prefix}episodes"] += len(returns)
             self._returns.extend(returns)
             self._lengths.extend(lengths)
             for key, value in stats.items():
                 self._stats[f"{role}/{key}"] = float(value)
-
-    def count(self, key: str, amount: float = 1.0) -> None:
-        """Adds `amount` to counter `key`."""
-        with self._lock:
-            self._counters[key] += amount
 
     def snapshot(self, update_rates: bool = False) -> dict[str, float]:
         """Returns every counter, the recent-return mean and the throughput rates.

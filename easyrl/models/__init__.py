@@ -13,8 +13,10 @@ import tensorflow as tf
 ACTIVATIONS = {"relu": tf.nn.relu, "tanh": tf.nn.tanh, "elu": tf.nn.elu}
 
 
-def _glorot(shape: tuple[int, int], rng: np.random.Generator) -> np.ndarray:
-    limit = np.sqrt(6.0 / (shape[0] + shape[1]))
+def _glorot(shape: tuple[int, ...], rng: np.random.Generator) -> np.ndarray:
+    """Glorot-uniform values of a dense `(in, out)` or a conv `(k, k, in, out)` kernel."""
+    receptive_field = int(np.prod(shape[:-2]))  # 1 for a dense kernel
+    limit = np.sqrt(6.0 / (receptive_field * (shape[-2] + shape[-1])))
     return rng.uniform(-limit, limit, size=shape).astype(np.float32)
 
 
@@ -88,10 +90,8 @@ class ConvTorso(tf.Module):
         height, width, channels = obs_shape
         self.kernels, self.biases, self.strides = [], [], []
         for i, (filters, kernel, stride) in enumerate(conv):
-            fan_in, fan_out = kernel * kernel * channels, kernel * kernel * filters
-            limit = np.sqrt(6.0 / (fan_in + fan_out))
-            init = rng.uniform(-limit, limit, size=(kernel, kernel, channels, filters))
-            self.kernels.append(tf.Variable(init.astype(np.float32), name=f"{name}/conv{i}/w"))
+            init = tf.constant(_glorot((kernel, kernel, channels, filters), rng))
+            self.kernels.append(tf.Variable(init, name=f"{name}/conv{i}/w"))
             self.biases.append(tf.Variable(tf.zeros([filters]), name=f"{name}/conv{i}/b"))
             self.strides.append(stride)
             if padding == "same":

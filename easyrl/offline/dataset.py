@@ -140,12 +140,9 @@ def schema_columns(schema: dict) -> dict[str, tuple[tuple, np.dtype]]:
 def list_shards(directory: str | Path) -> list[Path]:
     """The shard files of a dataset, sorted by (actor, k): the order `read_steps`'s
     `shard_indices` refer to."""
-    found = []
-    for path in Path(directory).iterdir():
-        match = _SHARD.fullmatch(path.name)
-        if match:
-            found.append((int(match[1]), int(match[2]), path))
-    return [path for _, _, path in sorted(found)]
+    matches = ((_SHARD.fullmatch(p.name), p) for p in Path(directory).iterdir())
+    found = sorted((int(m[1]), int(m[2]), p) for m, p in matches if m)
+    return [path for _, _, path in found]
 
 
 def _shard_name(path: Path) -> tuple[str, str]:
@@ -277,11 +274,6 @@ class DatasetWriter:
         for i in np.flatnonzero(envs).tolist():
             self.discard(i)
             self._open[i] = []
-
-    @property
-    def recording(self) -> np.ndarray:
-        """`[num_envs]` bool: whose current episode is being recorded."""
-        return np.array([rows is not None for rows in self._open])
 
     def add(self, obs, action, reward, terminated, truncated, next_obs, action_logp=None) -> int:
         """Adds one vector step (rows of envs not recording are ignored); buffers the

@@ -103,11 +103,9 @@ class OffPolicyEvaluator:
         """IS and WIS estimates of the policy whose log-probabilities
         `action_logp(obs, actions) -> [rows]` gives, as `eval_ope_is` / `eval_ope_wis`."""
         target = np.asarray(action_logp(self.steps["obs"], self.steps["action"]), np.float64)
-        b = self.bounds
+        steps, b = self.steps, self.bounds
         episodes = [
-            LoggedEpisode(
-                self.steps["reward"][lo:hi], self.steps["action_logp"][lo:hi], target[lo:hi]
-            )
+            LoggedEpisode(steps["reward"][lo:hi], steps["action_logp"][lo:hi], target[lo:hi])
             for lo, hi in zip(b[:-1], b[1:])
         ]
         return {

@@ -76,11 +76,10 @@ class Recorder:
         self._at_start = done
         target = self.cfg.output.min_return_mean
         if not self.active and len(self._returns) == self._returns.maxlen:
-            if np.mean(self._returns) >= target:
+            mean = np.mean(self._returns)
+            if mean >= target:
                 self.active = True
-                log.info(
-                    "trailing mean return %.1f >= %g: recording", np.mean(self._returns), target
-                )
+                log.info("trailing mean return %.1f >= %g: recording", mean, target)
 
     def reset(self) -> None:
         """The envs were reset: drops the open episodes; every env starts a new one."""

@@ -67,15 +67,8 @@ class ParameterServer(pb_grpc.ParameterServerServicer):
         self._optimizer: OptimizerGroups | None = None
         self.version = 0
         self.round = 0
-        self.counters = {
-            "pushes": 0,
-            "applied": 0,
-            "dropped_stale": 0,
-            "dropped_nonfinite": 0,
-            "dropped_ahead": 0,
-            "pulls": 0,
-            "staleness_sum": 0,
-        }
+        names = "pushes applied dropped_stale dropped_nonfinite dropped_ahead pulls staleness_sum"
+        self.counters = dict.fromkeys(names.split(), 0)
         self._pull_cache: tuple[int, list[pb.Tensor]] = (-1, [])
         self.stopping = threading.Event()
         self.stop_reason = ""
@@ -198,11 +191,9 @@ class ParameterServer(pb_grpc.ParameterServerServicer):
     def _encoded_values(self) -> list[pb.Tensor]:
         """The current values as tensors, encoded once per version (caller holds the lock)."""
         if self._pull_cache[0] != self.version:
-            arrays = self._flat.split(self._flat.read().numpy())
-            self._pull_cache = (
-                self.version,
-                codec.encode_named(dict(zip(self._variables, arrays))),
-            )
+            values = self._flat.split(self._flat.read().numpy())
+            arrays = dict(zip(self._variables, values))
+            self._pull_cache = (self.version, codec.encode_named(arrays))
         return self._pull_cache[1]
 
     @invalid_argument_on_error
@@ -353,13 +344,9 @@ def run(ctx) -> int:
     stop = stop_event_on_signals()
     params = cfg.algorithm.params
     stats = RunStats(cfg.stop.window) if ctx.task == 0 else None
-    ps = ParameterServer(
-        ctx.task,
-        ctx.algorithm_module().optimizer(params),
-        params.max_staleness,
-        ctx.run_dir / "checkpoints" / f"ps-{ctx.task}.npz",
-        stats,
-    )
+    optimizer = ctx.algorithm_module().optimizer(params)
+    checkpoint = ctx.run_dir / "checkpoints" / f"ps-{ctx.task}.npz"
+    ps = ParameterServer(ctx.task, optimizer, params.max_staleness, checkpoint, stats)
     # Every actor may hold a handler thread in a long-polling Pull (synchronous rounds).
     workers = 16 + ctx.cluster.actor
     server, _ = make_server(ctx.cluster.ps[ctx.task], ctx.token, max_workers=workers, tls=ctx.tls())

@@ -94,13 +94,12 @@ def _table(cls: type, prefix: str, skip: tuple[str, ...] = ()) -> list[str]:
     for f in dataclasses.fields(cls):
         if not f.init or f.name in skip:
             continue
-        section = _section_arm(hints[f.name])
-        if section is not None:
-            kind = f"section `{section.SECTION}`" + (
-                " or null" if section is not hints[f.name] else ""
-            )
+        tp = hints[f.name]
+        section = _section_arm(tp)
+        if section is None:
+            kind = f"`{config_lib._type_name(tp)}`"
         else:
-            kind = f"`{config_lib._type_name(hints[f.name])}`"
+            kind = f"section `{section.SECTION}`" + (" or null" if section is not tp else "")
         if f.default is not dataclasses.MISSING:
             default = f"`{_yaml(f.default)}`"
         elif f.default_factory is not dataclasses.MISSING:
@@ -121,15 +120,11 @@ def _sections() -> list[type]:
     """The section dataclasses in the order a reader meets them (nested ones after their
     parent)."""
     out = []
-    for f in dataclasses.fields(config_lib.Config):
-        section = _section_arm(config_lib._hints(config_lib.Config)[f.name])
-        if section is None:
-            continue
-        out.append(section)
-        hints = config_lib._hints(section)
-        out += [
-            s for s in map(_section_arm, (hints[g.name] for g in dataclasses.fields(section))) if s
-        ]
+    for tp in config_lib._hints(config_lib.Config).values():
+        section = _section_arm(tp)
+        if section is not None:
+            out.append(section)
+            out += [s for s in map(_section_arm, config_lib._hints(section).values()) if s]
     return out
 
 

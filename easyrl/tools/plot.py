@@ -71,8 +71,7 @@ def read_curves(run_dir: str | Path) -> Curves:
     if not path.is_file():
         what = "does not exist" if not run_dir.is_dir() else "has no metrics.jsonl"
         raise EasyRLError(f"run directory {str(run_dir)!r} {what}: nothing to plot")
-    label = run_dir.resolve().name
-    curves = Curves(label, [], [], [], [], [], [])
+    curves = Curves(run_dir.resolve().name, [], [], [], [], [], [])
     last_eval = None
     for record in _records(path):
         steps, time_s = record.get("env_steps", 0.0), record.get("time_s", 0.0)
@@ -130,8 +129,7 @@ def plot(run_dirs: list[str | Path], out: str | Path, title: str | None = None) 
             label = f"{curves.label} (evaluation)"
             by_steps.plot(curves.eval_env_steps, curves.eval_returns, label=label, **style)
             by_time.plot(curves.eval_time_s, curves.eval_returns, label=label, **style)
-    by_steps.set_xlabel("env steps")
-    by_steps.set_ylabel("mean episode return")
+    by_steps.set(xlabel="env steps", ylabel="mean episode return")
     by_time.set_xlabel("wall time (s)")
     for axes in (by_steps, by_time):
         axes.grid(True, alpha=0.3)

@@ -25,13 +25,7 @@ import numpy as np
 
 from easyrl import config as config_lib
 from easyrl.algorithms import registry
-from easyrl.envs import (
-    env_options,
-    env_spaces,
-    evaluation_options,
-    make_vector_env,
-    play_episodes,
-)
+from easyrl.envs import env_options, env_spaces, evaluation_options, make_vector_env, play_episodes
 from easyrl.errors import EasyRLError
 from easyrl.imports import add_import_roots
 from easyrl.seeds import derive_seed

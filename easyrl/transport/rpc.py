@@ -39,6 +39,21 @@ def new_token() -> str:
     return secrets.token_hex(16)
 
 
+def read_token_file(path: str | Path, what: str) -> str:
+    """The token in file `path` (surrounding whitespace removed).
+
+    Raises:
+        ConfigError: starting with `what`: the file cannot be read or holds no token.
+    """
+    try:
+        token = Path(path).read_text(encoding="utf-8").strip()
+    except (OSError, UnicodeDecodeError) as err:
+        raise ConfigError(f"{what}: cannot read the token file {path}: {err}") from err
+    if not token:
+        raise ConfigError(f"{what}: the token file {path} is empty")
+    return token
+
+
 def resolve_token(token_file: str | None, insecure: bool) -> str | None:
     """Finds the shared token: the EASYRL_TOKEN environment variable, else `token_file`.
 
@@ -50,12 +65,7 @@ def resolve_token(token_file: str | None, insecure: bool) -> str | None:
     """
     token = (os.environ.get(TOKEN_ENV) or "").strip()
     if not token and token_file:
-        try:
-            token = Path(token_file).read_text(encoding="utf-8").strip()
-        except (OSError, UnicodeDecodeError) as err:
-            raise ConfigError(f"security.token_file: cannot read {token_file}: {err}") from err
-        if not token:
-            raise ConfigError(f"security.token_file: {token_file} is empty")
+        token = read_token_file(token_file, "security.token_file")
     if not token and not insecure:
         raise ConfigError(
             f"no auth token: set {TOKEN_ENV} or security.token_file "
@@ -310,8 +320,7 @@ class Client:
                 Its `code` attribute holds the grpc.StatusCode.
         """
         timeout = self.timeout_s if timeout_s is None else timeout_s
-        budget = self.retry_s if retry_s is None else retry_s
-        give_up = time.monotonic() + budget
+        give_up = time.monotonic() + (self.retry_s if retry_s is None else retry_s)
         delay = self.BACKOFF_START_S
         rpc = getattr(self._stub, method)
         while True:
