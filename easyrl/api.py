@@ -19,6 +19,7 @@ every role process it starts.
 """
 
 import json
+import logging
 import signal
 import sys
 import threading
@@ -30,10 +31,13 @@ from typing import Any, TextIO
 import yaml
 
 from easyrl import config as config_lib
+from easyrl.cluster import rundir
 from easyrl.errors import ConfigError, EasyRLError
 from easyrl.imports import add_import_roots
 
 __all__ = ["TrainResult", "load", "train"]
+
+log = logging.getLogger(__name__)
 
 _YAML_DOCUMENT_END = "...\n"
 """What `yaml.safe_dump` appends to a lone scalar."""
@@ -53,7 +57,8 @@ class TrainResult:
     reason: str
     """Why the run stopped, e.g. "target reached: mean return 451.2 >= 450"."""
     elapsed_s: float
-    """Wall-clock seconds the run took."""
+    """Seconds of training on the run clock of PS shard 0 (counted across resumes; what
+    metrics.jsonl's time_s and stop.max_seconds read)."""
     metrics: dict[str, Any]
     """The last record of metrics.jsonl (env_steps, updates, episodes, return_mean,
     eval_return_mean when an evaluator ran, ...); empty when none was written."""
@@ -62,8 +67,9 @@ class TrainResult:
 
 
 def train(
-    config_or_path: str | Path | Mapping[str, Any] | config_lib.Config,
+    config_or_path: str | Path | Mapping[str, Any] | config_lib.Config | None = None,
     *,
+    resume: str | Path | None = None,
     out: TextIO | None = None,
     set: Sequence[str] = (),  # shadows the builtin here, to mirror the command line's --set
     **overrides: Any,
@@ -73,11 +79,18 @@ def train(
     Call it from the main thread: while it runs, SIGTERM (like Ctrl-C) shuts the run down
     cleanly; the previous SIGTERM handler is restored afterwards.
 
+    A new run never starts in a directory that holds another run (`run.dir`); a run is
+    resumed explicitly with `resume=RUN_DIR`, which restores its counters, weights, optimizer
+    state, replay and run clock from its checkpoints and trains on under its own config.
+
     Args:
         config_or_path: a YAML config file, a raw config mapping (as YAML loads it), or a
-            loaded `easyrl.config.Config`.
+            loaded `easyrl.config.Config`; None when resuming.
+        resume: the directory of a run to resume (`easyrl train --resume RUN_DIR`).
         out: where the progress lines go (default: sys.stdout).
-        set: `dotted.key=value` overrides, as `--set` takes them; applied first.
+        set: `dotted.key=value` overrides, as `--set` takes them; applied first. A resumed
+            run takes only those of stop conditions, logging and intervals
+            (`easyrl.cluster.rundir.RESUMABLE`).
         **overrides: config sections as mappings merged into the config, e.g.
             `stop={"max_seconds": 30}`, `algorithm={"lr": 1e-3}`, `run={"dir": "runs/x"}`.
 
@@ -86,19 +99,43 @@ def train(
 
     Raises:
         ConfigError: the config or an override is invalid (unknown key, wrong type, a custom
-            env module, torso or algorithm that cannot be imported, ...); nothing started.
+            env module, torso or algorithm that cannot be imported, an env id that does not
+            exist, a model that does not fit the env, ...), `run.dir` holds another run, or
+            `resume` names no run; nothing started and no file was written.
         EasyRLError: called from another thread than the main one.
     """
     from easyrl.cluster import launcher
 
     if threading.current_thread() is not threading.main_thread():
         raise EasyRLError("easyrl.train must be called from the main thread (it handles signals)")
-    cfg = load(config_or_path, set=set, **overrides)
-    run_dir = Path(cfg.run.dir or launcher.default_run_dir(cfg)).resolve()
-    cfg = replace(cfg, run=replace(cfg.run, dir=str(run_dir)))
+    out = sys.stdout if out is None else out
+    if resume is None:
+        if config_or_path is None:
+            raise ConfigError("train: give a config (file, mapping or Config) or resume=RUN_DIR")
+        cfg = load(config_or_path, set=set, **overrides)
+        run_dir = Path(cfg.run.dir or launcher.default_run_dir(cfg)).resolve()
+        cfg = replace(cfg, run=replace(cfg.run, dir=str(run_dir)))
+        rundir.check_fresh(cfg, run_dir)
+    else:
+        if config_or_path is not None or overrides:
+            raise ConfigError("resume: the run's own config.yaml is its config; give no other")
+        add_import_roots(Path.cwd())
+        run_dir = Path(resume).resolve()
+        cfg = rundir.load_resumed(run_dir, set)
+    check_builds(cfg)
+    if resume is not None:
+        state = rundir.resume_state(run_dir)
+        print(
+            f"resuming {run_dir}: version {state['version']:.0f}, env steps "
+            f"{state['env_steps']:,.0f}, replay {state['replay_items']:,.0f} items, run clock "
+            f"{state['elapsed_s']:.1f} s",
+            file=out,
+            flush=True,
+        )
+        rundir.record_resume(run_dir, set, state["elapsed_s"])
     previous = signal.getsignal(signal.SIGTERM)
     try:
-        exit_code = launcher.train(cfg, sys.stdout if out is None else out)
+        exit_code = launcher.train(cfg, out, resumed=resume is not None)
     finally:
         signal.signal(signal.SIGTERM, previous)  # the launcher made SIGTERM act as Ctrl-C
     summary = json.loads((run_dir / "summary.json").read_text())
@@ -143,6 +180,29 @@ def load(
             f"{type(config_or_path).__name__}"
         )
     return config_lib.from_dict(config_or_path, strings)
+
+
+def check_builds(cfg: config_lib.Config) -> None:
+    """Builds the env once and the algorithm's networks on it (on the CPU), so that a wrong
+    env id, `module:Class` path, space/model mismatch or missing extra fails before any role
+    process starts or any file is written.
+
+    Raises:
+        ConfigError: what the env or the model building raised, naming the key.
+    """
+    from easyrl.algorithms import registry
+    from easyrl.envs import env_options, env_spaces
+
+    obs_space, action_space = env_spaces(cfg.env.id, **env_options(cfg.env))  # before TF: fast
+    import tensorflow as tf
+
+    try:  # the launcher must not take a GPU's memory from the learners
+        tf.config.set_visible_devices([], "GPU")
+    except RuntimeError:  # this process set up its devices already (a notebook): keep them
+        log.debug("TensorFlow's devices are set up already; building on /CPU:0 anyway")
+    with tf.device("/CPU:0"):
+        module = registry.module(cfg.algorithm.name)
+        module.build(cfg.algorithm.params, obs_space, action_space, cfg.model, cfg.run.seed)
 
 
 def _override_strings(overrides: Mapping[str, Any], prefix: str) -> list[str]:

@@ -29,7 +29,10 @@ def _parser() -> argparse.ArgumentParser:
         )
 
     train = sub.add_parser("train", help="train with every role as a local process")
-    train.add_argument("config", help="YAML config file")
+    train.add_argument("config", nargs="?", help="YAML config file (not with --resume)")
+    train.add_argument(
+        "--resume", metavar="RUN_DIR", help="go on with an interrupted run from its checkpoints"
+    )
     add_common(train)
 
     run = sub.add_parser("run", help="run one process of one role")
@@ -194,7 +197,10 @@ def main(argv=None) -> int:
         if args.command == "train":
             from easyrl.api import train
 
-            return train(args.config, out=sys.stdout, set=args.overrides).exit_code
+            if (args.config is None) == (args.resume is None):
+                raise EasyRLError("train: give a CONFIG file, or --resume RUN_DIR (not both)")
+            result = train(args.config, resume=args.resume, out=sys.stdout, set=args.overrides)
+            return result.exit_code
         if args.command in TOOLS:
             return TOOLS[args.command](args)
         if args.command == "k8s":

@@ -302,6 +302,11 @@ class RunConfig(_Section):
     peer_timeout_s: float = 300.0
     """Seconds a worker waits at start for its PS and memory shards to answer the health check
     (and for the PS shards to hold weights) before it exits non-zero naming the ones missing."""
+    crash_repeats: int = 3
+    """`easyrl train`: a process that crashes with the same exception this many times within
+    `crash_window_s` ends the run (a deterministic crash) instead of being restarted."""
+    crash_window_s: float = 60.0
+    """The window, in seconds, of `crash_repeats`."""
 
 
 @dataclass(frozen=True)
@@ -435,6 +440,8 @@ _RULES: dict[type, dict[str, _Check]] = {
         log_interval_s=_gt(0),
         rpc_timeout_s=_gt(0),
         peer_timeout_s=_gt(0),
+        crash_repeats=_ge(1),
+        crash_window_s=_gt(0),
     ),
 }
 

@@ -17,14 +17,14 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from easyrl import config as config_lib
 from easyrl.cluster.spec import CLUSTER_ENV, ClusterSpec
 from easyrl.errors import EasyRLError, TransportError
-from easyrl.metrics import reached_goal
+from easyrl.metrics import progress_line, reached_goal
 from easyrl.offline.dataset import check_output_dir
 from easyrl.transport import rpc
 from easyrl.transport.clients import ShardClient, connect
@@ -120,6 +120,8 @@ class Child:
     log_path: Path | None = None
     overrides: tuple[str, ...] = ()
     restarts: int = 0
+    crashes: list[tuple[float, str]] = field(default_factory=list)
+    """(time.monotonic(), its last exception) of each non-zero exit."""
 
     @property
     def name(self) -> str:
@@ -130,15 +132,17 @@ class LocalCluster:
     """Starts, watches and stops the role processes of one run.
 
     Args:
-        cfg: the run's config (its `run.dir` is set); saved there as config.yaml, which the
-            children load.
+        cfg: the run's config (its `run.dir` is set); saved as `config_name` there, which
+            the children load.
         token: the shared auth token, handed to children through the environment.
+        config_name: config.yaml, or config.resumed.yaml for a resumed run (whose own
+            config.yaml stays as it is).
     """
 
-    def __init__(self, cfg, token: str):
+    def __init__(self, cfg, token: str, config_name: str = "config.yaml"):
         self.cfg = cfg
         self.run_dir = Path(cfg.run.dir)
-        self.config_path = self.run_dir / "config.yaml"
+        self.config_path = self.run_dir / config_name
         config_lib.save(cfg, self.config_path)
         self.token = token
         c = cfg.cluster
@@ -190,32 +194,36 @@ class LocalCluster:
             self.start_role(role, getattr(self.cfg.cluster, role) or 0)  # actor None: offline
         wait_servers([c for c in self.children if c.address], self.token, self.cfg.security)
 
-    def check_children(self) -> str | None:
-        """Restarts crashed processes; returns a failure reason when one cannot be.
+    def check_children(self, say: Callable[[str], None]) -> str | None:
+        """Restarts crashed processes, telling `say` why each crashed (its last exception and
+        its log); returns a failure reason when one must not be restarted: the same exception
+        `run.crash_repeats` times within `run.crash_window_s` (a deterministic crash), or
+        MAX_RESTARTS restarts.
 
         A PS shard comes back on its address and restores its newest checkpoint (variables,
         optimizer slots, version, counters, round); workers reconnect. A replay or trajectory
         memory shard comes back with its newest snapshot; an aggregate one (synchronous
         rounds) comes back empty, and the learner abandons the round it lost part of.
         """
+        run = self.cfg.run
         for child in self.children:
             code = child.process.poll()
-            if code is None:
-                continue
-            if code == 0 and child.role in WORKER_ROLES:
-                continue  # a worker that saw the run stopping exits cleanly
-            if child.restarts >= MAX_RESTARTS:
+            if code is None or (code == 0 and child.role in WORKER_ROLES):
+                continue  # running, or a worker that saw the run stopping and exited cleanly
+            now, why = time.monotonic(), last_exception(child) or f"exit code {code}"
+            child.crashes.append((now, why))
+            where = f"{why} (log: {child.log_path})"
+            say(f"{child.name} exited with code {code}: {where}")
+            same = [t for t, e in child.crashes if e == why and now - t <= run.crash_window_s]
+            if len(same) >= run.crash_repeats:
                 return (
-                    f"{child.name} exited with code {code} after {child.restarts} restarts; "
-                    f"giving up:\n{tail(child)}"
+                    f"{child.name} crashed {len(same)} times with the same error within "
+                    f"{run.crash_window_s:g} s: {where}"
                 )
+            if child.restarts >= MAX_RESTARTS:
+                return f"{child.name} crashed {child.restarts + 1} times; giving up: {where}"
             child.restarts += 1
-            log.warning(
-                "%s exited with code %s; restarting it (restart %d)",
-                child.name,
-                code,
-                child.restarts,
-            )
+            say(f"restarting {child.name} (restart {child.restarts})")
             child.process = self._spawn(child.role, child.task, child.overrides)
         return None
 
@@ -309,6 +317,19 @@ def _wait(children: list[Child], timeout_s: float) -> None:
             continue
 
 
+def last_exception(child: Child) -> str | None:
+    """The exception line ("KeyError: 'x'") of the last traceback in a child's log."""
+    try:
+        lines = child.log_path.read_text(errors="replace").splitlines() if child.log_path else []
+    except OSError:
+        return None
+    starts = [i for i, line in enumerate(lines) if line.startswith("Traceback (most recent")]
+    if not starts:
+        return None
+    after = lines[starts[-1] + 1 :]
+    return next((line for line in after if line and not line[0].isspace()), None)
+
+
 def tail(child: Child, lines: int = 15) -> str:
     """The last lines of a child's log ("" without one)."""
     try:
@@ -318,36 +339,34 @@ def tail(child: Child, lines: int = 15) -> str:
     return "\n".join("    " + line for line in text[-lines:])
 
 
-def progress_line(elapsed: float, counters: dict, restarts: int) -> str:
-    """One human-readable progress line."""
-    ret = counters.get("return_mean")
-    ret_text = f"{ret:7.1f} ({int(counters.get('recent_episodes', 0))} ep)" if ret else "    -"
-    return (
-        f"[{elapsed:6.1f}s] env steps {int(counters.get('env_steps', 0)):>9,} "
-        f"({counters.get('env_steps_per_s', 0):7,.0f}/s) | updates "
-        f"{int(counters.get('updates', 0)):>7,} ({counters.get('updates_per_s', 0):5,.0f}/s) | "
-        f"episodes {int(counters.get('episodes', 0)):>6,} | return {ret_text} | "
-        + (f"eval {counters['eval_return_mean']:7.1f} | " if "eval_return_mean" in counters else "")
-        + f"restarts {restarts}"
-    )
-
-
 def default_run_dir(cfg) -> str:
     """runs/<name>-<YYYYmmdd-HHMMSS> under the current directory."""
     return str(Path("runs") / f"{cfg.run.name}-{time.strftime('%Y%m%d-%H%M%S')}")
 
 
-def train(cfg, out=sys.stdout) -> int:
+def train(cfg, out=sys.stdout, resumed: bool = False) -> int:
     """Runs the whole cluster locally until the stop condition; returns the exit code
-    (0 when the goal was reached)."""
+    (0 when the goal was reached).
+
+    Progress lines, crash notices and the final line go to `out`, timed by the run clock of
+    PS shard 0 (counted across resumes: the clock of metrics.jsonl and `stop.max_seconds`).
+    `resumed`: the run directory holds this run's checkpoints, restored by the servers; its
+    config.yaml stays, the effective config is written to config.resumed.yaml.
+    """
     run_dir = Path(cfg.run.dir or default_run_dir(cfg)).resolve()
     cfg = replace(cfg, run=replace(cfg.run, dir=str(run_dir)))
     if cfg.output.dir is not None:
         check_output_dir(cfg.output.dir)
-    cluster = LocalCluster(cfg, rpc.new_token())
+    config_name = "config.resumed.yaml" if resumed else "config.yaml"
+    cluster = LocalCluster(cfg, rpc.new_token(), config_name)
     # SIGTERM to the launcher shuts the run down like Ctrl-C does.
     signal.signal(signal.SIGTERM, signal.default_int_handler)
     start = time.monotonic()
+    clock = 0.0  # the run clock, as PS shard 0 last reported it
+
+    def say(text: str) -> None:
+        print(f"[{clock:6.1f}s] {text}", file=out, flush=True)
+
     reason, exit_code, ps_stopping = None, 1, False
     print(f"run directory: {run_dir}", file=out, flush=True)
     try:
@@ -355,38 +374,47 @@ def train(cfg, out=sys.stdout) -> int:
         next_log = time.monotonic()
         while reason is None:
             time.sleep(0.5)
-            failure = cluster.check_children()
+            failure = cluster.check_children(say)
             if failure:
-                reason = failure
-                break
+                raise EasyRLError(failure)  # never a success, whatever the stop condition
             status = cluster.status("ps", 0)
-            if status and time.monotonic() >= next_log:
+            if not status:
+                continue
+            clock = status["elapsed_s"]
+            if time.monotonic() >= next_log:
                 next_log = time.monotonic() + cfg.run.log_interval_s
                 restarts = sum(c.restarts for c in cluster.children)
-                elapsed = time.monotonic() - start
-                print(progress_line(elapsed, status["counters"], restarts), file=out, flush=True)
-            if status:
-                if status["stopping"]:
-                    ps_stopping = True
-                    reason = status["stop_reason"] or "stopped by PS shard 0"
+                print(progress_line(clock, status["counters"], restarts), file=out, flush=True)
+            if status["stopping"]:
+                ps_stopping = True
+                reason = status["stop_reason"] or "stopped by PS shard 0"
         exit_code = 0 if reached_goal(cfg.stop, reason, cfg.output) else 1
     except KeyboardInterrupt:
         reason, exit_code = "interrupted", 130
     except EasyRLError as err:
         reason = str(err)
     finally:
+        servers = {
+            f"{c.role}/{c.task}": cluster.status(c.role, c.task)
+            for c in cluster.children
+            if c.role in SERVER_ROLES
+        }
+        clock = servers.get("ps/0", {}).get("elapsed_s") or clock
         summary = {
             "reason": reason,
             "exit_code": exit_code,
-            "elapsed_s": round(time.monotonic() - start, 2),
+            "elapsed_s": round(clock, 2),
+            "wall_s": round(time.monotonic() - start, 2),
             "restarts": {c.name: c.restarts for c in cluster.children},
-            "servers": {
-                f"{c.role}/{c.task}": cluster.status(c.role, c.task)
-                for c in cluster.children
-                if c.role in SERVER_ROLES
+            "crashes": {
+                c.name: [why for _, why in c.crashes] for c in cluster.children if c.crashes
             },
+            "servers": servers,
         }
         cluster.shutdown(workers_stopping=ps_stopping)
         (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
-    print(f"stopped after {summary['elapsed_s']:.1f}s: {reason}", file=out, flush=True)
+    restarts = [f"{c.name} x{c.restarts}" for c in cluster.children if c.restarts]
+    total = sum(c.restarts for c in cluster.children)
+    why = f"; {total} restart{'s' * (total != 1)} ({', '.join(restarts)})" if total else ""
+    print(f"stopped after {clock:.1f}s: {reason}{why}", file=out, flush=True)
     return exit_code

@@ -159,6 +159,21 @@ def reached_goal(stop, reason: str | None, output=None) -> bool:
     return True
 
 
+def progress_line(elapsed: float, counters: dict, restarts: int | None = None) -> str:
+    """One human-readable progress line (what `easyrl train` prints and PS shard 0 logs);
+    `restarts` only where they are known (the launcher)."""
+    ret = counters.get("return_mean")
+    ret_text = f"{ret:7.1f} ({int(counters.get('recent_episodes', 0))} ep)" if ret else "    -"
+    return (
+        f"[{elapsed:6.1f}s] env steps {int(counters.get('env_steps', 0)):>9,} "
+        f"({counters.get('env_steps_per_s', 0):7,.0f}/s) | updates "
+        f"{int(counters.get('updates', 0)):>7,} ({counters.get('updates_per_s', 0):5,.0f}/s) | "
+        f"episodes {int(counters.get('episodes', 0)):>6,} | return {ret_text} | "
+        + (f"eval {counters['eval_return_mean']:7.1f} | " if "eval_return_mean" in counters else "")
+        + ("" if restarts is None else f"restarts {restarts}")
+    ).rstrip(" |")
+
+
 class MetricsWriter:
     """Appends snapshots to `metrics.jsonl` and TensorBoard scalars under `run_dir/tb`."""
 
@@ -179,6 +194,7 @@ class MetricsWriter:
             f.write(json.dumps(record) + "\n")
         step = int(snapshot.get("env_steps", 0))
         with self._tb.as_default(step=step):
+            self._tf.summary.scalar("time_s", elapsed_s)  # the run clock, as in metrics.jsonl
             for key, value in snapshot.items():
                 self._tf.summary.scalar(key, value)
         self._tb.flush()

@@ -21,7 +21,7 @@ import tensorflow as tf
 from easyrl.algorithms.optimizers import OptimizerGroups, OptimizerSpec
 from easyrl.atomic import save_npz
 from easyrl.errors import EasyRLError
-from easyrl.metrics import MetricsWriter, RunStats, stop_reason
+from easyrl.metrics import MetricsWriter, RunStats, progress_line, stop_reason
 from easyrl.models import FlatVariables
 from easyrl.transport import codec
 from easyrl.transport import easyrl_pb2 as pb
@@ -328,6 +328,7 @@ def metrics_loop(ps: ParameterServer, stats: RunStats, cfg, run_dir: Path, done:
             log.info("stop condition: %s", reason)
             ps.stop_reason = reason
             ps.stopping.set()
+        log.info("%s", progress_line(elapsed, snapshot))  # `kubectl logs`, bare-metal logs
         try:
             writer.write(snapshot, elapsed, reason)
         except OSError as err:

@@ -1,0 +1,319 @@
+"""Runs a user can trust: a run directory belongs to one run, resuming is explicit and keeps
+one clock, crashes are explained, bad env ids fail before start-up, a bare PS shard 0 logs
+progress, and every command example in the docs loads.
+
+Real `easyrl train` launchers and role processes (helpers from test_cluster.py).
+"""
+
+import hashlib
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from test_cluster import CONFIG, ROOT, _env, _read_jsonl
+
+from easyrl import api
+from easyrl.errors import ConfigError
+
+SMALL = (
+    "stop.episode_return_mean=null",
+    "replay.min_size_to_sample=200",
+    "replay.samples_per_insert=1.0",
+    "replay.error_buffer=400",
+    "algorithm.batch_size=32",
+    "run.log_interval_s=0.5",
+    "env.num_envs=4",
+    "cluster.actor=1",
+)
+
+
+def _train(args: list[str], cwd: Path, out: Path) -> subprocess.Popen:
+    """`easyrl train ARGS` in the background, its output (stdout and stderr) into `out`."""
+    with out.open("wb") as sink:
+        return subprocess.Popen(
+            [sys.executable, "-m", "easyrl.cli", "train", *args],
+            stdout=sink,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            cwd=cwd,
+            env=_env(),
+        )
+
+
+def _sets(*overrides: str) -> list[str]:
+    return [arg for o in overrides for arg in ("--set", o)]
+
+
+def _files(directory: Path) -> dict[str, str]:
+    """{relative path: sha256} of every file under `directory`."""
+    return {
+        str(p.relative_to(directory)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(directory.rglob("*"))
+        if p.is_file()
+    }
+
+
+def _finish(process: subprocess.Popen, out: Path, timeout_s: float) -> str:
+    try:
+        process.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
+        pytest.fail(f"easyrl train still running after {timeout_s:.0f}s:\n{out.read_text()}")
+    return out.read_text(errors="replace")
+
+
+@pytest.fixture(scope="module")
+def apex_run(tmp_path_factory) -> Path:
+    """An Ape-X DQN run stopped after a few updates (its directory)."""
+    tmp = tmp_path_factory.mktemp("apex")
+    run_dir = tmp / "run"
+    out = tmp / "train.out"
+    process = _train(
+        [str(CONFIG), *_sets(*SMALL, "stop.max_env_steps=1500", f"run.dir={run_dir}")], tmp, out
+    )
+    text = _finish(process, out, 180)
+    assert process.returncode == 0, text
+    return run_dir
+
+
+@pytest.mark.timeout(240)
+def test_a_new_run_in_a_directory_holding_another_fails_and_changes_nothing(apex_run, tmp_path):
+    before = _files(apex_run)
+    started = time.monotonic()
+    done = subprocess.run(
+        [sys.executable, "-m", "easyrl.cli", "train", str(ROOT / "configs" / "cartpole_ppo.yaml")]
+        + _sets(f"run.dir={apex_run}"),
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env=_env(),
+        timeout=60,
+    )
+    assert time.monotonic() - started < 10
+    assert done.returncode != 0
+    assert "holds another run (algorithm.name 'dqn' there, 'ppo' here" in done.stderr
+    assert f"easyrl train --resume {apex_run}" in done.stderr
+    assert _files(apex_run) == before
+
+
+def test_resuming_refuses_overrides_that_shape_the_checkpoints(apex_run):
+    from easyrl.cluster import rundir
+
+    with pytest.raises(ConfigError, match="--resume: model.hidden cannot change when resuming"):
+        rundir.load_resumed(apex_run, ["model.hidden=[8]"])
+    cfg = rundir.load_resumed(apex_run, ["stop.max_seconds=99"])
+    assert cfg.stop.max_seconds == 99 and cfg.run.dir == str(apex_run.resolve())
+
+
+def _console_clock(text: str) -> list[float]:
+    """The elapsed seconds of every progress line, in order."""
+    return [float(m) for m in re.findall(r"^\[\s*([\d.]+)s\] env steps", text, re.M)]
+
+
+@pytest.mark.timeout(360)
+def test_an_interrupted_run_resumes_its_counters_replay_and_clock(tmp_path):
+    run_dir = tmp_path / "run"
+    first_out = tmp_path / "first.out"
+    overrides = (
+        *SMALL,
+        "stop.max_seconds=300",
+        "run.checkpoint_interval_s=1",
+        f"run.dir={run_dir}",
+    )
+    first = _train([str(CONFIG), *_sets(*overrides)], tmp_path, first_out)
+    deadline = time.monotonic() + 150
+    while not any(r.get("updates", 0) > 50 for r in _read_jsonl(run_dir / "metrics.jsonl")):
+        assert first.poll() is None and time.monotonic() < deadline, first_out.read_text()
+        time.sleep(0.5)
+    first.send_signal(signal.SIGINT)
+    assert _finish(first, first_out, 60) and first.returncode == 130
+    before = _read_jsonl(run_dir / "metrics.jsonl")
+    config_before = (run_dir / "config.yaml").read_bytes()
+    stop_at = before[-1]["time_s"] + 15  # the resumed run trains ~15 s more on the same clock
+
+    out = tmp_path / "resumed.out"
+    resumed = _train(
+        ["--resume", str(run_dir), *_sets(f"stop.max_seconds={stop_at:.1f}")], tmp_path, out
+    )
+    text = _finish(resumed, out, 150)
+    assert resumed.returncode == 0, text
+    line = re.search(r"resuming (\S+): version (\d+), env steps ([\d,]+), replay ([\d,]+)", text)
+    assert line and line.group(1) == str(run_dir.resolve()), text
+    assert int(line.group(2)) > 0 and int(line.group(3).replace(",", "")) > 0
+    assert (run_dir / "config.yaml").read_bytes() == config_before  # the run's own config
+    records = _read_jsonl(run_dir / "metrics.jsonl")
+    steps = [r["env_steps"] for r in records]
+    times = [r["time_s"] for r in records]
+    assert steps == sorted(steps) and times == sorted(times)  # never backwards
+    assert records[-1]["env_steps"] > before[-1]["env_steps"]
+    # One clock: the console's progress lines, metrics.jsonl and the stop condition.
+    clock = _console_clock(text)
+    assert clock and clock[0] >= before[-1]["time_s"] - 0.5, (clock, before[-1]["time_s"])
+    stopped = float(re.search(r"stopped after ([\d.]+)s: max_seconds reached", text).group(1))
+    stop = next(r for r in records if "stop" in r)  # the record of the stop condition
+    assert abs(stopped - stop["time_s"]) <= 1.0, (stopped, stop["time_s"])
+    assert stop_at <= stop["time_s"] <= stop_at + 1.0, (stop_at, stop["time_s"])
+
+
+CRASHING_ENV = '''
+import gymnasium as gym
+import numpy as np
+
+
+class Crashing(gym.Env):
+    """CartPole-sized, with a bug: it raises at its 300th step."""
+
+    observation_space = gym.spaces.Box(-1.0, 1.0, (4,), np.float32)
+    action_space = gym.spaces.Discrete(2)
+
+    def __init__(self):
+        self.steps = 0
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        return np.zeros(4, np.float32), {}
+
+    def step(self, action):
+        self.steps += 1
+        if self.steps >= 300:
+            raise KeyError("lost the ball at step 300")
+        return np.zeros(4, np.float32), 1.0, False, self.steps % 50 == 0, {}
+'''
+
+
+@pytest.mark.timeout(300)
+def test_a_deterministic_crash_is_explained_and_ends_the_run(tmp_path):
+    (tmp_path / "crashing_env.py").write_text(CRASHING_ENV)
+    out = tmp_path / "train.out"
+    overrides = (*SMALL, "env.id=crashing_env:Crashing", "stop.max_seconds=240")
+    process = _train(
+        [str(CONFIG), *_sets(*overrides, f"run.dir={tmp_path / 'run'}")], tmp_path, out
+    )
+    text = _finish(process, out, 240)
+    assert process.returncode not in (0, None), text
+    assert "KeyError: 'lost the ball at step 300'" in text
+    assert str(tmp_path / "run" / "logs" / "actor-0.log") in text
+    final = text.strip().splitlines()[-1]
+    assert "crashed 3 times with the same error" in final and "2 restarts" in final, final
+    crashes = [
+        float(t) for t in re.findall(r"^\[\s*([\d.]+)s\] actor-0 exited with code 1", text, re.M)
+    ]
+    assert len(crashes) == 3, text
+    ended = float(re.search(r"stopped after ([\d.]+)s", text).group(1))
+    assert ended - crashes[-1] < 60
+
+
+def test_a_mistyped_env_id_fails_before_any_process_starts(tmp_path):
+    run_dir = tmp_path / "run"
+    started = time.monotonic()
+    done = subprocess.run(
+        [sys.executable, "-m", "easyrl.cli", "train", str(CONFIG)]
+        + _sets("env.id=CartPol-v1", f"run.dir={run_dir}"),
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env=_env(),
+        timeout=60,
+    )
+    assert time.monotonic() - started < 10
+    assert done.returncode != 0 and "did you mean 'CartPole-v1'" in done.stderr
+    assert not run_dir.exists()
+
+
+def _free_ports(n: int) -> list[int]:
+    sockets = [socket.socket() for _ in range(n)]
+    for s in sockets:
+        s.bind(("127.0.0.1", 0))
+    ports = [s.getsockname()[1] for s in sockets]
+    for s in sockets:
+        s.close()
+    return ports
+
+
+@pytest.mark.timeout(120)
+def test_a_bare_ps_shard_zero_logs_progress_at_the_log_interval(tmp_path):
+    ps, memory = _free_ports(2)
+    env = {**_env(), "EASYRL_TOKEN": "t" * 32}
+    command = [sys.executable, "-m", "easyrl.cli", "run", "--role", "ps", "--task", "0"]
+    command += ["--config", str(CONFIG), "--ps-hosts", f"127.0.0.1:{ps}"]
+    command += ["--memory-hosts", f"127.0.0.1:{memory}", "--num-learners", "1", "--num-actors", "1"]
+    command += _sets("run.log_interval_s=0.5", f"run.dir={tmp_path / 'run'}")
+    log = tmp_path / "ps.log"
+    with log.open("wb") as sink:
+        process = subprocess.Popen(command, stdout=sink, stderr=subprocess.STDOUT, env=env)
+    try:
+        deadline = time.monotonic() + 90
+        while len(re.findall(r"ps-0 INFO .*\] env steps", log.read_text())) < 4:
+            assert process.poll() is None and time.monotonic() < deadline, log.read_text()
+            time.sleep(0.2)
+    finally:
+        process.send_signal(signal.SIGTERM)
+        process.wait(timeout=30)
+    stamps = re.findall(r"ps-0 INFO .*\[\s*([\d.]+)s\] env steps", log.read_text())
+    gaps = [b - a for a, b in zip(map(float, stamps), map(float, stamps[1:]))]
+    assert gaps and all(0.3 <= g <= 1.5 for g in gaps), stamps
+
+
+# --- every command example in the docs loads ---------------------------------------------
+
+DOCS = [
+    ROOT / "README.md",
+    *sorted((ROOT / "docs").glob("*.md")),
+    *sorted(ROOT.glob("examples/*/*.md")),
+]
+SCRIPTS = sorted((ROOT / "scripts").glob("*.sh"))
+TRAIN = re.compile(r"easyrl (?:train|k8s) (\S+\.yaml)((?:\s+--set\s+\S+=\S+)*)")
+SET = re.compile(r"--set\s+([\w.]+=[^\s`'\")]+)")
+PLACEHOLDER = re.compile(r"^(dotted\.key|section\.key|K)=|[<>]|\.\.\.|=(PATH|DIR|N)$")
+
+
+def _examples() -> list[tuple[str, str, list[str], str]]:
+    """(where, config file, overrides) of every `easyrl train|k8s CONFIG --set ...` in the
+    docs and the scripts' --help, and (where, "", [override]) for every lone `--set`, each
+    with the text it stands in."""
+    texts = [(str(p.relative_to(ROOT)), p.read_text()) for p in DOCS]
+    for script in SCRIPTS:
+        done = subprocess.run(["bash", str(script), "--help"], capture_output=True, text=True)
+        texts.append((f"{script.name} --help", done.stdout + done.stderr))
+    found = []
+    for where, text in texts:
+        for match in TRAIN.finditer(text):
+            found.append((where, match.group(1), SET.findall(match.group(2)), text))
+        for match in SET.finditer(TRAIN.sub("", text)):
+            found.append((where, "", [match.group(1)], text))
+    return found
+
+
+def test_every_command_example_in_the_docs_and_scripts_loads():
+    configs = sorted((ROOT / "configs").glob("*.yaml"))
+    examples = _examples()
+    assert len(examples) > 20, examples
+    failures = []
+    for where, config, overrides, text in examples:
+        overrides = [o for o in overrides if not PLACEHOLDER.search(o)]
+        candidates = [ROOT / config] if config else configs
+        if config and not (ROOT / config).exists():
+            if not config.startswith(("configs/", "examples/")):
+                continue  # a user's own file named in prose (my_config.yaml)
+            failures.append(f"{where}: {config} does not exist")
+            continue
+        errors = []
+        for path in candidates:
+            try:
+                api.load(path, set=overrides)  # as `easyrl train` loads it
+                break
+            except ConfigError as err:
+                if "record one first" in str(err):  # an offline config before its recording
+                    break
+                if str(err)[:40] in text:  # an example of a bad command, shown with its error
+                    break
+                errors.append(str(err))
+        else:
+            failures.append(f"{where}: {config or 'any config'} {overrides}: {errors[0]}")
+    assert not failures, "\n".join(failures)
