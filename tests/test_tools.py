@@ -343,8 +343,8 @@ def test_rollout_and_export_of_a_custom_env_run_work_from_where_it_was_started(
     write_latest(run_dir, cfg, random_values(algo, 0))
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     # As the `easyrl` console script runs: -P keeps the current directory off sys.path.
-    main = "import sys; from easyrl.cli import main; sys.exit(main())"
-    easyrl = [sys.executable, "-P", "-c", main]
+    script = "import sys; from easyrl.cli import main; sys.exit(main())"
+    easyrl = [sys.executable, "-P", "-c", script]
     for args in (["rollout", "corridor", "--episodes", "1"], ["export", "corridor", "--out", "x"]):
         done = subprocess.run(
             [*easyrl, *args], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120
