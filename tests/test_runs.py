@@ -15,21 +15,12 @@ import time
 from pathlib import Path
 
 import pytest
-from test_cluster import CONFIG, ROOT, _env, _read_jsonl
+from test_cluster import BASE_OVERRIDES, CONFIG, ROOT, _env, _read_jsonl
 
 from easyrl import api
 from easyrl.errors import ConfigError
 
-SMALL = (
-    "stop.episode_return_mean=null",
-    "replay.min_size_to_sample=200",
-    "replay.samples_per_insert=1.0",
-    "replay.error_buffer=400",
-    "algorithm.batch_size=32",
-    "run.log_interval_s=0.5",
-    "env.num_envs=4",
-    "cluster.actor=1",
-)
+SMALL = (*BASE_OVERRIDES, "cluster.actor=1")
 
 
 def _train(args: list[str], cwd: Path, out: Path) -> subprocess.Popen:
@@ -43,6 +34,21 @@ def _train(args: list[str], cwd: Path, out: Path) -> subprocess.Popen:
             cwd=cwd,
             env=_env(),
         )
+
+
+def _train_fails_fast(args: list[str], cwd: Path) -> str:
+    """Runs `easyrl train ARGS`, which must fail within 10 s; returns its stderr."""
+    started = time.monotonic()
+    done = subprocess.run(
+        [sys.executable, "-m", "easyrl.cli", "train", *args],
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+        env=_env(),
+        timeout=60,
+    )
+    assert time.monotonic() - started < 10 and done.returncode != 0, done.stderr
+    return done.stderr
 
 
 def _sets(*overrides: str) -> list[str]:
@@ -85,20 +91,10 @@ def apex_run(tmp_path_factory) -> Path:
 @pytest.mark.timeout(240)
 def test_a_new_run_in_a_directory_holding_another_fails_and_changes_nothing(apex_run, tmp_path):
     before = _files(apex_run)
-    started = time.monotonic()
-    done = subprocess.run(
-        [sys.executable, "-m", "easyrl.cli", "train", str(ROOT / "configs" / "cartpole_ppo.yaml")]
-        + _sets(f"run.dir={apex_run}"),
-        capture_output=True,
-        text=True,
-        cwd=tmp_path,
-        env=_env(),
-        timeout=60,
-    )
-    assert time.monotonic() - started < 10
-    assert done.returncode != 0
-    assert "holds another run (algorithm.name 'dqn' there, 'ppo' here" in done.stderr
-    assert f"easyrl train --resume {apex_run}" in done.stderr
+    ppo = str(ROOT / "configs" / "cartpole_ppo.yaml")
+    error = _train_fails_fast([ppo, *_sets(f"run.dir={apex_run}")], tmp_path)
+    assert "holds another run (algorithm.name 'dqn' there, 'ppo' here" in error
+    assert f"easyrl train --resume {apex_run}" in error
     assert _files(apex_run) == before
 
 
@@ -211,18 +207,10 @@ def test_a_deterministic_crash_is_explained_and_ends_the_run(tmp_path):
 
 def test_a_mistyped_env_id_fails_before_any_process_starts(tmp_path):
     run_dir = tmp_path / "run"
-    started = time.monotonic()
-    done = subprocess.run(
-        [sys.executable, "-m", "easyrl.cli", "train", str(CONFIG)]
-        + _sets("env.id=CartPol-v1", f"run.dir={run_dir}"),
-        capture_output=True,
-        text=True,
-        cwd=tmp_path,
-        env=_env(),
-        timeout=60,
+    error = _train_fails_fast(
+        [str(CONFIG), *_sets("env.id=CartPol-v1", f"run.dir={run_dir}")], tmp_path
     )
-    assert time.monotonic() - started < 10
-    assert done.returncode != 0 and "did you mean 'CartPole-v1'" in done.stderr
+    assert "did you mean 'CartPole-v1'" in error
     assert not run_dir.exists()
 
 
