@@ -77,7 +77,7 @@ def train(
     """Trains with every role as a local process until the config's stop condition.
 
     Call it from the main thread: while it runs, SIGTERM (like Ctrl-C) shuts the run down
-    cleanly; the previous SIGTERM handler is restored afterwards.
+    cleanly, and so does SIGINT; the previous handlers are restored afterwards.
 
     A new run never starts in a directory that holds another run (`run.dir`); a run is
     resumed explicitly with `resume=RUN_DIR`, which restores its counters, weights, optimizer
@@ -133,11 +133,12 @@ def train(
             flush=True,
         )
         rundir.record_resume(run_dir, set, state["elapsed_s"])
-    previous = signal.getsignal(signal.SIGTERM)
+    previous = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
     try:
         exit_code = launcher.train(cfg, out, resumed=resume is not None)
     finally:
-        signal.signal(signal.SIGTERM, previous)  # the launcher made SIGTERM act as Ctrl-C
+        for signum, handler in previous.items():  # the launcher made both act as Ctrl-C
+            signal.signal(signum, handler)
     summary = json.loads((run_dir / "summary.json").read_text())
     return TrainResult(
         run_dir=run_dir,

@@ -258,7 +258,7 @@ DOCS = [
 SCRIPTS = sorted((ROOT / "scripts").glob("*.sh"))
 TRAIN = re.compile(r"easyrl (?:train|k8s) (\S+\.yaml)((?:\s+--set\s+\S+=\S+)*)")
 SET = re.compile(r"--set\s+([\w.]+=[^\s`'\")]+)")
-PLACEHOLDER = re.compile(r"^(dotted\.key|section\.key|K)=|[<>]|\.\.\.|=(PATH|DIR|N)$")
+PLACEHOLDER = re.compile(r"^(dotted\.key|section\.key|(\w+\.)?K)=|[<>]|\.\.\.|=(PATH|DIR|N)$")
 
 
 def _examples() -> list[tuple[str, str, list[str], str]]:

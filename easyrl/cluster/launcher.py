@@ -121,7 +121,9 @@ class Child:
     overrides: tuple[str, ...] = ()
     restarts: int = 0
     crashes: list[tuple[float, str]] = field(default_factory=list)
-    """(time.monotonic(), its last exception) of each non-zero exit."""
+    """(time.monotonic(), its exception or exit code) of each exit it was restarted after."""
+    log_start: int = 0
+    """Where in its log the current process's output begins (the log is appended to)."""
 
     @property
     def name(self) -> str:
@@ -178,9 +180,11 @@ class LocalCluster:
         started = []
         for task in range(count):
             address = getattr(self.spec, role)[task] if role in SERVER_ROLES else None
-            process = self._spawn(role, task, overrides)
             log_path = self.run_dir / "logs" / f"{role}-{task}.log"
-            started.append(Child(role, task, address, process, log_path, tuple(overrides)))
+            start = _size(log_path)
+            process = self._spawn(role, task, overrides)
+            child = Child(role, task, address, process, log_path, tuple(overrides), log_start=start)
+            started.append(child)
         self.children += started
         return started
 
@@ -210,20 +214,24 @@ class LocalCluster:
             code = child.process.poll()
             if code is None or (code == 0 and child.role in WORKER_ROLES):
                 continue  # running, or a worker that saw the run stopping and exited cleanly
-            now, why = time.monotonic(), last_exception(child) or f"exit code {code}"
-            child.crashes.append((now, why))
-            where = f"{why} (log: {child.log_path})"
-            say(f"{child.name} exited with code {code}: {where}")
-            same = [t for t, e in child.crashes if e == why and now - t <= run.crash_window_s]
-            if len(same) >= run.crash_repeats:
-                return (
-                    f"{child.name} crashed {len(same)} times with the same error within "
-                    f"{run.crash_window_s:g} s: {where}"
-                )
-            if child.restarts >= MAX_RESTARTS:
-                return f"{child.name} crashed {child.restarts + 1} times; giving up: {where}"
+            now, error = time.monotonic(), last_exception(child)
+            child.crashes.append((now, error or f"exit code {code}"))
+            where = f"{error or 'no exception logged'} (log: {child.log_path})"
+            # The same exception again and again is a deterministic crash (a kill is not).
+            same = [t for t, e in child.crashes if e == error and now - t <= run.crash_window_s]
+            failure = None
+            if error and len(same) >= run.crash_repeats:
+                failure = f"crashed {len(same)} times with the same error within "
+                failure += f"{run.crash_window_s:g} s: {where}"
+            elif child.restarts >= MAX_RESTARTS:
+                failure = f"crashed {child.restarts + 1} times; giving up: {where}"
+            if failure:
+                say(f"{child.name} exited with code {code}: {where}")
+                return f"{child.name} {failure}"
             child.restarts += 1
-            say(f"restarting {child.name} (restart {child.restarts})")
+            restart = f"restarting it (restart {child.restarts})"
+            say(f"{child.name} exited with code {code}; {restart}: {where}")
+            child.log_start = _size(child.log_path)
             child.process = self._spawn(child.role, child.task, child.overrides)
         return None
 
@@ -317,10 +325,20 @@ def _wait(children: list[Child], timeout_s: float) -> None:
             continue
 
 
+def _size(path: Path | None) -> int:
+    """A file's size in bytes (0 when there is none)."""
+    return path.stat().st_size if path is not None and path.exists() else 0
+
+
 def last_exception(child: Child) -> str | None:
-    """The exception line ("KeyError: 'x'") of the last traceback in a child's log."""
+    """The exception line ("KeyError: 'x'") of the last traceback the child's current process
+    wrote to its log, or None."""
+    if child.log_path is None:
+        return None
     try:
-        lines = child.log_path.read_text(errors="replace").splitlines() if child.log_path else []
+        with child.log_path.open("rb") as f:
+            f.seek(child.log_start)
+            lines = f.read().decode(errors="replace").splitlines()
     except OSError:
         return None
     starts = [i for i, line in enumerate(lines) if line.startswith("Traceback (most recent")]
@@ -360,7 +378,10 @@ def train(cfg, out=sys.stdout, resumed: bool = False) -> int:
     config_name = "config.resumed.yaml" if resumed else "config.yaml"
     cluster = LocalCluster(cfg, rpc.new_token(), config_name)
     # SIGTERM to the launcher shuts the run down like Ctrl-C does.
+    # SIGINT too, even where it arrives ignored (started from a non-interactive shell's
+    # background job, SIG_IGN is inherited and Python installs no KeyboardInterrupt handler).
     signal.signal(signal.SIGTERM, signal.default_int_handler)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     start = time.monotonic()
     clock = 0.0  # the run clock, as PS shard 0 last reported it
 
