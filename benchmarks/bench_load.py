@@ -130,8 +130,8 @@ def _sampler_main(index, address, token, args, ready, go, results) -> None:
             if not reply.ready:
                 not_ready += 1
                 continue
-            codec.decode_batch(reply.tensors)
-            keys = codec.decode_array(reply.keys)
+            codec.decode_batch(reply.tensors, reply.body)
+            keys = codec.decode_array(reply.keys, reply.body)
             update = pb.UpdatePrioritiesRequest(
                 keys=codec.encode_array("keys", keys),
                 priorities=codec.encode_array("priorities", rng.random(len(keys)) + 0.01),

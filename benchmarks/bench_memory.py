@@ -138,9 +138,9 @@ def bench_items(cluster: common.Cluster, items: str, args) -> dict:
             reply = local.call("Sample", request)
             if not reply.ready:
                 raise RuntimeError("Sample was not ready: the rate limiter blocked it")
-            data = codec.decode_batch(reply.tensors)
-            keys = codec.decode_array(reply.keys)
-            codec.decode_array(reply.weights)
+            data = codec.decode_batch(reply.tensors, reply.body)
+            keys = codec.decode_array(reply.keys, reply.body)
+            codec.decode_array(reply.weights, reply.body)
             new = local_rng.random(len(keys))
             local.call(
                 "UpdatePriorities",
@@ -166,7 +166,7 @@ def bench_items(cluster: common.Cluster, items: str, args) -> dict:
             reply = client.call("Sample", request)
             if not reply.ready:
                 raise RuntimeError("Sample was not ready: the rate limiter blocked it")
-            data = codec.decode_batch(reply.tensors)
+            data = codec.decode_batch(reply.tensors, reply.body)
             return len(reply.keys.data) // 8, sum(a.nbytes for a in data.values())
 
         rate = common.measure(sample_only, args.duration)

@@ -40,7 +40,6 @@ from easyrl.cluster.launcher import (
     stop_children,
     wait_servers,
 )
-from easyrl.transport import easyrl_pb2_grpc as pb_grpc
 from easyrl.transport import rpc
 
 HOST = "127.0.0.1"
@@ -547,7 +546,7 @@ def _memory_server_main(address: str, token: str, raw_config: dict, spec: dict) 
     memory = memory_role.build(cfg, table_spec, 0)
     # Handler threads as `roles.memory.run` sizes them for a cluster of up to 64 actors.
     server, _ = rpc.make_server(address, token, max_workers=16 + 64 + 4)
-    pb_grpc.add_ReplayMemoryServicer_to_server(memory, server)
+    rpc.add_servicer("memory", memory, server)
     server.start()
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())

@@ -98,11 +98,11 @@ class RoleServers:
         name, table = TABLE_CONFIGS[kind]
         return config_lib.load(CONFIGS / name, [*_SMALL_RUN, *table, *overrides])
 
-    def _serve(self, servicer, add, ctx, workers: int) -> str:
+    def _serve(self, servicer, role: str, ctx, workers: int) -> str:
         from easyrl.transport import rpc
 
         server, port = rpc.make_server("127.0.0.1:0", ctx.token, max_workers=workers, tls=ctx.tls())
-        add(servicer, server)
+        rpc.add_servicer(role, servicer, server)
         server.start()
         self._servers.append(server)
         return f"127.0.0.1:{port}"
@@ -112,7 +112,6 @@ class RoleServers:
         from easyrl.metrics import RunStats
         from easyrl.roles import memory as memory_role
         from easyrl.roles.ps import ParameterServer
-        from easyrl.transport import easyrl_pb2_grpc as pb_grpc
 
         ctx = _context(cfg, token, self.run_dir, "127.0.0.1:1", "127.0.0.1:2")
         params = cfg.algorithm.params
@@ -120,13 +119,11 @@ class RoleServers:
         ps = ParameterServer(
             0, module.optimizer(params), params.max_staleness, None, RunStats(cfg.stop.window)
         )
-        ps_address = self._serve(
-            ps, pb_grpc.add_ParameterServerServicer_to_server, ctx, 16 + ctx.cluster.actor
-        )
+        ps_address = self._serve(ps, "ps", ctx, 16 + ctx.cluster.actor)
         spec = module.replay_spec(params, *ctx.spaces())
         memory = memory_role.build(cfg, spec, 0, ctx.cluster)
         self._memories.append(memory)
-        memory_address = self._serve(memory, pb_grpc.add_ReplayMemoryServicer_to_server, ctx, 16)
+        memory_address = self._serve(memory, "memory", ctx, 16)
         return Shards(_context(cfg, token, self.run_dir, ps_address, memory_address), ps, memory)
 
     @staticmethod

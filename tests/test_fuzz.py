@@ -9,7 +9,8 @@ and that everything it holds is unchanged (see `RoleServers.state`).
 
 Garbage that protobuf cannot parse is refused by gRPC itself with INTERNAL ("Exception
 deserializing request!") before any handler runs; a request that parses but is invalid
-is refused by the handler with INVALID_ARGUMENT.
+is refused by the handler with INVALID_ARGUMENT. Tensors are fuzzed both inline and with
+their bytes in the message body (offsets), the layout roles send.
 """
 
 import math
@@ -262,6 +263,70 @@ TENSOR_MUTATIONS = {
     "missing-first": lambda tensors: tensors[1:],
     "none": lambda tensors: [],
 }
+
+
+def _in_body(tensors) -> tuple[list, bytes]:
+    """The same tensors with their bytes moved into a message body (what roles send)."""
+    moved, parts, size = [], [], 0
+    for tensor in tensors:
+        copy = pb.Tensor()
+        copy.CopyFrom(tensor)
+        copy.ClearField("data")
+        copy.offset = size
+        parts.append(tensor.data)
+        size += len(tensor.data)
+        moved.append(copy)
+    return moved, b"".join(parts)
+
+
+# Tensor mutations that mean the same with the bytes in the body (a byte count is not a
+# property of a tensor there: the shape says how many bytes it reads at its offset).
+BODY_TENSOR_MUTATIONS = [m for m in TENSOR_MUTATIONS if not m.startswith("bytes-")]
+
+BODY_MUTATIONS = {
+    "offset-negative": lambda tensors, body: (_set(offset=-1)(tensors), body),
+    "offset-at-end": lambda tensors, body: (_set(offset=len(body))(tensors), body),
+    "offset-int64-max": lambda tensors, body: (_set(offset=2**63 - 1)(tensors), body),
+    "body-one-byte-short": lambda tensors, body: (tensors, body[:-1]),
+    "body-missing": lambda tensors, body: (tensors, b""),
+    "offset-and-inline-data": lambda tensors, body: (_set(data=b"\0")(tensors), body),
+}
+
+
+def _body_cases():
+    for mutation in BODY_TENSOR_MUTATIONS:
+        mutate = TENSOR_MUTATIONS[mutation]
+        yield mutation, lambda tensors, mutate=mutate: _in_body(mutate(tensors))
+    for mutation, mutate in BODY_MUTATIONS.items():
+        yield f"body-{mutation}", lambda tensors, mutate=mutate: mutate(*_in_body(tensors))
+
+
+BODY_CASES = dict(_body_cases())
+
+
+@pytest.mark.parametrize("case", BODY_CASES)
+@pytest.mark.parametrize("method", ["Push", "Assign"])
+def test_ps_malformed_tensors_in_body(role_servers, shards, raw, method, case):
+    if method == "Push":
+        tensors, body = BODY_CASES[case](codec.encode_named(PS_GRADS))
+        version = shards["prioritized"].ps.version
+        request = pb.PushRequest(version=version, gradients=tensors, body=body)
+    else:
+        tensors, body = BODY_CASES[case](
+            codec.encode_named({k: v + 1 for k, v in PS_VALUES.items()})
+        )
+        request = pb.AssignRequest(tensors=tensors, body=body)
+    payload = request.SerializeToString()
+    check_refused(role_servers, shards, raw, "ps", "prioritized", method, payload, INVALID)
+
+
+@pytest.mark.parametrize("case", BODY_CASES)
+@pytest.mark.parametrize("kind", KINDS)
+def test_insert_malformed_tensors_in_body(role_servers, shards, raw, kind, case):
+    spec = shards[kind].memory.table.spec
+    tensors, body = BODY_CASES[case](codec.encode_batch(role_servers.items(spec, 100, 3)))
+    payload = pb.InsertRequest(tensors=tensors, body=body).SerializeToString()
+    check_refused(role_servers, shards, raw, "memory", kind, "Insert", payload, INVALID)
 
 
 @pytest.mark.parametrize("mutation", TENSOR_MUTATIONS)
@@ -542,5 +607,5 @@ def test_shards_still_serve_after_the_fuzz(role_servers, shards):
         ps.close()
     memory = shards["prioritized"].ctx.client("memory", 0)
     reply = memory.call("Sample", pb.SampleRequest(batch_size=3, timeout_s=2.0))
-    assert reply.ready and codec.decode_array(reply.keys).shape == (3,)
+    assert reply.ready and codec.decode_array(reply.keys, reply.body).shape == (3,)
     memory.close()

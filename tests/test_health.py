@@ -21,7 +21,6 @@ from easyrl.errors import TransportError
 from easyrl.roles.common import RoleContext, ShardedWeights
 from easyrl.roles.ps import ParameterServer
 from easyrl.transport import easyrl_pb2 as pb
-from easyrl.transport import easyrl_pb2_grpc as pb_grpc
 from easyrl.transport import rpc
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -74,7 +73,7 @@ def server():
 
     def make(address: str = "127.0.0.1:0"):
         srv, port = rpc.make_server(address, TOKEN, max_workers=4)
-        pb_grpc.add_ParameterServerServicer_to_server(ParameterServer(0, SGD, 10), srv)
+        rpc.add_servicer("ps", ParameterServer(0, SGD, 10), srv)
         made.append(srv)
         return srv, port
 

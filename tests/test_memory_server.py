@@ -12,7 +12,6 @@ from easyrl.replay import PrioritizedTable, RateLimiter, UniformTable
 from easyrl.roles.memory import BetaSchedule, MemoryServer, Op
 from easyrl.transport import codec, rpc
 from easyrl.transport import easyrl_pb2 as pb
-from easyrl.transport import easyrl_pb2_grpc as pb_grpc
 
 TOKEN = "memory-test-token"
 SPEC = {"obs": ((4,), np.float32), "action": ((), np.int64), "reward": ((), np.float32)}
@@ -59,11 +58,11 @@ def serve_memory():
         memory = MemoryServer(table, limiter, batch_size, prefetch, beta)
         memories.append(memory)
         server, port = rpc.make_server("127.0.0.1:0", TOKEN, max_workers=8)
-        pb_grpc.add_ReplayMemoryServicer_to_server(memory, server)
+        rpc.add_servicer("memory", memory, server)
         server.start()
         servers.append(server)
         client = rpc.Client(
-            pb_grpc.ReplayMemoryStub, f"127.0.0.1:{port}", token, timeout_s=timeout_s, retry_s=1
+            rpc.stub_class("memory"), f"127.0.0.1:{port}", token, timeout_s=timeout_s, retry_s=1
         )
         clients.append(client)
         return memory, client
@@ -89,8 +88,13 @@ def sample(client, batch_size, timeout_s=2.0):
     reply = client.call("Sample", pb.SampleRequest(batch_size=batch_size, timeout_s=timeout_s))
     if not reply.ready:
         return False, None, None, None
-    data = codec.decode_batch(reply.tensors)
-    return True, data, codec.decode_array(reply.keys), codec.decode_array(reply.weights)
+    data = codec.decode_batch(reply.tensors, reply.body)
+    return (
+        True,
+        data,
+        codec.decode_array(reply.keys, reply.body),
+        codec.decode_array(reply.weights, reply.body),
+    )
 
 
 def update(client, keys, priorities) -> pb.UpdatePrioritiesResponse:
@@ -313,7 +317,7 @@ def test_unauthenticated_without_token(serve_memory):
         "Shutdown": pb.ShutdownRequest(),
     }
     for token in (None, "wrong-token"):
-        other = rpc.Client(pb_grpc.ReplayMemoryStub, client.address, token, timeout_s=5)
+        other = rpc.Client(rpc.stub_class("memory"), client.address, token, timeout_s=5)
         try:
             for method, request in requests.items():
                 assert_code(grpc.StatusCode.UNAUTHENTICATED, other, method, request)

@@ -12,7 +12,6 @@ from easyrl.metrics import RunStats
 from easyrl.roles.ps import ParameterServer
 from easyrl.transport import codec, rpc
 from easyrl.transport import easyrl_pb2 as pb
-from easyrl.transport import easyrl_pb2_grpc as pb_grpc
 
 TOKEN = "ps-test-token"
 SGD = OptimizerSpec(kind="sgd", lr=0.1)
@@ -51,11 +50,11 @@ def serve_ps():
     ):
         ps = ParameterServer(shard, optimizer, max_staleness, checkpoint_path, stats)
         server, port = rpc.make_server("127.0.0.1:0", TOKEN, max_workers=4)
-        pb_grpc.add_ParameterServerServicer_to_server(ps, server)
+        rpc.add_servicer("ps", ps, server)
         server.start()
         servers.append(server)
         client = rpc.Client(
-            pb_grpc.ParameterServerStub, f"127.0.0.1:{port}", token, timeout_s=5, retry_s=1
+            rpc.stub_class("ps"), f"127.0.0.1:{port}", token, timeout_s=5, retry_s=1
         )
         clients.append(client)
         return ps, client
@@ -79,7 +78,7 @@ def push(client, grads, version) -> pb.PushResponse:
 
 def pull(client, known_version=-1) -> tuple[pb.PullResponse, dict[str, np.ndarray]]:
     reply = client.call("Pull", pb.PullRequest(known_version=known_version))
-    return reply, codec.decode_named(reply.tensors)
+    return reply, codec.decode_named(reply.tensors, reply.body)
 
 
 def status(client) -> pb.StatusResponse:

@@ -28,7 +28,6 @@ from easyrl.roles.memory import BetaSchedule, MemoryServer  # noqa: E402
 from easyrl.roles.ps import ParameterServer  # noqa: E402
 from easyrl.transport import codec, rpc  # noqa: E402
 from easyrl.transport import easyrl_pb2 as pb  # noqa: E402
-from easyrl.transport import easyrl_pb2_grpc as pb_grpc  # noqa: E402
 from easyrl.transport.clients import ParameterClient  # noqa: E402
 
 TOKEN = "rounds-test-token"
@@ -332,13 +331,13 @@ def serve_rounds():
         )
         memories.append(memory)
         server, port = rpc.make_server("127.0.0.1:0", TOKEN, max_workers=8)
-        pb_grpc.add_ReplayMemoryServicer_to_server(memory, server)
+        rpc.add_servicer("memory", memory, server)
         server.start()
         servers.append(server)
 
         def connect():
             client = rpc.Client(
-                pb_grpc.ReplayMemoryStub,
+                rpc.stub_class("memory"),
                 f"127.0.0.1:{port}",
                 TOKEN,
                 timeout_s=timeout_s,
@@ -415,7 +414,7 @@ def test_learner_waits_for_the_round_and_gets_every_item_once(serve_rounds):
 
     sample = box["result"]
     assert sample.ready and sample.round == 0
-    data = codec.decode_batch(sample.tensors)
+    data = codec.decode_batch(sample.tensors, sample.body)
     assert_batch_equal(data, items(0, 8))  # every item exactly once, in arrival order
 
     c = counters(learner)
@@ -441,7 +440,7 @@ def test_stale_insert_after_release_is_refused_and_counted(serve_rounds):
     insert(client, items(11, 3), 1)
     sample = take(client, 1)
     assert sample.ready and sample.round == 1
-    assert_batch_equal(codec.decode_batch(sample.tensors), items(10, 4))
+    assert_batch_equal(codec.decode_batch(sample.tensors, sample.body), items(10, 4))
 
 
 def test_newer_round_insert_moves_the_shard_on(serve_rounds):
@@ -453,7 +452,7 @@ def test_newer_round_insert_moves_the_shard_on(serve_rounds):
     insert(client, items(42, 2), 2)
     sample = take(client, 2)
     assert sample.ready and sample.round == 2
-    assert_batch_equal(codec.decode_batch(sample.tensors), items(40, 4))
+    assert_batch_equal(codec.decode_batch(sample.tensors, sample.body), items(40, 4))
 
 
 def test_sample_of_an_older_round_answers_at_once(serve_rounds):
@@ -480,7 +479,7 @@ def test_sample_of_a_newer_round_catches_up(serve_rounds):
     insert(client, items(20, 4), 2)
     reply = take(client, 2)
     assert reply.ready and reply.round == 2
-    assert_batch_equal(codec.decode_batch(reply.tensors), items(20, 4))
+    assert_batch_equal(codec.decode_batch(reply.tensors, reply.body), items(20, 4))
 
 
 def test_sample_times_out_and_keeps_the_partial_round(serve_rounds):
@@ -500,7 +499,7 @@ def test_sample_times_out_and_keeps_the_partial_round(serve_rounds):
     insert(client, items(3, 1), 0)
     reply = take(client, 0, timeout_s=0.0)  # complete: answers even without waiting
     assert reply.ready
-    assert_batch_equal(codec.decode_batch(reply.tensors), items(0, 4))
+    assert_batch_equal(codec.decode_batch(reply.tensors, reply.body), items(0, 4))
 
 
 def test_abandoned_sample_does_not_consume_the_round(serve_rounds):
@@ -516,7 +515,7 @@ def test_abandoned_sample_does_not_consume_the_round(serve_rounds):
     time.sleep(0.2)
     reply = take(client, 0, timeout_s=1.0)
     assert reply.ready and reply.round == 0
-    assert_batch_equal(codec.decode_batch(reply.tensors), items(0, 4))
+    assert_batch_equal(codec.decode_batch(reply.tensors, reply.body), items(0, 4))
 
 
 def encoded(batch) -> list[pb.Tensor]:
@@ -669,13 +668,13 @@ def serve_ps():
     def start(shard=0, checkpoint_path=None, stats=None):
         ps = ParameterServer(shard, SGD, 10, checkpoint_path, stats)
         server, port = rpc.make_server("127.0.0.1:0", TOKEN, max_workers=8)
-        pb_grpc.add_ParameterServerServicer_to_server(ps, server)
+        rpc.add_servicer("ps", ps, server)
         server.start()
         servers.append(server)
 
         def connect():
             address = f"127.0.0.1:{port}"
-            stub = pb_grpc.ParameterServerStub
+            stub = rpc.stub_class("ps")
             client = ParameterClient(rpc.Client(stub, address, TOKEN, timeout_s=10, retry_s=1))
             clients.append(client)
             return client
@@ -729,7 +728,7 @@ def test_pull_long_polls_until_the_round_is_published(serve_ps):
     assert published <= box["at"] < published + 1.5
     reply = box["result"]
     assert reply.round == 1 and reply.version == 1 and not reply.current
-    assert_batch_equal(codec.decode_named(reply.tensors), ps_values())
+    assert_batch_equal(codec.decode_named(reply.tensors, reply.body), ps_values())
     assert ps.round == 1 and ps_round(client) == 1
 
 
@@ -754,7 +753,7 @@ def test_pull_wait_expires_with_the_old_round(serve_ps):
     reply, elapsed = timed(pull, client, 2, 0.3)
     assert 0.25 <= elapsed < 2.5
     assert reply.round == 1 and reply.version == 1
-    assert_batch_equal(codec.decode_named(reply.tensors), ps_values())
+    assert_batch_equal(codec.decode_named(reply.tensors, reply.body), ps_values())
 
 
 def test_pull_of_an_empty_shard_waits_and_reports_the_round(serve_ps):
@@ -852,7 +851,7 @@ def test_round_survives_checkpoint_and_restore(serve_ps, tmp_path):
     assert restored.round == 4 and restored.version == 1
     reply, elapsed = timed(pull, client2, 4, 5.0)
     assert elapsed < 1.0 and reply.round == 4 and reply.version == 1
-    assert_batch_equal(codec.decode_named(reply.tensors), ps_values())
+    assert_batch_equal(codec.decode_named(reply.tensors, reply.body), ps_values())
     assert ps_round(client2) == 4
     publish(client2, 3)  # still never backwards after a restore
     assert restored.round == 4
@@ -960,7 +959,7 @@ def test_restarted_shard_answers_incomplete_and_the_next_round_is_whole(serve_ro
     insert(client, items(10, 4), 6)  # the learner abandoned round 5 and published 6
     reply = take(client, 6)
     assert reply.ready and not reply.incomplete
-    assert_batch_equal(codec.decode_batch(reply.tensors), items(10, 4))
+    assert_batch_equal(codec.decode_batch(reply.tensors, reply.body), items(10, 4))
 
 
 def test_build_marks_a_restarted_aggregate_shard(tmp_path):

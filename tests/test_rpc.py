@@ -72,7 +72,7 @@ def serve(resources):
     def start(token, servicer=None, address="127.0.0.1:0"):
         servicer = CountingServicer() if servicer is None else servicer
         server, port = rpc.make_server(address, token, max_workers=4)
-        pb_grpc.add_ParameterServerServicer_to_server(servicer, server)
+        rpc.add_servicer("ps", servicer, server)
         server.start()
         servers.append(server)
         return servicer, f"127.0.0.1:{port}"
@@ -87,7 +87,7 @@ def connect(resources):
     def make(address, token, **kwargs):
         kwargs.setdefault("timeout_s", 5.0)
         kwargs.setdefault("retry_s", 0.0)
-        client = rpc.Client(pb_grpc.ParameterServerStub, address, token, **kwargs)
+        client = rpc.Client(rpc.stub_class("ps"), address, token, **kwargs)
         clients.append(client)
         return client
 
@@ -171,7 +171,7 @@ def test_call_retries_unavailable_until_server_starts(resources, connect):
         time.sleep(0.3)
         try:
             server, bound = rpc.make_server(address, TOKEN, max_workers=2)
-            pb_grpc.add_ParameterServerServicer_to_server(servicer, server)
+            rpc.add_servicer("ps", servicer, server)
             server.start()
             servers.append(server)
             assert bound == port
@@ -260,9 +260,7 @@ def test_deadline_exceeded_is_reported_not_retried(serve, connect):
 @pytest.mark.parametrize(("timeout_s", "retry_s"), [(0.0, 1.0), (-1.0, 1.0), (1.0, -0.1)])
 def test_client_rejects_bad_timeouts(timeout_s, retry_s):
     with pytest.raises(ValueError):
-        rpc.Client(
-            pb_grpc.ParameterServerStub, "127.0.0.1:1", None, timeout_s=timeout_s, retry_s=retry_s
-        )
+        rpc.Client(rpc.stub_class("ps"), "127.0.0.1:1", None, timeout_s=timeout_s, retry_s=retry_s)
 
 
 # --- handler errors -----------------------------------------------------------------------
@@ -503,7 +501,7 @@ def test_client_channel_does_not_get_server_only_options(monkeypatch):
         return real_channel(address, options=options, **kwargs)
 
     monkeypatch.setattr(grpc, "insecure_channel", spy)
-    client = rpc.Client(pb_grpc.ParameterServerStub, "127.0.0.1:1", TOKEN)
+    client = rpc.Client(rpc.stub_class("ps"), "127.0.0.1:1", TOKEN)
     client.close()
     assert "grpc.so_reuseport" not in seen
     assert seen["grpc.max_send_message_length"] == rpc.MAX_MESSAGE_BYTES

@@ -170,7 +170,7 @@ def round_trip(servers, shards, ps: rpc.Client, memory: rpc.Client) -> None:
     version = ps.call("Assign", assign).version
     reply = ps.call("Pull", pb.PullRequest(known_version=-1))
     assert reply.version == version
-    pulled = codec.decode_named(reply.tensors)
+    pulled = codec.decode_named(reply.tensors, reply.body)
     for name, value in VALUES.items():
         np.testing.assert_array_equal(pulled[name], value)
     spec = shards.memory.table.spec
@@ -178,8 +178,8 @@ def round_trip(servers, shards, ps: rpc.Client, memory: rpc.Client) -> None:
     assert inserted >= 8
     reply = memory.call("Sample", pb.SampleRequest(batch_size=3, timeout_s=2.0))
     assert reply.ready
-    keys = codec.decode_array(reply.keys)
-    data = codec.decode_batch(reply.tensors)
+    keys = codec.decode_array(reply.keys, reply.body)
+    data = codec.decode_batch(reply.tensors, reply.body)
     assert keys.shape == (3,) and np.all(keys < inserted)
     np.testing.assert_array_equal(data["action"], keys % 8)  # item k of each insert is k
     assert memory.call("Status", pb.StatusRequest()).counters["memory/0/inserts"] == inserted

@@ -13,7 +13,6 @@ from easyrl.replay import RateLimiter, Table
 from easyrl.roles.memory import BetaSchedule, MemoryServer, Op
 from easyrl.transport import codec, rpc
 from easyrl.transport import easyrl_pb2 as pb
-from easyrl.transport import easyrl_pb2_grpc as pb_grpc
 
 T = 3
 SPEC = {
@@ -86,9 +85,9 @@ def fifo_shard():
     table = Table.queue(SPEC, 6)
     memory = MemoryServer(table, RateLimiter.queue(table), 2, 1, BetaSchedule(0, 0, 0))
     server, port = rpc.make_server("127.0.0.1:0", TOKEN, max_workers=8)
-    pb_grpc.add_ReplayMemoryServicer_to_server(memory, server)
+    rpc.add_servicer("memory", memory, server)
     server.start()
-    client = rpc.Client(pb_grpc.ReplayMemoryStub, f"127.0.0.1:{port}", TOKEN, timeout_s=5)
+    client = rpc.Client(rpc.stub_class("memory"), f"127.0.0.1:{port}", TOKEN, timeout_s=5)
     yield memory, client
     client.close()
     memory.close()
@@ -102,7 +101,7 @@ def insert(client, batch, timeout_s=None):
 
 def sample(client, batch_size, timeout_s=2.0):
     reply = client.call("Sample", pb.SampleRequest(batch_size=batch_size, timeout_s=timeout_s))
-    return reply.ready, codec.decode_batch(reply.tensors) if reply.ready else None
+    return reply.ready, codec.decode_batch(reply.tensors, reply.body) if reply.ready else None
 
 
 def test_shard_delivers_every_unroll_once_in_order(fifo_shard):

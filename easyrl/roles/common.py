@@ -7,6 +7,7 @@ import signal
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal, overload
@@ -20,7 +21,14 @@ from easyrl.config import Config
 from easyrl.envs import env_options, env_spaces
 from easyrl.errors import TransportError
 from easyrl.transport import rpc
-from easyrl.transport.clients import MemoryClient, ParameterClient, Pushed, ShardClient, connect
+from easyrl.transport.clients import (
+    MemoryClient,
+    ParameterClient,
+    Pulled,
+    Pushed,
+    ShardClient,
+    connect,
+)
 
 log = logging.getLogger(__name__)
 
@@ -212,6 +220,8 @@ class ShardedWeights:
         self.local_versions = [-1] * len(clients)
         self._latest: dict[int, tuple[int, np.ndarray]] = {}  # shard -> (version, flat values)
         self._lock = threading.Lock()
+        # Every shard is pulled at once: a fetch costs one round trip, not one per shard.
+        self._pulls = ThreadPoolExecutor(len(clients), "pull") if len(clients) > 1 else None
 
     def initialize(self) -> bool:
         """Chief only: assigns the local initial values to every shard that is still empty.
@@ -236,11 +246,16 @@ class ShardedWeights:
         Returns:
             False when some shard is not initialized yet, else True.
         """
+
+        def pull(shard: int) -> Pulled:
+            return self.clients[shard].pull(self.fetched_versions[shard], min_round, wait_s)
+
+        shards = range(len(self.clients))
+        replies = list(self._pulls.map(pull, shards)) if self._pulls else [pull(0)]
+        if any(reply.version == 0 for reply in replies):
+            return False
         changed, rounds = {}, []
-        for shard, client in enumerate(self.clients):
-            reply = client.pull(self.fetched_versions[shard], min_round, wait_s)
-            if reply.version == 0:
-                return False
+        for shard, reply in enumerate(replies):
             rounds.append(reply.round)
             if reply.version < self.fetched_versions[shard]:
                 # The shard went back: it was restarted from its newest checkpoint. Its

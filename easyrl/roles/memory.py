@@ -134,7 +134,7 @@ class MemoryServer(pb_grpc.ReplayMemoryServicer):
         self.shard = shard
         self._beta = beta
         self._ops: queue.Queue[Op | None] = queue.Queue()
-        self._ready: queue.Queue[pb.SampleResponse] = queue.Queue(maxsize=prefetch)
+        self._ready: queue.Queue[codec.Framed] = queue.Queue(maxsize=prefetch)
         self._pending: collections.deque[Op] = collections.deque()
         self.counters = collections.Counter()
         self.stopping = threading.Event()
@@ -228,19 +228,22 @@ class MemoryServer(pb_grpc.ReplayMemoryServicer):
         batch = table.take(op.round)
         self.counters["rounds_released"] += 1
         self.counters["samples"] += len(next(iter(batch.values())))
-        return pb.SampleResponse(ready=True, tensors=codec.encode_batch(batch), round=op.round)
+        body = codec.Body()
+        return body.frame(pb.SampleResponse(ready=True, tensors=body.batch(batch), round=op.round))
 
-    def _sample(self, table: Table, limiter: RateLimiter, batch_size: int) -> pb.SampleResponse:
+    def _sample(self, table: Table, limiter: RateLimiter, batch_size: int) -> codec.Framed:
         sample = table.sample(batch_size, self._beta(self.counters["sample_batches"]))
         limiter.on_sample(batch_size)
         self.counters["samples"] += batch_size
         self.counters["sample_batches"] += 1
-        return pb.SampleResponse(
+        body = codec.Body()
+        response = pb.SampleResponse(
             ready=True,
-            tensors=codec.encode_batch(sample.data),
-            keys=codec.encode_array("keys", sample.keys),
-            weights=codec.encode_array("weights", sample.weights),
+            tensors=body.batch(sample.data),
+            keys=body.tensor("keys", sample.keys),
+            weights=body.tensor("weights", sample.weights),
         )
+        return body.frame(response)
 
     def _fill_prefetch(self) -> None:
         table, limiter = self.table, self.limiter
@@ -270,10 +273,10 @@ class MemoryServer(pb_grpc.ReplayMemoryServicer):
 
     @invalid_argument_on_error
     def Insert(self, request, context):
-        batch = codec.decode_batch(request.tensors)
+        batch = codec.decode_batch(request.tensors, request.body)
         priorities = None
         if request.HasField("priorities"):
-            priorities = codec.decode_array(request.priorities)
+            priorities = codec.decode_array(request.priorities, request.body)
         timeout, table = within_deadline(context, 5.0), self.table
         if isinstance(table, AggregateTable):
             n = validate_batch(table.spec, batch)
@@ -325,8 +328,8 @@ class MemoryServer(pb_grpc.ReplayMemoryServicer):
     def UpdatePriorities(self, request, context):
         if self.rounds:
             raise ReplayError("an aggregate table has no priorities")
-        keys = codec.decode_array(request.keys)
-        priorities = codec.decode_array(request.priorities)
+        keys = codec.decode_array(request.keys, request.body)
+        priorities = codec.decode_array(request.priorities, request.body)
         if keys.ndim != 1 or keys.dtype.kind not in "iu" or priorities.shape != keys.shape:
             raise ReplayError("keys must be 1-D integers and priorities of the same shape")
         op = Op("update", 0.0, keys=keys.astype(np.int64), priorities=priorities, n=len(keys))
@@ -493,7 +496,7 @@ def build(
 def run(ctx) -> int:
     """Runs memory shard `ctx.task` until Shutdown or SIGTERM."""
     from easyrl.roles.common import stop_event_on_signals
-    from easyrl.transport.rpc import make_server
+    from easyrl.transport.rpc import add_servicer, make_server
 
     stop = stop_event_on_signals()
     obs_space, action_space = ctx.spaces()
@@ -511,7 +514,7 @@ def run(ctx) -> int:
     server, _ = make_server(
         ctx.cluster.memory[ctx.task], ctx.token, max_workers=workers, tls=ctx.tls()
     )
-    pb_grpc.add_ReplayMemoryServicer_to_server(memory, server)
+    add_servicer("memory", memory, server)
     server.start()
     log.info("memory shard %d listening on %s", ctx.task, ctx.cluster.memory[ctx.task])
     last_snapshot = time.monotonic()

@@ -69,7 +69,7 @@ class ParameterServer(pb_grpc.ParameterServerServicer):
         self.round = 0
         names = "pushes applied dropped_stale dropped_nonfinite dropped_ahead pulls staleness_sum"
         self.counters = dict.fromkeys(names.split(), 0)
-        self._pull_cache: tuple[int, list[pb.Tensor]] = (-1, [])
+        self._pull_cache: tuple[int, list[pb.Tensor], codec.Body] = (-1, [], codec.Body())
         self.stopping = threading.Event()
         self.stop_reason = ""
         self.shutdown_requested = threading.Event()
@@ -150,7 +150,7 @@ class ParameterServer(pb_grpc.ParameterServerServicer):
 
     @invalid_argument_on_error
     def Assign(self, request, context):
-        values = codec.decode_named(request.tensors)
+        values = codec.decode_named(request.tensors, request.body)
         if not values:
             raise ValueError("Assign: expected a non-empty list of tensors")
         for name, value in values.items():
@@ -184,21 +184,22 @@ class ParameterServer(pb_grpc.ParameterServerServicer):
                 return pb.PullResponse(
                     version=self.version, current=self.version > 0, round=self.round
                 )
-            return pb.PullResponse(
-                version=self.version, tensors=self._encoded_values(), round=self.round
-            )
+            return self._with_values(pb.PullResponse(version=self.version, round=self.round))
 
-    def _encoded_values(self) -> list[pb.Tensor]:
-        """The current values as tensors, encoded once per version (caller holds the lock)."""
+    def _with_values(self, response):
+        """`response` with the current values (read and laid out once per version; the
+        caller holds the lock)."""
         if self._pull_cache[0] != self.version:
             values = self._flat.split(self._flat.read().numpy())
-            arrays = dict(zip(self._variables, values))
-            self._pull_cache = (self.version, codec.encode_named(arrays))
-        return self._pull_cache[1]
+            body = codec.Body()
+            self._pull_cache = (self.version, body.named(dict(zip(self._variables, values))), body)
+        _, tensors, body = self._pull_cache
+        response.tensors.extend(tensors)
+        return body.frame(response)
 
     @invalid_argument_on_error
     def Push(self, request, context):
-        grads = codec.decode_named(request.gradients)
+        grads = codec.decode_named(request.gradients, request.body)
         with self._lock:
             if self._optimizer is None:
                 raise ValueError("Push: shard is not initialized (no Assign yet)")
@@ -228,10 +229,8 @@ class ParameterServer(pb_grpc.ParameterServerServicer):
             self.version += 1
             self.counters["applied"] += 1
             self.counters["staleness_sum"] += staleness
-            tensors = self._encoded_values() if request.return_values else []
-            return pb.PushResponse(
-                version=self.version, applied=True, staleness=staleness, tensors=tensors
-            )
+            response = pb.PushResponse(version=self.version, applied=True, staleness=staleness)
+            return self._with_values(response) if request.return_values else response
 
     def publish(self, round_: int) -> None:
         """Publishes the current values as round `round_` (rounds only move forward) and
@@ -339,7 +338,7 @@ def run(ctx) -> int:
     """Runs PS shard `ctx.task` until Shutdown or SIGTERM; checkpoints periodically and
     on exit. Returns the process exit code."""
     from easyrl.roles.common import stop_event_on_signals
-    from easyrl.transport.rpc import make_server
+    from easyrl.transport.rpc import add_servicer, make_server
 
     cfg = ctx.cfg
     stop = stop_event_on_signals()
@@ -351,7 +350,7 @@ def run(ctx) -> int:
     # Every actor may hold a handler thread in a long-polling Pull (synchronous rounds).
     workers = 16 + ctx.cluster.actor
     server, _ = make_server(ctx.cluster.ps[ctx.task], ctx.token, max_workers=workers, tls=ctx.tls())
-    pb_grpc.add_ParameterServerServicer_to_server(ps, server)
+    add_servicer("ps", ps, server)
     server.start()
     log.info("PS shard %d listening on %s", ctx.task, ctx.cluster.ps[ctx.task])
     done = threading.Event()

@@ -92,23 +92,26 @@ class ParameterClient(ShardClient):
         first waits up to `wait_s` seconds until it has published that round."""
         request = pb.PullRequest(known_version=known_version, min_round=min_round, wait_s=wait_s)
         reply = self.call("Pull", request)
-        values = None if reply.current else codec.decode_named(reply.tensors)
+        values = None if reply.current else codec.decode_named(reply.tensors, reply.body)
         return Pulled(reply.version, reply.round, values)
 
     def push(self, version: int, grads: Mapping, learner: int = 0, values=True) -> Pushed:
         """Pushes gradients computed against `version` (by `learner`, for the shard's logs);
         with `values`, an applied push returns the new values (saves the pusher a Pull)."""
-        tensors = codec.encode_named(grads)
-        request = pb.PushRequest(version=version, gradients=tensors, learner=learner)
-        request.return_values = values
-        reply = self.call("Push", request)
-        return Pushed(reply.version, reply.applied, reply.reason, codec.decode_named(reply.tensors))
+        body = codec.Body()
+        request = pb.PushRequest(
+            version=version, gradients=body.named(grads), learner=learner, return_values=values
+        )
+        reply = self.call("Push", body.frame(request))
+        values_ = codec.decode_named(reply.tensors, reply.body)
+        return Pushed(reply.version, reply.applied, reply.reason, values_)
 
     def assign(self, values: Mapping[str, np.ndarray], only_if_empty: bool = False) -> int:
         """Writes `values`; returns the shard's new version, or 0 when `only_if_empty` and
         the shard already held values (nothing assigned)."""
-        request = pb.AssignRequest(tensors=codec.encode_named(values), only_if_empty=only_if_empty)
-        reply = self.call("Assign", request)
+        body = codec.Body()
+        request = pb.AssignRequest(tensors=body.named(values), only_if_empty=only_if_empty)
+        reply = self.call("Assign", body.frame(request))
         return reply.version if reply.assigned else 0
 
     def report(self, role: str, task: int, **counts: Unpack[Counts]) -> bool:
@@ -128,10 +131,11 @@ class MemoryClient(ShardClient):
         """Inserts the items of a (nested) batch with initial priorities (None: the max),
         tagged with the weight round they were collected under; returns False when an
         aggregate table refused them (their round was already released)."""
-        request = pb.InsertRequest(tensors=codec.encode_batch(batch), actor=actor, round=round_)
+        body = codec.Body()
+        request = pb.InsertRequest(tensors=body.batch(batch), actor=actor, round=round_)
         if priorities is not None:
-            request.priorities.CopyFrom(codec.encode_array("priorities", priorities))
-        return not self.call("Insert", request).refused
+            request.priorities.CopyFrom(body.tensor("priorities", priorities))
+        return not self.call("Insert", body.frame(request)).refused
 
     def sample(
         self, batch_size: int, timeout_s: float
@@ -141,20 +145,26 @@ class MemoryClient(ShardClient):
         reply = self.call("Sample", pb.SampleRequest(batch_size=batch_size, timeout_s=timeout_s))
         if not reply.ready:
             return None
-        keys, weights = codec.decode_array(reply.keys), codec.decode_array(reply.weights)
-        return codec.decode_batch(reply.tensors), keys, weights
+        body = reply.body
+        keys, weights = (
+            codec.decode_array(reply.keys, body),
+            codec.decode_array(reply.weights, body),
+        )
+        return codec.decode_batch(reply.tensors, body), keys, weights
 
     def take_round(self, round_: int, timeout_s: float) -> RoundTaken:
         """Takes all of round `round_` once it is complete, waiting up to `timeout_s`."""
         reply = self.call("Sample", pb.SampleRequest(round=round_, timeout_s=timeout_s))
-        batch = codec.decode_batch(reply.tensors) if reply.ready else None
+        batch = codec.decode_batch(reply.tensors, reply.body) if reply.ready else None
         return RoundTaken(batch, reply.round, reply.incomplete)
 
     def update_priorities(self, keys: np.ndarray, priorities: np.ndarray) -> int:
         """Sets the priorities of sampled keys; returns how many were still in the table."""
-        request = pb.UpdatePrioritiesRequest(keys=codec.encode_array("keys", keys))
-        request.priorities.CopyFrom(codec.encode_array("priorities", priorities))
-        return self.call("UpdatePriorities", request).updated
+        body = codec.Body()
+        request = pb.UpdatePrioritiesRequest(
+            keys=body.tensor("keys", keys), priorities=body.tensor("priorities", priorities)
+        )
+        return self.call("UpdatePriorities", body.frame(request)).updated
 
 
 def connect(role: str, address: str, token: str | None, sec: "SecurityConfig", **options):

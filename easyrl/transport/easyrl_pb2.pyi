@@ -7,16 +7,18 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class Tensor(_message.Message):
-    __slots__ = ("name", "dtype", "shape", "data")
+    __slots__ = ("name", "dtype", "shape", "data", "offset")
     NAME_FIELD_NUMBER: _ClassVar[int]
     DTYPE_FIELD_NUMBER: _ClassVar[int]
     SHAPE_FIELD_NUMBER: _ClassVar[int]
     DATA_FIELD_NUMBER: _ClassVar[int]
+    OFFSET_FIELD_NUMBER: _ClassVar[int]
     name: str
     dtype: str
     shape: _containers.RepeatedScalarFieldContainer[int]
     data: bytes
-    def __init__(self, name: _Optional[str] = ..., dtype: _Optional[str] = ..., shape: _Optional[_Iterable[int]] = ..., data: _Optional[bytes] = ...) -> None: ...
+    offset: int
+    def __init__(self, name: _Optional[str] = ..., dtype: _Optional[str] = ..., shape: _Optional[_Iterable[int]] = ..., data: _Optional[bytes] = ..., offset: _Optional[int] = ...) -> None: ...
 
 class PullRequest(_message.Message):
     __slots__ = ("known_version", "min_round", "wait_s")
@@ -29,50 +31,58 @@ class PullRequest(_message.Message):
     def __init__(self, known_version: _Optional[int] = ..., min_round: _Optional[int] = ..., wait_s: _Optional[float] = ...) -> None: ...
 
 class PullResponse(_message.Message):
-    __slots__ = ("version", "current", "tensors", "round")
+    __slots__ = ("version", "current", "tensors", "round", "body")
     VERSION_FIELD_NUMBER: _ClassVar[int]
     CURRENT_FIELD_NUMBER: _ClassVar[int]
     TENSORS_FIELD_NUMBER: _ClassVar[int]
     ROUND_FIELD_NUMBER: _ClassVar[int]
+    BODY_FIELD_NUMBER: _ClassVar[int]
     version: int
     current: bool
     tensors: _containers.RepeatedCompositeFieldContainer[Tensor]
     round: int
-    def __init__(self, version: _Optional[int] = ..., current: _Optional[bool] = ..., tensors: _Optional[_Iterable[_Union[Tensor, _Mapping]]] = ..., round: _Optional[int] = ...) -> None: ...
+    body: bytes
+    def __init__(self, version: _Optional[int] = ..., current: _Optional[bool] = ..., tensors: _Optional[_Iterable[_Union[Tensor, _Mapping]]] = ..., round: _Optional[int] = ..., body: _Optional[bytes] = ...) -> None: ...
 
 class PushRequest(_message.Message):
-    __slots__ = ("version", "gradients", "learner", "return_values")
+    __slots__ = ("version", "gradients", "learner", "return_values", "body")
     VERSION_FIELD_NUMBER: _ClassVar[int]
     GRADIENTS_FIELD_NUMBER: _ClassVar[int]
     LEARNER_FIELD_NUMBER: _ClassVar[int]
     RETURN_VALUES_FIELD_NUMBER: _ClassVar[int]
+    BODY_FIELD_NUMBER: _ClassVar[int]
     version: int
     gradients: _containers.RepeatedCompositeFieldContainer[Tensor]
     learner: int
     return_values: bool
-    def __init__(self, version: _Optional[int] = ..., gradients: _Optional[_Iterable[_Union[Tensor, _Mapping]]] = ..., learner: _Optional[int] = ..., return_values: _Optional[bool] = ...) -> None: ...
+    body: bytes
+    def __init__(self, version: _Optional[int] = ..., gradients: _Optional[_Iterable[_Union[Tensor, _Mapping]]] = ..., learner: _Optional[int] = ..., return_values: _Optional[bool] = ..., body: _Optional[bytes] = ...) -> None: ...
 
 class PushResponse(_message.Message):
-    __slots__ = ("version", "applied", "staleness", "reason", "tensors")
+    __slots__ = ("version", "applied", "staleness", "reason", "tensors", "body")
     VERSION_FIELD_NUMBER: _ClassVar[int]
     APPLIED_FIELD_NUMBER: _ClassVar[int]
     STALENESS_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
     TENSORS_FIELD_NUMBER: _ClassVar[int]
+    BODY_FIELD_NUMBER: _ClassVar[int]
     version: int
     applied: bool
     staleness: int
     reason: str
     tensors: _containers.RepeatedCompositeFieldContainer[Tensor]
-    def __init__(self, version: _Optional[int] = ..., applied: _Optional[bool] = ..., staleness: _Optional[int] = ..., reason: _Optional[str] = ..., tensors: _Optional[_Iterable[_Union[Tensor, _Mapping]]] = ...) -> None: ...
+    body: bytes
+    def __init__(self, version: _Optional[int] = ..., applied: _Optional[bool] = ..., staleness: _Optional[int] = ..., reason: _Optional[str] = ..., tensors: _Optional[_Iterable[_Union[Tensor, _Mapping]]] = ..., body: _Optional[bytes] = ...) -> None: ...
 
 class AssignRequest(_message.Message):
-    __slots__ = ("tensors", "only_if_empty")
+    __slots__ = ("tensors", "only_if_empty", "body")
     TENSORS_FIELD_NUMBER: _ClassVar[int]
     ONLY_IF_EMPTY_FIELD_NUMBER: _ClassVar[int]
+    BODY_FIELD_NUMBER: _ClassVar[int]
     tensors: _containers.RepeatedCompositeFieldContainer[Tensor]
     only_if_empty: bool
-    def __init__(self, tensors: _Optional[_Iterable[_Union[Tensor, _Mapping]]] = ..., only_if_empty: _Optional[bool] = ...) -> None: ...
+    body: bytes
+    def __init__(self, tensors: _Optional[_Iterable[_Union[Tensor, _Mapping]]] = ..., only_if_empty: _Optional[bool] = ..., body: _Optional[bytes] = ...) -> None: ...
 
 class AssignResponse(_message.Message):
     __slots__ = ("assigned", "version")
@@ -169,16 +179,18 @@ class ShutdownResponse(_message.Message):
     def __init__(self) -> None: ...
 
 class InsertRequest(_message.Message):
-    __slots__ = ("tensors", "priorities", "actor", "round")
+    __slots__ = ("tensors", "priorities", "actor", "round", "body")
     TENSORS_FIELD_NUMBER: _ClassVar[int]
     PRIORITIES_FIELD_NUMBER: _ClassVar[int]
     ACTOR_FIELD_NUMBER: _ClassVar[int]
     ROUND_FIELD_NUMBER: _ClassVar[int]
+    BODY_FIELD_NUMBER: _ClassVar[int]
     tensors: _containers.RepeatedCompositeFieldContainer[Tensor]
     priorities: Tensor
     actor: int
     round: int
-    def __init__(self, tensors: _Optional[_Iterable[_Union[Tensor, _Mapping]]] = ..., priorities: _Optional[_Union[Tensor, _Mapping]] = ..., actor: _Optional[int] = ..., round: _Optional[int] = ...) -> None: ...
+    body: bytes
+    def __init__(self, tensors: _Optional[_Iterable[_Union[Tensor, _Mapping]]] = ..., priorities: _Optional[_Union[Tensor, _Mapping]] = ..., actor: _Optional[int] = ..., round: _Optional[int] = ..., body: _Optional[bytes] = ...) -> None: ...
 
 class InsertResponse(_message.Message):
     __slots__ = ("size", "inserted", "refused", "round")
@@ -203,28 +215,32 @@ class SampleRequest(_message.Message):
     def __init__(self, batch_size: _Optional[int] = ..., timeout_s: _Optional[float] = ..., round: _Optional[int] = ...) -> None: ...
 
 class SampleResponse(_message.Message):
-    __slots__ = ("ready", "tensors", "keys", "weights", "round", "incomplete")
+    __slots__ = ("ready", "tensors", "keys", "weights", "round", "incomplete", "body")
     READY_FIELD_NUMBER: _ClassVar[int]
     TENSORS_FIELD_NUMBER: _ClassVar[int]
     KEYS_FIELD_NUMBER: _ClassVar[int]
     WEIGHTS_FIELD_NUMBER: _ClassVar[int]
     ROUND_FIELD_NUMBER: _ClassVar[int]
     INCOMPLETE_FIELD_NUMBER: _ClassVar[int]
+    BODY_FIELD_NUMBER: _ClassVar[int]
     ready: bool
     tensors: _containers.RepeatedCompositeFieldContainer[Tensor]
     keys: Tensor
     weights: Tensor
     round: int
     incomplete: bool
-    def __init__(self, ready: _Optional[bool] = ..., tensors: _Optional[_Iterable[_Union[Tensor, _Mapping]]] = ..., keys: _Optional[_Union[Tensor, _Mapping]] = ..., weights: _Optional[_Union[Tensor, _Mapping]] = ..., round: _Optional[int] = ..., incomplete: _Optional[bool] = ...) -> None: ...
+    body: bytes
+    def __init__(self, ready: _Optional[bool] = ..., tensors: _Optional[_Iterable[_Union[Tensor, _Mapping]]] = ..., keys: _Optional[_Union[Tensor, _Mapping]] = ..., weights: _Optional[_Union[Tensor, _Mapping]] = ..., round: _Optional[int] = ..., incomplete: _Optional[bool] = ..., body: _Optional[bytes] = ...) -> None: ...
 
 class UpdatePrioritiesRequest(_message.Message):
-    __slots__ = ("keys", "priorities")
+    __slots__ = ("keys", "priorities", "body")
     KEYS_FIELD_NUMBER: _ClassVar[int]
     PRIORITIES_FIELD_NUMBER: _ClassVar[int]
+    BODY_FIELD_NUMBER: _ClassVar[int]
     keys: Tensor
     priorities: Tensor
-    def __init__(self, keys: _Optional[_Union[Tensor, _Mapping]] = ..., priorities: _Optional[_Union[Tensor, _Mapping]] = ...) -> None: ...
+    body: bytes
+    def __init__(self, keys: _Optional[_Union[Tensor, _Mapping]] = ..., priorities: _Optional[_Union[Tensor, _Mapping]] = ..., body: _Optional[bytes] = ...) -> None: ...
 
 class UpdatePrioritiesResponse(_message.Message):
     __slots__ = ("updated",)

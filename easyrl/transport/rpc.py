@@ -17,12 +17,14 @@ from collections.abc import Callable
 from concurrent import futures
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from easyrl.errors import ConfigError, EasyRLError, TransportError
-from easyrl.transport import easyrl_pb2_grpc as pb_grpc
+from easyrl.transport import codec
+from easyrl.transport import easyrl_pb2 as pb
 
 log = logging.getLogger(__name__)
 
@@ -251,16 +253,70 @@ def invalid_argument_on_error(method: Callable) -> Callable:
     return wrapper
 
 
-def stub_class(role: str) -> type:
-    """The generated stub class of a listening role ("ps" or "memory")."""
-    return {"ps": pb_grpc.ParameterServerStub, "memory": pb_grpc.ReplayMemoryStub}[role]
+SERVICES = {"ps": "ParameterServer", "memory": "ReplayMemory"}
+"""The gRPC service (in easyrl.proto) of each listening role."""
+
+
+def _serialize(message) -> bytes:
+    return message.SerializeToString()  # a protobuf message or a `codec.Framed` one
+
+
+def _methods(role: str):
+    service = pb.DESCRIPTOR.services_by_name[SERVICES[role]]
+    for method in service.methods:
+        path = f"/{service.full_name}/{method.name}"
+        yield (
+            method.name,
+            path,
+            getattr(pb, method.input_type.name),
+            getattr(pb, method.output_type.name),
+        )
+
+
+def add_servicer(role: str, servicer, server: grpc.Server) -> None:
+    """Serves `servicer`'s methods of `role`'s service on `server`. Unlike the generated
+    `add_*Servicer_to_server`, requests with a `body` are parsed by `codec.parser` (tensors
+    read in place) and responses may be `codec.Framed`."""
+    handlers = {
+        name: grpc.unary_unary_rpc_method_handler(
+            getattr(servicer, name),
+            request_deserializer=codec.parser(request),
+            response_serializer=_serialize,
+        )
+        for name, _, request, _ in _methods(role)
+    }
+    server.add_generic_rpc_handlers(
+        (
+            grpc.method_handlers_generic_handler(
+                pb.DESCRIPTOR.services_by_name[SERVICES[role]].full_name, handlers
+            ),
+        )
+    )
+
+
+class Stub:
+    """A client stub of `role`'s service (what the generated stub classes are, with
+    `codec.parser` deserializers and `codec.Framed` requests)."""
+
+    def __init__(self, channel: grpc.Channel, role: str):
+        for name, path, _, response in _methods(role):
+            call = channel.unary_unary(
+                path, request_serializer=_serialize, response_deserializer=codec.parser(response)
+            )
+            setattr(self, name, call)
+
+
+def stub_class(role: str) -> Callable[[grpc.Channel], Stub]:
+    """The stub factory of a listening role ("ps" or "memory"), for `Client`."""
+    return functools.partial(Stub, role=role)
 
 
 class Client:
     """A stub with the token attached, a deadline on every call and retries on UNAVAILABLE.
 
     Args:
-        stub_class: generated stub class (e.g. `ParameterServerStub`).
+        stub_class: a stub factory taking the channel (`stub_class(role)`, or a generated
+            stub class such as `ParameterServerStub`).
         address: "host:port" of the server.
         token: shared token, or None when the server runs insecure.
         timeout_s: per-call deadline.
@@ -279,7 +335,7 @@ class Client:
 
     def __init__(
         self,
-        stub_class: type,
+        stub_class: Callable[[grpc.Channel], Any],
         address: str,
         token: str | None,
         *,
