@@ -497,3 +497,22 @@ def test_parser_agrees_with_protobuf_on_odd_layouts(layout):
 
 def test_parser_of_a_message_without_body_is_protobufs():
     assert codec.parser(pb.StatusRequest) == pb.StatusRequest.FromString
+
+
+def test_flat_vector_of_decoded_tensors_is_a_view_of_the_message():
+    import tensorflow as tf
+
+    from easyrl.models import FlatVariables
+
+    arrays = {"a": np.arange(6, dtype=np.float32).reshape(2, 3), "b": np.ones(4, np.float32)}
+    flat = FlatVariables([tf.Variable(v) for v in arrays.values()])
+    body = codec.Body()
+    data = body.frame(pb.PushRequest(gradients=body.named(arrays))).SerializeToString()
+    reply = codec.parser(pb.PushRequest)(data)
+    decoded = codec.decode_named(reply.gradients, reply.body)
+    joined = flat.concat([decoded["a"], decoded["b"]])
+    assert np.shares_memory(joined, np.frombuffer(data, np.uint8))  # no copy
+    assert joined.tolist() == [0, 1, 2, 3, 4, 5, 1, 1, 1, 1]
+    swapped = flat.concat([decoded["b"], decoded["a"]])  # not in buffer order: a copy
+    assert not np.shares_memory(swapped, np.frombuffer(data, np.uint8))
+    assert swapped.tolist() == [1, 1, 1, 1, 0, 1, 2, 3, 4, 5]

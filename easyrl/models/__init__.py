@@ -236,7 +236,33 @@ class FlatVariables:
         ]
 
     def concat(self, arrays: Sequence[np.ndarray]) -> np.ndarray:
-        """Concatenates per-variable arrays into one flat float32 vector."""
+        """Concatenates per-variable arrays into one flat float32 vector (a view, no copy,
+        when they already lie back to back in one buffer: the tensors of one message)."""
         if not arrays:
             return np.zeros(0, np.float32)
+        joined = _back_to_back(arrays)
+        if joined is not None:
+            return joined
         return np.concatenate([np.ravel(a) for a in arrays]).astype(np.float32, copy=False)
+
+
+def _back_to_back(arrays: Sequence[np.ndarray]) -> np.ndarray | None:
+    """One flat float32 view of `arrays` when they are float32 and lie back to back, in this
+    order, inside the buffer the first one views (e.g. decoded tensors of one message body);
+    else None."""
+    start = end = arrays[0].__array_interface__["data"][0]
+    for array in arrays:
+        contiguous = array.dtype == np.float32 and array.flags.c_contiguous
+        if not contiguous or array.__array_interface__["data"][0] != end:
+            return None
+        end += array.nbytes
+    owner = arrays[0]
+    while isinstance(owner.base, np.ndarray):
+        owner = owner.base
+    if owner.base is None:
+        return None
+    buffer = np.frombuffer(owner.base, np.uint8)
+    offset = start - buffer.__array_interface__["data"][0]
+    if offset < 0 or offset + end - start > buffer.nbytes:
+        return None
+    return buffer[offset : offset + end - start].view(np.float32)

@@ -70,6 +70,7 @@ class ParameterServer(pb_grpc.ParameterServerServicer):
         names = "pushes applied dropped_stale dropped_nonfinite dropped_ahead pulls staleness_sum"
         self.counters = dict.fromkeys(names.split(), 0)
         self._pull_cache: tuple[int, list[pb.Tensor], codec.Body] = (-1, [], codec.Body())
+        self._pull_reply: tuple[tuple[int, int], codec.Framed | None] = ((-1, -1), None)
         self.stopping = threading.Event()
         self.stop_reason = ""
         self.shutdown_requested = threading.Event()
@@ -184,7 +185,11 @@ class ParameterServer(pb_grpc.ParameterServerServicer):
                 return pb.PullResponse(
                     version=self.version, current=self.version > 0, round=self.round
                 )
-            return self._with_values(pb.PullResponse(version=self.version, round=self.round))
+            key = (self.version, self.round)
+            if self._pull_reply[0] != key:  # one reply per version, serialized once
+                reply = self._with_values(pb.PullResponse(version=self.version, round=self.round))
+                self._pull_reply = (key, reply)
+            return self._pull_reply[1]
 
     def _with_values(self, response):
         """`response` with the current values (read and laid out once per version; the

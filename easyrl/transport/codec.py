@@ -237,15 +237,20 @@ class Framed:
     with `SerializeToString` (the generated stubs and servicers too); its fields read through
     to the message, and `body` joins the buffers (for in-process callers such as tests)."""
 
-    __slots__ = ("message", "_body")
+    __slots__ = ("message", "_body", "_bytes")
 
     def __init__(self, message, body: Body):
         self.message, self._body = message, body
+        self._bytes: bytes | None = None
 
     def SerializeToString(self) -> bytes:  # noqa: N802 (protobuf's name)
-        header = self.message.SerializeToString()
-        size = _put_varint(self._body.size)
-        return b"".join([header, _BODY_KEY, size, *self._body.parts])
+        """The wire bytes, built once (a PS shard answers every Pull of a version with the
+        same reply)."""
+        if self._bytes is None:
+            header = self.message.SerializeToString()
+            size = _put_varint(self._body.size)
+            self._bytes = b"".join([header, _BODY_KEY, size, *self._body.parts])
+        return self._bytes
 
     @property
     def body(self) -> bytes:
