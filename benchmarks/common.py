@@ -33,6 +33,7 @@ import numpy as np
 import yaml
 
 from easyrl.cluster.launcher import (
+    MALLOC_ENV,
     Child,
     LocalCluster,
     die_with_parent,
@@ -554,14 +555,6 @@ def _memory_server_main(address: str, token: str, raw_config: dict, spec: dict) 
         stop.wait(0.2)
     memory.close()
     server.stop(grace=1.0).wait()
-
-
-# glibc returns freed multi-MB buffers to the kernel (mmap/trim), so every large
-# message pays first-touch page faults again; these settings keep them in the heap.
-MALLOC_ENV = {
-    "MALLOC_MMAP_THRESHOLD_": str(64 * 1024 * 1024),
-    "MALLOC_TRIM_THRESHOLD_": str(1024 * 1024 * 1024),
-}
 
 
 def reexec_with_malloc_env() -> None:

@@ -880,3 +880,22 @@ def test_run_role_needs_token(tmp_path):
     assert "security.token_file" in result.stderr
     assert "Traceback" not in result.stderr
     assert list(tmp_path.iterdir()) == []  # nothing written (no run dir, no checkpoint)
+
+
+def test_children_keep_large_buffers_in_the_heap(tmp_path, monkeypatch):
+    """Every role gets glibc settings that keep freed multi-MB message buffers in the heap,
+    unless the user set them (theirs win)."""
+    from easyrl import config as config_lib
+    from easyrl.cluster.launcher import MALLOC_ENV, LocalCluster
+
+    monkeypatch.delenv("MALLOC_MMAP_THRESHOLD_", raising=False)
+    monkeypatch.setenv("MALLOC_TRIM_THRESHOLD_", "12345")
+    raw = {
+        "algorithm": {"name": "dqn"},
+        "env": {"id": "CartPole-v1"},
+        "run": {"dir": str(tmp_path)},
+    }
+    cfg = config_lib.from_dict(raw)
+    env = LocalCluster(cfg, "token")._env("memory")
+    assert env["MALLOC_MMAP_THRESHOLD_"] == MALLOC_ENV["MALLOC_MMAP_THRESHOLD_"]
+    assert env["MALLOC_TRIM_THRESHOLD_"] == "12345"

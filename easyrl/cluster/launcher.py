@@ -29,6 +29,15 @@ from easyrl.offline.dataset import check_output_dir
 from easyrl.transport import rpc
 from easyrl.transport.clients import ShardClient, connect
 
+MALLOC_ENV = {
+    "MALLOC_MMAP_THRESHOLD_": str(64 * 1024 * 1024),
+    "MALLOC_TRIM_THRESHOLD_": str(1024 * 1024 * 1024),
+}
+"""glibc settings every child gets unless set already: glibc returns freed multi-MB buffers to
+the kernel, so each large message (Atari batches, weights) paid first-touch page faults again;
+kept in the heap, easyrl moved 1.25-1.3x more MB/s through Push and Sample
+(benchmarks/bench_wire.py --tuned-malloc, RESULTS.md). Cost: freed heap is kept (RSS stays at
+its peak)."""
 log = logging.getLogger(__name__)
 
 SERVER_ROLES = ("ps", "memory")
@@ -165,6 +174,8 @@ class LocalCluster:
         env[rpc.TOKEN_ENV] = self.token
         env["PYTHONPATH"] = child_pythonpath(env.get("PYTHONPATH"))
         env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+        for key, value in MALLOC_ENV.items():
+            env.setdefault(key, value)
         env["PYTHONUNBUFFERED"] = "1"
         if role != "learner":
             env["CUDA_VISIBLE_DEVICES"] = "-1"  # only learners compute on a GPU
