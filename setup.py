@@ -22,7 +22,7 @@ setup(
         "tensorboard>=2.21,<2.22",
     ],
     extras_require={
-        # The tests run Atari smoke runs too, so they install the Atari extra.
+        # The tests run Atari smoke runs too, so they install the Atari and EnvPool extras.
         "test": [
             "pytest>=8",
             "pytest-timeout>=2.3",
@@ -35,10 +35,13 @@ setup(
             "opencv-python-headless>=4.9",
             "matplotlib>=3.8",
             "cryptography>=42",
+            "envpool==1.2.5",
         ],
         "gpu": ["tensorflow[and-cuda]>=2.21,<2.22"],
         "atari": ["ale-py>=0.11,<0.12", "opencv-python-headless>=4.9"],
         "box2d": ["box2d>=2.3.10"],
+        # env.vector: envpool (Atari ids need the atari extra too: spaces come from the ALE env).
+        "envpool": ["envpool==1.2.5"],
         "plot": ["matplotlib>=3.8"],
     },
     entry_points={"console_scripts": ["easyrl=easyrl.cli:main"]},

@@ -2,7 +2,9 @@
 
 Same environment, network and vector size on both sides (by default CartPole-v1 with
 the DQN of `configs/cartpole_apex.yaml`, num_envs 1, 8 and 32; `--config` picks another
-config, e.g. Atari Pong with `configs/pong_apex.yaml`):
+config, e.g. Atari Pong with `configs/pong_apex.yaml` or `configs/pong_impala.yaml`;
+`--vector` overrides `env.vector`, and with a comma list measures each kind in the same run,
+size by size, and prints their ratios to the first):
 
 - plain: `act` + `env.step` in a loop, nothing else (no gRPC, no replay).
 - plain + post: the plain loop plus everything the actor does in its own process
@@ -13,17 +15,21 @@ config, e.g. Atari Pong with `configs/pong_apex.yaml`):
 - actor: `easyrl.roles.actor.Actor` against a PS shard and a memory shard that run as
   real `easyrl run` processes (PS initialized with the network by `Assign`;
   `replay.min_size_to_sample` = capacity so nothing is ever sampled; no rate limit, no
-  learner). Its env steps are read from PS shard 0's Status (`counters["env_steps"]`,
-  which the actor reports every 0.5 s): rate = steps between two reports / time
-  between them, after the first two reports (tracing, first pull). By default the actor
-  runs in the benchmark process (the same `Actor(ctx, algo, stop).run()` that
-  `easyrl.roles.actor.run` calls, on a thread); `--actor-process` starts it as a
-  `python -m easyrl.cli run --role actor` process instead.
+  learner; a trajectory queue (IMPALA) is never sampled either, so `--capacity` must hold
+  every unroll of the run: 10,000 by default). Its env steps are read from PS shard 0's
+  Status (`counters["env_steps"]`, which the actor reports every 0.5 s): rate = steps
+  between two reports / time between them, after the first two reports (tracing, first
+  pull). By default the actor runs in the benchmark process (the same
+  `Actor(ctx, algo, stop).run()` that `easyrl.roles.actor.run` calls, on a thread);
+  `--actor-process` starts it as a `python -m easyrl.cli run --role actor` process
+  instead.
 
     python benchmarks/bench_actor.py            # print the table
     python benchmarks/bench_actor.py --write    # and update benchmarks/RESULTS.md
     python benchmarks/bench_actor.py --config configs/pong_apex.yaml --num-envs 1,4 \
         --capacity 20000 --write                # Atari frames/s per actor
+    python benchmarks/bench_actor.py --config configs/pong_impala.yaml --num-envs 5 \
+        --vector async,envpool                  # gymnasium subprocesses vs EnvPool threads
 """
 
 import argparse
@@ -44,12 +50,21 @@ from easyrl.transport import codec  # noqa: E402
 from easyrl.transport import easyrl_pb2 as pb  # noqa: E402
 
 CONFIG = common.REPO / "configs" / "cartpole_apex.yaml"
+VECTORS = ("sync", "async", "envpool")
+QUEUE_CAPACITY = 10_000
+"""Default `--capacity` of a trajectory queue (unrolls; nothing drains it)."""
 
 
-def raw_config(config: Path, num_envs: int, capacity: int) -> dict:
-    """`config` (a DQN config) with `num_envs`, no stop condition and no sampling."""
+def raw_config(config: Path, num_envs: int, capacity: int | None, vector: str | None) -> dict:
+    """`config` (an async-replay config: DQN, IMPALA, ...) with `num_envs` (and `vector` if
+    given), no stop condition and no sampling."""
     raw = yaml.safe_load(config.read_text())
     raw["env"]["num_envs"] = num_envs
+    if vector is not None:
+        raw["env"]["vector"] = vector
+    raw.setdefault("replay", {})
+    if capacity is None:
+        capacity = QUEUE_CAPACITY if raw["replay"].get("kind") == "trajectory" else 1_000_000
     raw["replay"].update({"capacity": capacity, "min_size_to_sample": capacity})
     raw["stop"] = {"episode_return_mean": None, "max_seconds": None}
     raw["cluster"] = {"ps": 1, "memory": 1, "learner": 1, "actor": 1}
@@ -153,8 +168,9 @@ class StepsWatcher:
         self._thread.join()
 
 
-def run_actor(cluster, local, cfg_path: Path, num_envs: int, algo, args) -> dict:
-    """Runs one actor for `args.duration` measured seconds; returns its rate."""
+def run_actor(cluster, local, cfg_path: Path, num_envs: int, vector: str, algo, args) -> dict:
+    """Runs one actor (`num_envs` envs in a `vector` vector env) for `args.duration`
+    measured seconds; returns its rate."""
     from easyrl import config as config_lib
     from easyrl.roles.actor import Actor
     from easyrl.roles.common import RoleContext, StopSignal
@@ -164,7 +180,7 @@ def run_actor(cluster, local, cfg_path: Path, num_envs: int, algo, args) -> dict
     memory = common.client("memory", spec.memory[0], cluster.token)
     inserts_before = memory.call("Status", pb.StatusRequest()).counters.get("memory/0/inserts", 0.0)
     watcher = StepsWatcher(ps0).start()
-    overrides = [f"env.num_envs={num_envs}"]
+    overrides = [f"env.num_envs={num_envs}", f"env.vector={vector}"]
     stop = StopSignal()
     if args.actor_process:
         (process,) = local.start_role("actor", 1, overrides)
@@ -220,9 +236,21 @@ def run_actor(cluster, local, cfg_path: Path, num_envs: int, algo, args) -> dict
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--num-envs", default="1,8,32", help="comma list of vector sizes")
-    parser.add_argument("--config", type=Path, default=CONFIG, help="a DQN config")
     parser.add_argument(
-        "--capacity", type=int, default=1_000_000, help="replay capacity (nothing is sampled)"
+        "--config", type=Path, default=CONFIG, help="an async-replay config (DQN, IMPALA)"
+    )
+    parser.add_argument(
+        "--capacity",
+        type=int,
+        default=None,
+        help="replay capacity, nothing is sampled (default 1,000,000; trajectory queues: "
+        f"{QUEUE_CAPACITY:,} unrolls)",
+    )
+    parser.add_argument(
+        "--vector",
+        default=None,
+        help=f"env.vector override, one of {', '.join(VECTORS)}; a comma list (async,envpool) "
+        "measures each in the same run and prints the ratios to the first",
     )
     parser.add_argument("--duration", type=float, default=3.0, help="seconds per measurement")
     parser.add_argument(
@@ -232,12 +260,16 @@ def main() -> None:
     )
     args = common.parse_args(parser, tuned_malloc=False)
     sizes = [int(x) for x in args.num_envs.split(",")]
+    vectors = args.vector.split(",") if args.vector else [None]
+    for v in vectors:
+        if v is not None and v not in VECTORS:
+            parser.error(f"--vector: {v!r} is not one of {', '.join(VECTORS)}")
 
     started, load_before = time.monotonic(), common.load_average()
     from easyrl import config as config_lib
 
     with common.Cluster() as cluster:
-        raw = raw_config(args.config.resolve(), sizes[0], args.capacity)
+        raw = raw_config(args.config.resolve(), sizes[0], args.capacity, vectors[0])
         cfg_path = common.write_config(raw, cluster.run_dir, "actor.yaml")
         local = cluster.start_cli(cfg_path, num_ps=1, num_memory=1, wait=False)
         import tensorflow as tf
@@ -258,29 +290,44 @@ def main() -> None:
 
         results = []
         for n in sizes:
-            cfg_n = dataclasses.replace(cfg, env=dataclasses.replace(cfg.env, num_envs=n))
-            # plain runs half before and half after the actor, so that a change of the
-            # machine's load during the actor's run biases neither side.
-            with tf.device("/CPU:0"):
-                plain = plain_loop(cfg_n, algo, args.duration / 2, post=False)
-                post = plain_loop(cfg_n, algo, args.duration, post=True)
-            actor = run_actor(cluster, local, cfg_path, n, algo, args)
-            with tf.device("/CPU:0"):
-                plain = merge(plain, plain_loop(cfg_n, algo, args.duration / 2, post=False))
-            p, q, a = (r.median_units_per_s for r in (plain, post, actor["rate"]))
-            results.append((n, p, q, a, actor, plain))
-            print(
-                f"num_envs {n:>3}: plain {p:>8,.0f} steps/s, plain+post {q:>8,.0f}, "
-                f"actor {a:>8,.0f} ({a / p:.2f}x of plain; means {plain.units_per_s:,.0f} / "
-                f"{post.units_per_s:,.0f} / {actor['rate'].units_per_s:,.0f})",
-                flush=True,
-            )
+            by_vector = {}
+            for v in [v or cfg.env.vector for v in vectors]:
+                env_n = dataclasses.replace(cfg.env, num_envs=n, vector=v)
+                cfg_n = dataclasses.replace(cfg, env=env_n)
+                # plain runs half before and half after the actor, so that a change of the
+                # machine's load during the actor's run biases neither side.
+                with tf.device("/CPU:0"):
+                    plain = plain_loop(cfg_n, algo, args.duration / 2, post=False)
+                    post = plain_loop(cfg_n, algo, args.duration, post=True)
+                actor = run_actor(cluster, local, cfg_path, n, v, algo, args)
+                with tf.device("/CPU:0"):
+                    plain = merge(plain, plain_loop(cfg_n, algo, args.duration / 2, post=False))
+                p, q, a = (r.median_units_per_s for r in (plain, post, actor["rate"]))
+                results.append((n, v, p, q, a, actor, plain))
+                by_vector[v] = (p, q, a)
+                print(
+                    f"num_envs {n:>3} {v:>7}: plain {p:>8,.0f} steps/s, plain+post {q:>8,.0f}, "
+                    f"actor {a:>8,.0f} ({a / p:.2f}x of plain; means "
+                    f"{plain.units_per_s:,.0f} / {post.units_per_s:,.0f} / "
+                    f"{actor['rate'].units_per_s:,.0f}; rate limited "
+                    f"{actor['rate_limited']:.0f})",
+                    flush=True,
+                )
+            first, *others = by_vector
+            for v in others:
+                ratios = [b / a for a, b in zip(by_vector[first], by_vector[v], strict=True)]
+                print(
+                    f"num_envs {n:>3}: {v} / {first}: plain {ratios[0]:.2f}x, plain+post "
+                    f"{ratios[1]:.2f}x, actor {ratios[2]:.2f}x",
+                    flush=True,
+                )
 
     rows = []
-    for n, p, q, a, actor, _ in results:
+    for n, v, p, q, a, actor, _ in results:
         rows.append(
             [
                 n,
+                v,
                 p,
                 q,
                 a,
@@ -294,6 +341,7 @@ def main() -> None:
     table = common.markdown_table(
         [
             "num_envs",
+            "vector",
             "plain steps/s",
             "plain + post steps/s",
             "actor steps/s",
@@ -301,7 +349,7 @@ def main() -> None:
             "actor / plain+post",
             "plain µs per vector step",
             "actor µs per vector step",
-            "transitions inserted",
+            "items inserted",
         ],
         rows,
     )
@@ -311,11 +359,14 @@ def main() -> None:
         else "the benchmark process (thread running `Actor.run()`)"
     )
     config = args.config.resolve()
+    epsilon = raw["algorithm"].get("epsilon")
     notes = [
-        f"Env {cfg.env.id} ({cfg.env.vector} vector env"
-        + (f", Atari preprocessing {raw['env']['atari']}" if cfg.env.atari else "")
-        + f"), network and `act` from `{config.relative_to(common.REPO)}` (DQN, model "
-        f"{raw['model']}), epsilon {raw['algorithm']['epsilon']} (actor 0 of 1), seed 0.",
+        f"Env {cfg.env.id}"
+        + (f" (Atari preprocessing {raw['env']['atari']})" if cfg.env.atari else "")
+        + f", network and `act` from `{config.relative_to(common.REPO)}` "
+        f"({cfg.algorithm.name}, model {raw['model']})"
+        + (f", epsilon {epsilon} (actor 0 of 1)" if epsilon is not None else "")
+        + ", seed 0.",
         "steps/s are medians over ~0.5 s windows (the actor's: between consecutive reports "
         "to PS shard 0), which resist bursts of load from other processes on this shared "
         f"machine; {args.duration:g} s measured per variant and size, plain split into two "
@@ -323,10 +374,13 @@ def main() -> None:
         f"Actor ran in {where}; PS shard and memory shard were `easyrl run` processes on the "
         "same 2 cores (the actor's rate includes their CPU: Insert handling, Report, Pull). "
         f"actor.send_every {cfg.actor.send_every}, weight_sync_every "
-        f"{cfg.actor.weight_sync_every} vector steps; replay prioritized, nothing sampled.",
-        "plain: `act` + `env.step` only. plain + post: adds final observations, n-step "
-        "accumulation, episode tracking and building each InsertRequest (initial "
-        "priorities with the network + encoding) - all the actor's in-process work.",
+        f"{cfg.actor.weight_sync_every} vector steps; replay {cfg.replay.kind}, nothing sampled.",
+        "vector: sync = envs stepped in the process, async = one subprocess per env "
+        "(gymnasium), envpool = EnvPool's C++ threads (`easyrl.envs.pool`).",
+        "plain: `act` + `env.step` only. plain + post: adds final observations, the "
+        "collector's work (DQN: n-step accumulation; IMPALA: unrolls), episode tracking and "
+        "building each InsertRequest (Ape-X: initial priorities with the network; encoding) "
+        "- all the actor's in-process work.",
         *(
             [
                 f"An env step is one agent step = {cfg.env.atari.frame_skip} emulator frames "
@@ -336,8 +390,8 @@ def main() -> None:
             if cfg.env.atari
             else []
         ),
-        "'transitions inserted' is the memory shard's insert count over the actor's whole "
-        "run (including warm-up), to show the data reached replay.",
+        "'items inserted' (transitions; IMPALA: unrolls) is the memory shard's insert count "
+        "over the actor's whole run (including warm-up), to show the data reached replay.",
     ]
     text = table + "\n\n" + "\n".join(f"- {n}" for n in notes) + "\n"
     print()
@@ -348,6 +402,9 @@ def main() -> None:
         if config != CONFIG:
             suffix += f"-{config.stem}"
             title += f": {cfg.env.id}"
+        if args.vector:
+            suffix += "-" + args.vector.replace(",", "-")
+            title += f" ({args.vector.replace(',', ' vs ')})"
         common.write_section(
             f"bench_actor{suffix}", common.section_text(title, started, load_before, text)
         )

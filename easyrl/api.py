@@ -195,6 +195,10 @@ def check_builds(cfg: config_lib.Config) -> None:
     from easyrl.envs import env_options, env_spaces
 
     obs_space, action_space = env_spaces(cfg.env.id, **env_options(cfg.env))  # before TF: fast
+    if cfg.env.vector == "envpool":
+        from easyrl.envs.pool import pool_task
+
+        pool_task(cfg.env.id, **env_options(cfg.env))
     import tensorflow as tf
 
     try:  # the launcher must not take a GPU's memory from the learners

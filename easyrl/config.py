@@ -98,8 +98,9 @@ class EnvConfig(_Section):
     Id-v0), `package.module:MyEnv` names a gymnasium.Env class of your own (see easyrl.envs)."""
     num_envs: int = 8
     """Environments per actor, stepped together as one vector env."""
-    vector: Literal["sync", "async"] = "sync"
-    """Vector env kind: sync (in-process) or async (one subprocess per env)."""
+    vector: Literal["sync", "async", "envpool"] = "sync"
+    """Vector env kind: sync (in-process), async (one subprocess per env) or envpool (EnvPool's
+    C++ threads, one per env up to the CPUs; Atari and classic-control ids; easyrl[envpool])."""
     max_episode_steps: int | None = None
     """Truncate episodes after this many steps (None: the environment's own limit)."""
     kwargs: dict[str, Any] = field(default_factory=dict)
@@ -156,6 +157,9 @@ class ReplayConfig(_Section):
     """Allowed deviation from samples_per_insert, in samples (None: the replay's default)."""
     prefetch: int = 2
     """Ready sample batches kept per shard."""
+    frame_dedup: bool = True
+    """With env.atari (frame_stack > 1): store each frame of the observation stacks once and
+    rebuild the stacks when sampling (easyrl.replay.frames); false: whole stacks per item."""
 
     @property
     def prioritized(self) -> bool:

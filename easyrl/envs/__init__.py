@@ -13,6 +13,9 @@ multi-threaded state (locks held by other threads, the TF runtime, gRPC's event 
 children, which can deadlock or crash them. ``spawn`` starts each child from a fresh
 interpreter, works on every platform, and costs only a slower start. As with any ``spawn``
 program, an entry script must guard its top-level work with ``if __name__ == "__main__":``.
+
+``vector="envpool"`` steps the envs in EnvPool's C++ threads instead (Atari and classic-control
+ids; easyrl[envpool]), through an adapter with the same conventions: see `easyrl.envs.pool`.
 """
 
 from __future__ import annotations
@@ -43,7 +46,7 @@ __all__ = [
 ASYNC_CONTEXT = "spawn"
 """Multiprocessing start method of ``AsyncVectorEnv`` workers (safe with TF/gRPC threads)."""
 
-VECTOR_MODES = ("sync", "async")
+VECTOR_MODES = ("sync", "async", "envpool")
 """Accepted values of ``make_vector_env(vector=...)``."""
 
 CUSTOM_NAMESPACE = "easyrl-custom"
@@ -238,9 +241,11 @@ def make_vector_env(
     Args:
         env_id: A registered gymnasium id (``"CartPole-v1"``), optionally ``"module:Id-v0"``.
         num_envs: Number of sub-environments, at least 1.
-        vector: ``"sync"`` (all copies stepped in this process, ``SyncVectorEnv``) or
+        vector: ``"sync"`` (all copies stepped in this process, ``SyncVectorEnv``),
             ``"async"`` (one subprocess per copy, ``AsyncVectorEnv`` with the
-            :data:`ASYNC_CONTEXT` start method and shared memory).
+            :data:`ASYNC_CONTEXT` start method and shared memory) or ``"envpool"`` (EnvPool's
+            threads in this process, `easyrl.envs.pool.EnvPoolVectorEnv`; Atari and
+            classic-control ids only).
         seed: Seed of the action/observation spaces; pass the same value to the first reset.
         max_episode_steps: Step limit of each episode (a ``TimeLimit`` wrapper, truncating);
             None keeps the registered limit.
@@ -253,8 +258,9 @@ def make_vector_env(
 
     Raises:
         ConfigError: `env_id` is unknown (the message names the closest registered ids),
-            `num_envs` is not a positive int, `vector` is not ``"sync"``/``"async"``, `seed` is
-            not an int, or `max_episode_steps`/`kwargs` are invalid.
+            `num_envs` is not a positive int, `vector` is not one of :data:`VECTOR_MODES`,
+            `seed` is not an int, or `max_episode_steps`/`kwargs` are invalid; for
+            ``"envpool"``: envpool is not installed or cannot run `env_id` as configured.
     """
     if not _is_positive_int(num_envs):
         raise ConfigError(f"num_envs must be a positive int, got {num_envs!r}")
@@ -263,20 +269,32 @@ def make_vector_env(
     if isinstance(seed, bool) or not isinstance(seed, int | np.integer):
         raise ConfigError(f"seed must be an int, got {seed!r}")
     env_kwargs = _check_make_args(max_episode_steps, kwargs)
+    env: gymnasium.vector.VectorEnv
+    if vector == "envpool":
+        from easyrl.envs.pool import EnvPoolVectorEnv, pool_task
+
+        task = pool_task(env_id, max_episode_steps, env_kwargs, atari)
+        env = EnvPoolVectorEnv(task, int(num_envs), seed=int(seed))
+        _seed_spaces(env, int(seed))
+        return env
     spec = _resolve_spec(env_id)
     env_fn = functools.partial(_make_one, spec, max_episode_steps, env_kwargs, atari)
     env_fns = [env_fn] * int(num_envs)
     mode = gymnasium.vector.AutoresetMode.SAME_STEP
-    env: gymnasium.vector.VectorEnv
     if vector == "sync":
         env = gymnasium.vector.SyncVectorEnv(env_fns, autoreset_mode=mode)
     else:
         env = gymnasium.vector.AsyncVectorEnv(env_fns, context=ASYNC_CONTEXT, autoreset_mode=mode)
-    env.action_space.seed(int(seed))
-    env.single_action_space.seed(int(seed))
-    env.observation_space.seed(int(seed))
-    env.single_observation_space.seed(int(seed))
+    _seed_spaces(env, int(seed))
     return env
+
+
+def _seed_spaces(env: gymnasium.vector.VectorEnv, seed: int) -> None:
+    """Seeds the action and observation spaces of `env` (batched and single) with `seed`."""
+    env.action_space.seed(seed)
+    env.single_action_space.seed(seed)
+    env.observation_space.seed(seed)
+    env.single_observation_space.seed(seed)
 
 
 def env_spaces(
