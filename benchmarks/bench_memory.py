@@ -7,11 +7,23 @@ through `easyrl.transport.rpc.Client` + the codec, the way actors and learners t
 - CartPole-size items (obs 4 float32, action int64, reward, next_obs, discount; 48 bytes):
   the shard is a real `python -m easyrl.cli run --role memory` process with a CartPole
   DQN config (`--server spawn` uses the spawned server below instead).
-- Atari-size items (obs and next_obs 42x42x4 uint8; 14,128 bytes): DQN's replay spec
-  stores observations as float32 and DQN needs a flat observation, so no config gives
-  this table. The shard is a multiprocessing "spawn" child that builds
-  `easyrl.roles.memory.build(cfg, spec)` + `rpc.make_server` with that spec and the
-  same config otherwise (same servicer, table thread, rate limiter, prefetch).
+- Atari-size items (obs and next_obs 42x42x4 uint8; 14,128 bytes as whole stacks): the
+  shard is a multiprocessing "spawn" child that builds `easyrl.roles.memory.build(cfg,
+  spec)` + `rpc.make_server` with that spec and a config with `env.atari` (42x42, 4
+  frames), so the table stores each frame once (`easyrl.replay.frames`; `--whole-stacks`:
+  `replay.frame_dedup: false`); same servicer, table thread, rate limiter, prefetch. The
+  items are sliding stacks of a stream of random frames (n + 6 distinct frames per batch
+  of n), packed by the client as actors pack them; batches rotate so that no insert
+  repeats the previous one.
+
+`--items atari` first prints the replay memory one stored transition takes, measured from
+the table's own arrays (all of them, divided by the transitions it holds) after inserting
+real preprocessed Pong transitions: ALE/Pong-v5 through our gymnasium pipeline (42x42x4),
+4 envs, random actions, the DQN n-step accumulator (n = 3), shipped every 16 steps as an
+actor ships them, into the table `make_table` builds for the config (prioritized,
+`--bytes-capacity` items), until the ring has wrapped:
+
+    atari bytes per stored transition: N
 
 Insert: one client thread, client-side encoding included, Ape-X style initial
 priorities sent with every batch. Sample: batch 512 (= the config's learner batch size,
@@ -22,6 +34,7 @@ one client thread and from two. Reverb 0.14's figures on the same machine are in
 
     python benchmarks/bench_memory.py            # print the tables
     python benchmarks/bench_memory.py --write    # and update benchmarks/RESULTS.md
+    python benchmarks/bench_memory.py --items atari --bytes-only   # the bytes line alone
 """
 
 import argparse
@@ -30,6 +43,7 @@ import time
 import common
 import numpy as np
 
+from easyrl.replay.frames import layout_for
 from easyrl.transport import codec
 from easyrl.transport import easyrl_pb2 as pb
 
@@ -54,6 +68,18 @@ ITEM_SPECS = {
 }
 
 
+def table_spec(spec: dict) -> dict:
+    """An `ITEM_SPECS` entry as a table spec: {column: (shape, np.dtype)}."""
+    return {name: (tuple(shape), np.dtype(dtype)) for name, (shape, dtype) in spec.items()}
+
+
+def common_config(raw: dict):
+    """The config of a raw config dict."""
+    from easyrl import config as config_lib
+
+    return config_lib.from_dict(raw)
+
+
 def item_bytes(spec: dict) -> int:
     return sum(
         int(np.prod(shape, dtype=np.int64)) * np.dtype(d).itemsize for shape, d in spec.values()
@@ -72,8 +98,18 @@ def random_batch(spec: dict, n: int, rng: np.random.Generator) -> dict[str, np.n
     return batch
 
 
-def raw_config(args) -> dict:
-    return {
+def stack_batch(spec: dict, n: int, rng: np.random.Generator) -> dict[str, np.ndarray]:
+    """`random_batch` whose obs and next_obs are the sliding 4-frame stacks of one stream of
+    random 42x42 frames (item i: frames i..i+3 and i+3..i+6, as 3-step transitions)."""
+    batch = random_batch({k: v for k, v in spec.items() if "obs" not in k}, n, rng)
+    frames = rng.integers(0, 256, size=(n + 6, 42, 42), dtype=np.uint8)  # [n + 6, H, W]
+    stacks = np.stack([frames[j : j + n] for j in range(7)], axis=-1)  # [n, H, W, 7]
+    batch["obs"], batch["next_obs"] = stacks[..., :4].copy(), stacks[..., 3:].copy()
+    return batch
+
+
+def raw_config(args, items: str = "cartpole") -> dict:
+    raw = {
         "algorithm": {"name": "dqn", "batch_size": args.sample_batch},
         "env": {"id": "CartPole-v1"},
         "replay": {
@@ -84,12 +120,72 @@ def raw_config(args) -> dict:
         },
         "run": {"name": "bench-memory", "checkpoint_interval_s": 3600.0},
     }
+    if items == "atari":  # 42x42x4 stacks: the table stores frames unless --whole-stacks
+        raw["env"]["atari"] = {"screen_size": 42, "frame_stack": 4}
+        raw["replay"]["frame_dedup"] = not args.whole_stacks
+    return raw
+
+
+def atari_bytes(args) -> dict:
+    """Replay bytes per stored transition of real Pong transitions (module docstring)."""
+    import gymnasium
+
+    from easyrl import config as config_lib
+    from easyrl.algorithms import dqn
+    from easyrl.algorithms.nstep import NStepAccumulator
+    from easyrl.envs import env_options, final_observations, make_vector_env
+    from easyrl.replay import make_table
+
+    raw = raw_config(args, "atari")
+    raw["env"] = {**raw["env"], "id": "ALE/Pong-v5", "num_envs": 4}
+    raw["env"]["kwargs"] = {"repeat_action_probability": 0.0}
+    raw["replay"].update(capacity=args.bytes_capacity, min_size_to_sample=1)
+    cfg = config_lib.from_dict(raw)
+    params = cfg.algorithm.params
+    obs_space = gymnasium.spaces.Box(0, 255, (42, 42, 4), np.uint8)
+    spec = dqn.replay_spec(params, obs_space, gymnasium.spaces.Discrete(6))
+    layout = layout_for(cfg, spec)
+    table = make_table(cfg.replay, spec, seed=0, frames=layout)
+    num_envs, send_every = cfg.env.num_envs, 16
+    env = make_vector_env(cfg.env.id, num_envs, vector="sync", seed=0, **env_options(cfg.env))
+    nstep = NStepAccumulator(num_envs, params.n_step, params.gamma, (42, 42, 4), np.uint8)
+    rng = np.random.default_rng(0)
+    obs, _ = env.reset(seed=0)
+    parts, steps = [], 0
+    try:
+        while table.inserted < 1.5 * table.capacity:
+            actions = rng.integers(0, 6, num_envs)
+            next_obs, rewards, terminated, truncated, infos = env.step(actions)
+            real = final_observations(next_obs, infos, terminated | truncated)
+            out = nstep.add(obs, actions, rewards, real, terminated, truncated)
+            if out is not None:
+                parts.append(out)
+            obs, steps = next_obs, steps + 1
+            if steps % send_every == 0 and parts:
+                batch = {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
+                table.insert(layout.pack(batch) if layout else batch, source=0)
+                parts = []
+    finally:
+        env.close()
+    per_item = table.nbytes / table.size
+    print(f"atari bytes per stored transition: {per_item:,.0f}", flush=True)
+    frames = table.frames
+    stored = frames.next / table.inserted if frames is not None else 2 * 4
+    print(
+        f"  ({table.size:,} transitions stored of {table.inserted:,} inserted, "
+        f"{table.dropped} dropped early; frames stored per transition {stored:.3f}; "
+        f"whole stacks: {item_bytes(ITEM_SPECS['atari']):,} bytes)",
+        flush=True,
+    )
+    return {"bytes_per_transition": per_item, "size": table.size, "inserted": table.inserted}
 
 
 def bench_items(cluster: common.Cluster, items: str, args) -> dict:
     """Starts a shard for `items`, measures inserts and sample+update rounds, stops it."""
     spec = ITEM_SPECS[items]
-    raw = raw_config(args)
+    raw = raw_config(args, items)
+    make_batch = stack_batch if items == "atari" else random_batch
+    layout = layout_for(common_config(raw), table_spec(spec)) if items == "atari" else None
     if items == "cartpole" and args.server == "cli":
         config = common.write_config(raw, cluster.run_dir, f"memory-{items}.yaml")
         cluster.start_cli(config, num_memory=1)
@@ -106,15 +202,19 @@ def bench_items(cluster: common.Cluster, items: str, args) -> dict:
     result = {"items": items, "server": how, "item_bytes": per_item, "inserts": {}, "rounds": {}}
 
     # Fill past min_size_to_sample first (not measured), so samples never wait.
-    fill = random_batch(spec, 512, rng)
+    fill = make_batch(spec, 512, rng)
     while client.call("Status", pb.StatusRequest()).counters["memory/0/size"] < args.min_size:
         client.call("Insert", pb.InsertRequest(tensors=codec.encode_batch(fill)))
 
     for n in args.insert_batches:
-        batch = random_batch(spec, n, rng)
+        batches = [make_batch(spec, n, rng) for _ in range(8 if layout else 1)]
         priorities = rng.random(n).astype(np.float32)
+        turn = iter(range(1 << 62))
 
-        def insert(batch=batch, priorities=priorities, n=n):
+        def insert(batches=batches, priorities=priorities, n=n, turn=turn):
+            batch = batches[next(turn) % len(batches)]
+            if layout is not None:  # as an actor ships frame stacks
+                batch = layout.pack(batch)
             request = pb.InsertRequest(tensors=codec.encode_batch(batch), actor=0)
             if prioritized:
                 request.priorities.CopyFrom(codec.encode_array("priorities", priorities))
@@ -263,6 +363,11 @@ def report(results: list[dict], args) -> str:
         "idle wait (`MemoryServer._table_loop`); with UpdatePriorities calls in between "
         f"(the rounds) it is refilled at once. Sample({args.sample_batch - 1}) goes through "
         "the table thread on request.",
+        "Atari items: the table stores each 42x42 frame once and rebuilds the stacks when "
+        "it samples (`easyrl.replay.frames`"
+        + (", off here: --whole-stacks" if args.whole_stacks else "")
+        + "); inserted batches are sliding stacks of random frames, packed by the client "
+        "(distinct frames + indexes, as actors ship them); MB/s counts whole-stack bytes.",
         "Inserts land in ring slots never written before (the 100k ring does not wrap in "
         "these runs), so they include the first-touch page faults of the lazily mapped, "
         "preallocated ring (about 14 MB per 1,000 Atari items).",
@@ -284,6 +389,20 @@ def main() -> None:
     parser.add_argument("--capacity", type=int, default=100_000)
     parser.add_argument("--min-size", type=int, default=1000, help="replay.min_size_to_sample")
     parser.add_argument(
+        "--whole-stacks",
+        action="store_true",
+        help="Atari: store whole frame stacks per item (replay.frame_dedup: false)",
+    )
+    parser.add_argument(
+        "--bytes-capacity",
+        type=int,
+        default=2000,
+        help="Atari bytes line: capacity of the table filled with real Pong transitions",
+    )
+    parser.add_argument(
+        "--bytes-only", action="store_true", help="Atari: print the bytes line alone"
+    )
+    parser.add_argument(
         "--server",
         choices=["cli", "spawn"],
         default="cli",
@@ -298,6 +417,10 @@ def main() -> None:
             parser.error(f"unknown --items {name!r}; known: {', '.join(ITEM_SPECS)}")
 
     started, load_before = time.monotonic(), common.load_average()
+    if "atari" in items:
+        atari_bytes(args)
+        if args.bytes_only:
+            return
     results = []
     with common.Cluster() as cluster:
         for name in items:

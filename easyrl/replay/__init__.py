@@ -8,11 +8,15 @@
 * ``RateLimiter``: a non-blocking Reverb-style state machine: a sample-to-insert ratio
   (its constructor), ``RateLimiter.min_size`` or ``RateLimiter.queue``; ``make_limiter``
   pairs one with a table.
+* ``FrameStore`` (``frames``): composed into a table, stores the frames of its frame-stack
+  columns (Atari observations) once each and rebuilds the stacks when it samples;
+  ``layout_for`` finds a run's ``FrameLayout`` (which columns, how a stack splits).
 * ``AggregateTable``: the synchronous rounds of PPO/ES (a round is released whole).
 * ``SumTree``: the vectorized sum tree behind proportional prioritized sampling.
 """
 
 from easyrl.replay.aggregate import AggregateTable
+from easyrl.replay.frames import FrameLayout, FrameStore, layout_for
 from easyrl.replay.rate_limiter import RateLimiter
 from easyrl.replay.sumtree import SumTree
 from easyrl.replay.tables import (
@@ -34,6 +38,8 @@ from easyrl.replay.tables import (
 __all__ = [
     "AggregateTable",
     "Fifo",
+    "FrameLayout",
+    "FrameStore",
     "Prioritized",
     "PrioritizedTable",
     "RateLimiter",
@@ -44,6 +50,7 @@ __all__ = [
     "TableSpec",
     "Uniform",
     "UniformTable",
+    "layout_for",
     "make_limiter",
     "make_table",
     "validate_batch",

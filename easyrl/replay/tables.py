@@ -24,6 +24,13 @@ import numpy as np
 
 from easyrl.errors import ReplayError
 from easyrl.replay.checks import check_indices, check_int, check_real
+from easyrl.replay.frames import (
+    FRAMES_PREFIX,
+    FrameLayout,
+    FrameStore,
+    frame_capacity,
+    frame_window,
+)
 from easyrl.replay.rate_limiter import RateLimiter
 from easyrl.replay.sumtree import SumTree
 
@@ -182,6 +189,10 @@ class Sampler(Protocol):
     def on_insert(self, slots: np.ndarray, priorities: np.ndarray, first: int) -> None:
         """Records the items just written to ``slots``: the batch's items from ``first``."""
 
+    def on_remove(self, slots: np.ndarray) -> None:
+        """Forgets the items of ``slots``, which a ring dropped before their turn (their
+        frames are overwritten: `easyrl.replay.frames`)."""
+
     def sample(
         self, table: "Table", batch_size: int, rng: np.random.Generator
     ) -> tuple[np.ndarray, np.ndarray]:
@@ -323,6 +334,10 @@ class Prioritized(Sampler):
         self.tree.update(slots, self._values(priorities[first:]))
         self.max_priority = max(self.max_priority, float(priorities.max()))
 
+    def on_remove(self, slots: np.ndarray) -> None:
+        """Zeroes the dropped items' weights: they are never drawn again."""
+        self.tree.update(slots, np.zeros(slots.size))
+
     def sample(
         self, table: "Table", batch_size: int, rng: np.random.Generator
     ) -> tuple[np.ndarray, np.ndarray]:
@@ -388,6 +403,11 @@ class Table:
             a queue that refuses an insert that does not fit and removes what a sample
             returns (the sampler must be `Fifo`: it returns the oldest items).
         seed: Seed of the sampling RNG, >= 0.
+        frames: Stores the layout's frame-stack columns one frame at a time
+            (`easyrl.replay.frames`): inserts take whole stacks or their wire form,
+            samples return whole stacks. A ring then also drops its oldest items early
+            when the frames they refer to are overwritten; a queue's insert waits for
+            frame room (`fits`). None: every column stored as it is.
 
     Raises:
         ReplayError: If an argument is invalid.
@@ -401,6 +421,7 @@ class Table:
         *,
         remove_on_sample: bool = False,
         seed: int = 0,
+        frames: FrameStore | None = None,
     ) -> None:
         if isinstance(capacity, bool) or not isinstance(capacity, int | np.integer) or capacity < 1:
             raise ReplayError(f"capacity must be an int >= 1, got {capacity!r}")
@@ -414,21 +435,29 @@ class Table:
         self.inserted = 0
         """Items ever inserted (the key of the next item)."""
         self.removed = 0
-        """Items ever removed by samples (a queue's; a ring overwrites instead)."""
+        """Items ever removed by samples (a queue's), or dropped by a ring with a frame
+        store before their turn (otherwise a ring overwrites instead)."""
+        self.frames = frames
+        """The frame store of the frame-stack columns, or None."""
+        self.dropped = 0
+        """Items a ring dropped early because their frames were overwritten."""
+        self._stored = frames.layout.id_spec(self._spec) if frames is not None else self._spec
         self._columns = {
             name: np.zeros((self.capacity, *shape), dtype=dtype)
-            for name, (shape, dtype) in self._spec.items()
-        }  # name -> [capacity, *shape]
+            for name, (shape, dtype) in self._stored.items()
+        }  # name -> [capacity, *shape]; a frame-stack column: [capacity, *lead, k] frame ids
+        # A frame table's smallest frame id of each slot's item.
+        self._first_frame = np.zeros(self.capacity if frames is not None else 0, np.int64)
 
     @staticmethod
-    def queue(spec: TableSpec, capacity: int) -> "Table":
+    def queue(spec: TableSpec, capacity: int, frames: FrameStore | None = None) -> "Table":
         """Reverb's ``Table.queue``: a FIFO that removes what a sample returns (pair it
         with ``RateLimiter.queue``: inserts wait for room, samples for items).
 
         Raises:
             ReplayError: If an argument is invalid.
         """
-        return Table(spec, capacity, Fifo(), remove_on_sample=True)
+        return Table(spec, capacity, Fifo(), remove_on_sample=True, frames=frames)
 
     @property
     def spec(self) -> TableSpec:
@@ -440,14 +469,24 @@ class Table:
         """Number of items currently stored."""
         return min(self.inserted - self.removed, self.capacity)
 
-    def _checked(self, batch: dict[str, np.ndarray], priorities: Any) -> tuple[int, np.ndarray]:
-        n = validate_batch(self._spec, batch)
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the arrays that hold the items (columns, frames, frame bookkeeping)."""
+        frames = self.frames.nbytes if self.frames is not None else 0
+        columns = sum(column.nbytes for column in self._columns.values())
+        return columns + frames + self._first_frame.nbytes
+
+    def _checked(self, batch: dict[str, Any], priorities: Any) -> tuple[int, np.ndarray]:
+        if self.frames is not None:
+            n = self.frames.check(self._spec, batch)
+        else:
+            n = validate_batch(self._spec, batch)
         recorded = self.sampler.check_priorities(priorities, n)
         if self.remove_on_sample and n > self.capacity:
             raise ReplayError(f"{n} items never fit a queue of {self.capacity}")
         return n, recorded
 
-    def check_insert(self, batch: dict[str, np.ndarray], priorities: Any = None) -> int:
+    def check_insert(self, batch: dict[str, Any], priorities: Any = None) -> int:
         """Checks what an insert can be refused for whatever the table holds.
 
         Returns:
@@ -455,34 +494,89 @@ class Table:
 
         Raises:
             ReplayError: If the batch or priorities are invalid, or a queue can never
-                hold ``n`` items.
+                hold ``n`` items (or their frames).
         """
         return self._checked(batch, priorities)[0]
 
-    def insert(self, batch: dict[str, np.ndarray], priorities: Any = None) -> np.ndarray:
+    def _live_slots(self) -> np.ndarray:
+        """``[size]`` slots of the stored items, the oldest first."""
+        return (self.inserted - self.size + np.arange(self.size)) % self.capacity
+
+    def _lowest_frame(self) -> int:
+        """The smallest frame id a stored item refers to (the store's next id if none)."""
+        assert self.frames is not None
+        if self.size == 0:
+            return self.frames.next
+        return int(self._first_frame[self._live_slots()].min())
+
+    def fits(self, batch: dict[str, Any]) -> bool:
+        """Whether the frames of a checked batch fit now: always, except in a queue with a
+        frame store whose oldest frames still belong to queued items (the insert then waits
+        for samples to remove them, as it waits for item room)."""
+        frames = self.frames
+        if frames is None or not self.remove_on_sample:
+            return True
+        needed = frames.frames_needed(frames.layout.packed(batch))  # the memory server packs
+        return frames.next + needed - frames.capacity <= self._lowest_frame()
+
+    def _drop_below(self, low: int) -> None:
+        """A ring drops its oldest items up to the newest one referring to a frame id below
+        ``low`` (those frames are about to be overwritten)."""
+        size = self.size
+        if size == 0:
+            return
+        slots = self._live_slots()  # [size]
+        stale = np.flatnonzero(self._first_frame[slots] < low)
+        if not stale.size:
+            return
+        count = int(stale[-1]) + 1
+        self.sampler.on_remove(slots[:count])
+        self.removed = self.inserted - size + count
+        self.dropped += count
+
+    def insert(
+        self, batch: dict[str, Any], priorities: Any = None, *, source: int = 0
+    ) -> np.ndarray:
         """Appends a batch; a ring that cannot hold it all keeps only its last items.
 
         Args:
-            batch: Column name -> ``[n, *shape]`` arrays matching the spec.
+            batch: Column name -> ``[n, *shape]`` arrays matching the spec (a table with a
+                frame store also takes the wire form, `easyrl.replay.frames`).
             priorities: ``[n]`` finite raw priorities >= 0, or None (see the sampler).
+            source: Who sent the batch (the actor): a ring's frame store matches the
+                batch's frames against this source's previous insert.
 
         Returns:
             ``[n]`` int64 keys issued to the batch's items.
 
         Raises:
             ReplayError: If the batch or priorities are invalid, or a queue lacks room for
-                them; the table is unchanged.
+                them (or their frames); the table is unchanged.
         """
         n, recorded = self._checked(batch, priorities)
         if self.remove_on_sample and self.size + n > self.capacity:
             raise ReplayError(
                 f"queue full: {self.size} of {self.capacity} items queued, cannot add {n}"
             )
+        stored, prepared = batch, None
+        if self.frames is not None:
+            prepared = self.frames.prepare(batch, n, source)
+            low = self.frames.next + len(prepared.new) - self.frames.capacity
+            if self.remove_on_sample and low > self._lowest_frame():
+                raise ReplayError(
+                    f"frame store full: {len(prepared.new)} new frames do not fit until "
+                    "queued items are sampled"
+                )
+            stored = prepared.columns
+            self._drop_below(low)
         keys = np.arange(self.inserted, self.inserted + n, dtype=np.int64)  # [n]
         first = n - min(n, self.capacity)
         slots = keys[first:] % self.capacity  # [m], distinct
         for name, column in self._columns.items():
-            column[slots] = batch[name][first:]
+            column[slots] = stored[name][first:]
+        if prepared is not None and self.frames is not None:
+            self._first_frame[slots] = prepared.first_frame[first:]
+            self.frames.write(prepared, source)
         self.inserted += n
         self.sampler.on_insert(slots, recorded, first)
         return keys
@@ -510,11 +604,15 @@ class Table:
         slots, probabilities = self.sampler.sample(self, batch_size, self._rng)  # [B], [B]
         weights = (self.size * probabilities) ** -beta  # [B]
         oldest = self.inserted - self.size
+        data = {name: column[slots] for name, column in self._columns.items()}
+        if self.frames is not None:
+            for name in self.frames.layout.columns:
+                data[name] = self.frames.gather(data[name])
         batch = SampleBatch(
             keys=(oldest + (slots - oldest) % self.capacity).astype(np.int64),
             weights=(weights / weights.max()).astype(np.float32),
             probabilities=probabilities,
-            data={name: column[slots] for name, column in self._columns.items()},
+            data=data,
         )
         if self.remove_on_sample:
             self.removed += batch_size
@@ -560,16 +658,25 @@ class Table:
         """Plain-data snapshot of the table (the sampling RNG is not included).
 
         Returns:
-            ``capacity`` and ``inserted`` (and a queue's ``removed``) ints,
-            ``data/<column>`` arrays of shape ``[size, *shape]`` (slot order for a ring,
-            the oldest first for a queue) and the sampler's entries.
+            ``capacity`` and ``inserted`` (and a queue's or a frame table's ``removed``)
+            ints, ``data/<column>`` arrays of shape ``[size, *shape]`` (slot order for a
+            ring, the oldest first for a queue; a frame-stack column's frame ids), the
+            frame store's ``frames/`` entries (the frames stored items refer to) and the
+            sampler's entries.
         """
         slots = (self.removed + np.arange(self.size)) % self.capacity  # [size]
         state: dict[str, Any] = {"capacity": self.capacity, "inserted": self.inserted}
-        if self.remove_on_sample:
+        if self._counts_removed:
             state["removed"] = self.removed
         state.update({DATA_PREFIX + name: col[slots] for name, col in self._columns.items()})
+        if self.frames is not None:
+            state.update(self.frames.state(self._lowest_frame()))
         return {**state, **self.sampler.state(slots)}
+
+    @property
+    def _counts_removed(self) -> bool:
+        """Whether ``removed`` can be non-zero (and is part of a snapshot)."""
+        return self.remove_on_sample or self.frames is not None
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore a snapshot from ``state_dict``: the same items, keys and counters.
@@ -578,9 +685,12 @@ class Table:
             ReplayError: If the snapshot does not match this table (entries, capacity,
                 columns, the sampler's configuration); the table is unchanged.
         """
-        counters = ["capacity", "inserted", *(["removed"] if self.remove_on_sample else [])]
+        counters = ["capacity", "inserted", *(["removed"] if self._counts_removed else [])]
         data_keys = [DATA_PREFIX + name for name in self._spec]
+        frame_keys = [FRAMES_PREFIX + k for k in ("capacity", "next", "pixels")]
         expected = {*counters, *data_keys, *self.sampler.state_keys}
+        if self.frames is not None:
+            expected.update(frame_keys)
         missing, extra = sorted(expected - set(state)), sorted(set(state) - expected, key=str)
         if missing or extra:
             raise ReplayError(f"state dict mismatch: missing {missing}, unexpected {extra}")
@@ -594,18 +704,33 @@ class Table:
                 f"state dict holds {inserted - removed} items for capacity {capacity}"
             )
         size = min(inserted - removed, capacity)
-        for name, (shape, dtype) in self._spec.items():
+        for name, (shape, dtype) in self._stored.items():
             array = state[DATA_PREFIX + name]
             got = (array.dtype, array.shape) if isinstance(array, np.ndarray) else array
             if got != (dtype, (size, *shape)):
                 raise ReplayError(
                     f"state dict column {name!r}: expected {dtype} {(size, *shape)}, got {got}"
                 )
+        first_frame, frames = np.zeros(size, np.int64), None
+        if self.frames is not None:
+            columns = self.frames.layout.columns
+            ids = [state[DATA_PREFIX + name].reshape(size, -1) for name in columns]
+            first_frame = np.concatenate(ids, axis=1).min(axis=1) if size else first_frame
+            frames = self.frames.check_state(state, int(first_frame.min()) if size else None)
+            highest = max((int(i.max()) for i in ids if i.size), default=-1)
+            if highest >= frames[0]:
+                raise ReplayError(
+                    f"state dict frame ids reach {highest}, beyond the {frames[0]} issued"
+                )
         slots = (removed + np.arange(size)) % capacity  # [size]
         self.sampler.load_state(state, slots)
         for name, column in self._columns.items():
             column[:] = 0
             column[slots] = state[DATA_PREFIX + name]
+        if self.frames is not None and frames is not None:
+            self._first_frame[:] = 0
+            self._first_frame[slots] = first_frame
+            self.frames.load(*frames)
         self.inserted, self.removed = inserted, removed
 
 
@@ -616,13 +741,16 @@ class UniformTable(Table):
         spec: Column name -> (item shape, dtype).
         capacity: Maximum number of stored items, >= 1; older items are overwritten.
         seed: Seed of the sampling RNG, >= 0.
+        frames: The frame store of its frame-stack columns, or None (see `Table`).
 
     Raises:
         ReplayError: If an argument is invalid.
     """
 
-    def __init__(self, spec: TableSpec, capacity: int, seed: int = 0) -> None:
-        super().__init__(spec, capacity, Uniform(), seed=seed)
+    def __init__(
+        self, spec: TableSpec, capacity: int, seed: int = 0, frames: FrameStore | None = None
+    ) -> None:
+        super().__init__(spec, capacity, Uniform(), seed=seed, frames=frames)
 
 
 class PrioritizedTable(Table):
@@ -634,6 +762,7 @@ class PrioritizedTable(Table):
         alpha: Priority exponent, finite and >= 0 (0 is uniform).
         seed: Seed of the sampling RNG, >= 0.
         priority_epsilon: Added to every priority before the exponent, finite and >= 0.
+        frames: The frame store of its frame-stack columns, or None (see `Table`).
 
     Raises:
         ReplayError: If an argument is invalid.
@@ -646,9 +775,10 @@ class PrioritizedTable(Table):
         alpha: float = 0.6,
         seed: int = 0,
         priority_epsilon: float = 1e-6,
+        frames: FrameStore | None = None,
     ) -> None:
         self.prioritized = Prioritized(capacity, alpha, priority_epsilon)
-        super().__init__(spec, capacity, self.prioritized, seed=seed)
+        super().__init__(spec, capacity, self.prioritized, seed=seed, frames=frames)
 
     @property
     def priority_epsilon(self) -> float:
@@ -677,20 +807,30 @@ class PrioritizedTable(Table):
         return self.prioritized.tree.get(array % self.capacity)
 
 
-def make_table(r: "ReplayConfig", spec: TableSpec, seed: int = 0) -> Table:
+def make_table(
+    r: "ReplayConfig", spec: TableSpec, seed: int = 0, frames: FrameLayout | None = None
+) -> Table:
     """The table of a memory shard of replay kind ``r.kind``: a ring of ``r.capacity``
-    items sampled uniformly or by priority (``r.alpha``), or a trajectory queue.
+    items sampled uniformly or by priority (``r.alpha``), or a trajectory queue; with a
+    frame store (`frame_capacity` frames) for the columns of ``frames`` when given
+    (`easyrl.replay.frames.layout_for`).
 
     Raises:
         ReplayError: If the kind has no such table (an aggregate table collects rounds:
             `AggregateTable`) or an argument is invalid.
     """
+    store = None
+    if frames is not None and r.kind in ("trajectory", "prioritized", "uniform"):
+        queue = r.kind == "trajectory"
+        capacity = check_int("capacity", r.capacity, 1)
+        size, window = frame_capacity(frames, capacity, queue), frame_window(frames, capacity)
+        store = FrameStore(frames, size, match_sources=not queue, window=window)
     if r.kind == "trajectory":
-        return Table.queue(spec, r.capacity)
+        return Table.queue(spec, r.capacity, frames=store)
     if r.kind == "prioritized":
-        return PrioritizedTable(spec, r.capacity, alpha=r.alpha, seed=seed)
+        return PrioritizedTable(spec, r.capacity, alpha=r.alpha, seed=seed, frames=store)
     if r.kind == "uniform":
-        return UniformTable(spec, r.capacity, seed=seed)
+        return UniformTable(spec, r.capacity, seed=seed, frames=store)
     raise ReplayError(f"replay.kind {r.kind!r} has no replay table")
 
 
@@ -704,13 +844,35 @@ def make_limiter(
     from the config (it counts what this process inserts; an actor ships ``send_every``
     steps per env). Both are checked against the insert and learner batch sizes.
 
+    A table with a frame store is also checked against its frames: a ring's must hold
+    the frames of any insert (``max_frames`` per item); a queue's, whose oldest shipment
+    may hold its frames while part of its items are sampled, must hold the frames of a
+    learner batch and two inserts, ``capacity >= 2 * num_envs + batch_size - 2``, or
+    inserts waiting for frame room and samples waiting for items could deadlock.
+
     Raises:
-        ReplayError: If the batch sizes could deadlock or an argument is invalid.
+        ReplayError: If the batch sizes could deadlock (or never fit the frame store) or an
+            argument is invalid.
     """
+    frames = table.frames
     if table.remove_on_sample:
         limiter = RateLimiter.queue(table)
         limiter.check_batch_sizes(num_envs, batch_size)
+        if frames is not None and table.capacity < 2 * num_envs + batch_size - 2:
+            raise ReplayError(
+                f"replay.capacity {table.capacity} (unrolls) must be at least 2 * num_envs + "
+                f"batch_size - 2 = {2 * num_envs + batch_size - 2} with frame stacks stored "
+                "frame by frame, or inserts and samples could deadlock; raise it (or set "
+                "replay.frame_dedup: false)"
+            )
         return limiter
     limiter = RateLimiter(r.min_size_to_sample, r.samples_per_insert, r.error_buffer)
     limiter.check_batch_sizes(send_every * num_envs, batch_size)
+    insert_frames = send_every * num_envs * (frames.layout.max_frames if frames else 0)
+    if frames is not None and insert_frames > frames.capacity:
+        raise ReplayError(
+            f"an insert of {send_every * num_envs} items may hold {insert_frames} frames, more "
+            f"than the {frames.capacity} frames replay.capacity {table.capacity} keeps; raise "
+            "replay.capacity (or set replay.frame_dedup: false)"
+        )
     return limiter

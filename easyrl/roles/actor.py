@@ -31,6 +31,7 @@ from easyrl.algorithms.contract import (
 from easyrl.envs import env_options, final_observations, make_vector_env
 from easyrl.errors import TransportError
 from easyrl.flows import actor_gradients, async_replay, sync_rounds
+from easyrl.replay.frames import layout_for
 from easyrl.roles.common import (
     RoleContext,
     ShardedWeights,
@@ -92,6 +93,10 @@ class Actor:
         self.weights = ShardedWeights(ctx.clients("ps"), algo.variables)
         memories = len(ctx.cluster.memory)
         self.memory = ctx.client("memory", ctx.task % memories) if memories else None
+        self.frames = None  # frame stacks ship as distinct frames + indexes (replay.frames)
+        if memories and ctx.cfg.env.atari is not None:
+            module, params = ctx.algorithm_module(), ctx.cfg.algorithm.params
+            self.frames = layout_for(ctx.cfg, module.replay_spec(params, *ctx.spaces()))
         self.outbox: queue.Queue = queue.Queue(maxsize=ctx.cfg.actor.queue_size)
         self.sync_requested = threading.Event()
         self.counters = {
@@ -156,7 +161,8 @@ class Actor:
 
     def ship(self, batch: dict, round_: int = 0) -> bool:
         """Queues `batch` for the memory shard, tagged with its round (synchronous rounds),
-        with initial priorities when the replay is prioritized.
+        with initial priorities when the replay is prioritized; Atari frame stacks go as
+        their distinct frames (`replay.frames.FrameLayout.pack`).
 
         Returns:
             False if the actor stopped before the outbox had room.
@@ -165,6 +171,8 @@ class Actor:
         if self.ctx.cfg.replay.prioritized:
             agent = cast(PrioritizedAgent, self.algo)
             priorities = agent.initial_priorities(batch).astype(np.float32)
+        if self.frames is not None:
+            batch = self.frames.pack(batch)
         return put_until_stopped(self.outbox, (batch, priorities, round_), self.stop)
 
     def report(self, steps: int, stats: dict, force: bool = False, updates: int = 0) -> None:

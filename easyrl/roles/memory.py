@@ -9,9 +9,13 @@ returns without waiting for the table.
 
 A replay table (`replay.Table`: uniform, prioritized or a trajectory queue) is served the
 same way whatever its sampler; `replay.make_table` and `replay.make_limiter` build it and
-its rate limiter from the config. An aggregate table (synchronous rounds) has no rate
-limiter and no prefetch: an Insert carries its weight round, and a Sample for round r
-waits until the round is complete, then takes all of it.
+its rate limiter from the config. With Atari frame stacks (`replay.frames.layout_for`) the
+table stores each frame once: actors ship the wire form (`FrameLayout.pack`), an Insert of
+whole stacks is packed by its handler thread, and the table matches an insert's frames
+against the same actor's previous one; Sample returns whole stacks as before. An
+aggregate table (synchronous rounds) has no rate limiter and no prefetch: an Insert
+carries its weight round, and a Sample for round r waits until the round is complete,
+then takes all of it.
 
 An offline run (`input.dir`) fills a uniform table from the dataset at start (see
 `load_dataset`) and only serves samples: no inserts come, so the rate limiter asks for
@@ -45,6 +49,7 @@ from easyrl.replay import (
     make_table,
     validate_batch,
 )
+from easyrl.replay.frames import layout_for
 from easyrl.replay.tables import DATA_PREFIX
 from easyrl.seeds import derive_seed
 from easyrl.transport import codec
@@ -70,8 +75,8 @@ class Op:
     limiter (or its round), and what its kind uses (the others keep their defaults):
     `batch` (insert), `priorities` (insert, update; None: the table's default), `keys`
     (update), `n` (items inserted, sampled or updated), `round` (insert and take_round of
-    an aggregate table) and `active` (whether the caller still waits: nothing is stored or
-    released for one that is gone)."""
+    an aggregate table), `source` (insert: the actor that sent it) and `active` (whether
+    the caller still waits: nothing is stored or released for one that is gone)."""
 
     kind: Literal["insert", "sample", "update", "take_round", "snapshot"]
     timeout_s: float
@@ -80,6 +85,7 @@ class Op:
     keys: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
     n: int = 0
     round: int = 0
+    source: int = 0
     active: Callable[[], bool] = _always
     deadline: float = field(init=False)
     future: Future = field(default_factory=Future)
@@ -195,9 +201,9 @@ class MemoryServer(pb_grpc.ReplayMemoryServicer):
             if not op.active():  # the caller's deadline passed while the op waited: not stored
                 self.counters["inserts_abandoned"] += op.n
                 raise ReplayError("the caller gave up before the insert ran")
-            if not limiter.can_insert(op.n):
+            if not limiter.can_insert(op.n) or not table.fits(op.batch):
                 return None
-            table.insert(op.batch, op.priorities)
+            table.insert(op.batch, op.priorities, source=op.source)
             limiter.on_insert(op.n)
             self.counters["inserts"] += op.n
             return pb.InsertResponse(size=table.size, inserted=table.inserted)
@@ -284,8 +290,18 @@ class MemoryServer(pb_grpc.ReplayMemoryServicer):
                 raise ReplayError("an aggregate table takes a round >= 0 and no priorities")
             return self._submit(Op("insert", timeout, batch=batch, n=n, round=request.round))
         n = table.check_insert(batch, priorities)  # e.g. more unrolls than a queue ever holds
+        if table.frames is not None:  # whole stacks: split and matched here, not by the table
+            batch = table.frames.layout.packed(batch)
         active = _caller_active(context)
-        op = Op("insert", timeout, batch=batch, priorities=priorities, n=n, active=active)
+        op = Op(
+            "insert",
+            timeout,
+            batch=batch,
+            priorities=priorities,
+            n=n,
+            source=request.actor,
+            active=active,
+        )
         try:
             return self._submit(op)
         except RateLimitTimeout as err:
@@ -343,6 +359,11 @@ class MemoryServer(pb_grpc.ReplayMemoryServicer):
             counters[f"memory/{self.shard}/round"] = float(self.table.round)
             counters[f"memory/{self.shard}/dropped_items"] = float(self.table.refused)
         counters[f"memory/{self.shard}/ready_batches"] = float(self._ready.qsize())
+        if not isinstance(self.table, AggregateTable) and self.table.frames is not None:
+            frames = self.table.frames
+            counters[f"memory/{self.shard}/frames_stored"] = float(frames.next)
+            counters[f"memory/{self.shard}/frames_matched"] = float(frames.matched)
+            counters[f"memory/{self.shard}/dropped_for_frames"] = float(self.table.dropped)
         return pb.StatusResponse(
             role="memory",
             task=self.shard,
@@ -484,7 +505,8 @@ def build(
         table = AggregateTable(spec, r.capacity, size, restarted)
         return MemoryServer(table, None, 1, 1, BetaSchedule(0, 0, 0), shard)
     batch_size = cfg.algorithm.params.batch_size
-    table = make_table(r, spec, seed=derive_seed(cfg.run.seed, "memory", shard))
+    seed = derive_seed(cfg.run.seed, "memory", shard)
+    table = make_table(r, spec, seed=seed, frames=layout_for(cfg, spec))
     restored = restore(table, snapshot) if snapshot is not None else 0
     limiter = make_limiter(r, table, cfg.env.num_envs, cfg.actor.send_every, batch_size)
     beta = BetaSchedule(r.beta, r.beta_final, r.beta_anneal_steps)
