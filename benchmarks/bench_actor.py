@@ -106,10 +106,12 @@ def plain_loop(cfg, algo, duration_s: float, post: bool) -> common.Rate:
         if (state["steps"] // n) % cfg.actor.send_every == 0 and state["parts"]:
             parts = state["parts"]
             batch = {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
-            request = pb.InsertRequest(tensors=codec.encode_batch(batch), actor=0)
+            body = codec.Body()  # as MemoryClient.insert builds the request
+            request = pb.InsertRequest(tensors=body.batch(batch), actor=0)
             if cfg.replay.kind == "prioritized":
                 priorities = algo.initial_priorities(batch).astype(np.float32)
-                request.priorities.CopyFrom(codec.encode_array("priorities", priorities))
+                request.priorities.CopyFrom(body.tensor("priorities", priorities))
+            body.frame(request).SerializeToString()
             state["parts"] = []
         state["obs"] = next_obs
         return n, 0

@@ -55,16 +55,17 @@ RSS_POLL_S = 0.25
 
 
 def insert_requests(items: str, batch: int, seed: int, count: int = 4) -> list:
-    """`count` different encoded InsertRequests of `batch` items with priorities."""
+    """`count` different encoded InsertRequests of `batch` items with priorities, laid out as
+    `MemoryClient.insert` lays them out (tensor bytes in the message body)."""
     rng = np.random.default_rng(seed)
     requests = []
     for _ in range(count):
-        request = pb.InsertRequest(
-            tensors=codec.encode_batch(random_batch(ITEM_SPECS[items], batch, rng)), actor=seed
-        )
+        body = codec.Body()
+        batch_ = random_batch(ITEM_SPECS[items], batch, rng)
+        request = pb.InsertRequest(tensors=body.batch(batch_), actor=seed)
         priorities = rng.random(batch).astype(np.float32) + 0.01
-        request.priorities.CopyFrom(codec.encode_array("priorities", priorities))
-        requests.append(request)
+        request.priorities.CopyFrom(body.tensor("priorities", priorities))
+        requests.append(body.frame(request))
     return requests
 
 
@@ -132,11 +133,12 @@ def _sampler_main(index, address, token, args, ready, go, results) -> None:
                 continue
             codec.decode_batch(reply.tensors, reply.body)
             keys = codec.decode_array(reply.keys, reply.body)
+            body = codec.Body()
             update = pb.UpdatePrioritiesRequest(
-                keys=codec.encode_array("keys", keys),
-                priorities=codec.encode_array("priorities", rng.random(len(keys)) + 0.01),
+                keys=body.tensor("keys", keys),
+                priorities=body.tensor("priorities", rng.random(len(keys)) + 0.01),
             )
-            client.call("UpdatePriorities", update, retry_s=0.0)
+            client.call("UpdatePriorities", body.frame(update), retry_s=0.0)
             latencies.append(time.perf_counter() - start)
             rounds += 1
         except TransportError as err:

@@ -44,8 +44,7 @@ import common
 import numpy as np
 
 from easyrl.replay.frames import layout_for
-from easyrl.transport import codec
-from easyrl.transport import easyrl_pb2 as pb
+from easyrl.transport.clients import MemoryClient
 
 REVERB_INSERTS_PER_S = 6_700.0  # single-transition inserts/s, writer flushing every 64
 REVERB_ROUNDS_PER_S = {"cartpole": 86.0, "atari": 46.0}  # sample(512) + priority update
@@ -180,6 +179,14 @@ def atari_bytes(args) -> dict:
     return {"bytes_per_transition": per_item, "size": table.size, "inserted": table.inserted}
 
 
+def sampled(client: MemoryClient, batch_size: int) -> tuple[dict, np.ndarray, np.ndarray]:
+    """(batch, keys, weights) of one Sample through the client the learners use."""
+    taken = client.sample(batch_size, timeout_s=5.0)
+    if taken is None:
+        raise RuntimeError("Sample was not ready: the rate limiter blocked it")
+    return taken
+
+
 def bench_items(cluster: common.Cluster, items: str, args) -> dict:
     """Starts a shard for `items`, measures inserts and sample+update rounds, stops it."""
     spec = ITEM_SPECS[items]
@@ -195,7 +202,7 @@ def bench_items(cluster: common.Cluster, items: str, args) -> dict:
         how = "spawned `memory.build` + `rpc.make_server`"
     server = cluster.servers[-1]
     address = server.address
-    client = common.client("memory", address, cluster.token)
+    client = MemoryClient(common.client("memory", address, cluster.token))
     rng = np.random.default_rng(0)
     per_item = item_bytes(spec)
     prioritized = args.kind == "prioritized"
@@ -203,8 +210,8 @@ def bench_items(cluster: common.Cluster, items: str, args) -> dict:
 
     # Fill past min_size_to_sample first (not measured), so samples never wait.
     fill = make_batch(spec, 512, rng)
-    while client.call("Status", pb.StatusRequest()).counters["memory/0/size"] < args.min_size:
-        client.call("Insert", pb.InsertRequest(tensors=codec.encode_batch(fill)))
+    while client.status().counters["memory/0/size"] < args.min_size:
+        client.insert(fill)
 
     for n in args.insert_batches:
         batches = [make_batch(spec, n, rng) for _ in range(8 if layout else 1)]
@@ -215,10 +222,7 @@ def bench_items(cluster: common.Cluster, items: str, args) -> dict:
             batch = batches[next(turn) % len(batches)]
             if layout is not None:  # as an actor ships frame stacks
                 batch = layout.pack(batch)
-            request = pb.InsertRequest(tensors=codec.encode_batch(batch), actor=0)
-            if prioritized:
-                request.priorities.CopyFrom(codec.encode_array("priorities", priorities))
-            client.call("Insert", request)
+            client.insert(batch, priorities if prioritized else None)
             return n, n * per_item
 
         rate = common.measure(insert, args.duration)
@@ -230,25 +234,12 @@ def bench_items(cluster: common.Cluster, items: str, args) -> dict:
         )
 
     def sampler(seed: int):
-        local = common.client("memory", address, cluster.token)
+        local = MemoryClient(common.client("memory", address, cluster.token))
         local_rng = np.random.default_rng(seed)
-        request = pb.SampleRequest(batch_size=args.sample_batch, timeout_s=5.0)
 
         def round_trip():
-            reply = local.call("Sample", request)
-            if not reply.ready:
-                raise RuntimeError("Sample was not ready: the rate limiter blocked it")
-            data = codec.decode_batch(reply.tensors, reply.body)
-            keys = codec.decode_array(reply.keys, reply.body)
-            codec.decode_array(reply.weights, reply.body)
-            new = local_rng.random(len(keys))
-            local.call(
-                "UpdatePriorities",
-                pb.UpdatePrioritiesRequest(
-                    keys=codec.encode_array("keys", keys),
-                    priorities=codec.encode_array("priorities", new),
-                ),
-            )
+            data, keys, _ = sampled(local, args.sample_batch)
+            local.update_priorities(keys, local_rng.random(len(keys)))
             return len(keys), sum(a.nbytes for a in data.values())
 
         return round_trip, local
@@ -260,14 +251,10 @@ def bench_items(cluster: common.Cluster, items: str, args) -> dict:
     for size in (args.sample_batch, args.sample_batch - 1):
         if size < 1:
             continue
-        request = pb.SampleRequest(batch_size=size, timeout_s=5.0)
 
-        def sample_only(request=request):
-            reply = client.call("Sample", request)
-            if not reply.ready:
-                raise RuntimeError("Sample was not ready: the rate limiter blocked it")
-            data = codec.decode_batch(reply.tensors, reply.body)
-            return len(reply.keys.data) // 8, sum(a.nbytes for a in data.values())
+        def sample_only(size=size):
+            data, keys, _ = sampled(client, size)
+            return len(keys), sum(a.nbytes for a in data.values())
 
         rate = common.measure(sample_only, args.duration)
         result["sample_only"][size] = rate
@@ -288,7 +275,7 @@ def bench_items(cluster: common.Cluster, items: str, args) -> dict:
             f"{rate.per_s:>8,.1f} rounds/s {rate.mb_per_s:>8.1f} MB/s",
             flush=True,
         )
-    status = client.call("Status", pb.StatusRequest())
+    status = client.status()
     result["status"] = {k.split("/", 2)[-1]: v for k, v in status.counters.items()}
     client.close()
     cluster.stop([server])

@@ -39,12 +39,21 @@ def encode_array(name: str, array: np.ndarray) -> pb.Tensor:
     Raises:
         TransportError: the dtype cannot travel (object, strings, ...).
     """
+    array, little = _wire_layout(name, array)
+    return pb.Tensor(name=name, dtype=array.dtype.name, shape=array.shape, data=little.tobytes())
+
+
+def _wire_layout(name: str, array: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(`array` as an ndarray, its bytes as they travel: C-contiguous little-endian, a view
+    when it already is; at least 1-D, so take the shape from the first).
+
+    Raises:
+        TransportError: the dtype cannot travel (object, strings, ...).
+    """
     array = np.asarray(array)
     if array.dtype.name not in ALLOWED_DTYPES:
         raise TransportError(f"tensor {name!r}: dtype {array.dtype} cannot be sent")
-    little = array.astype(array.dtype.newbyteorder("<"), copy=False)
-    data = np.ascontiguousarray(little).tobytes()
-    return pb.Tensor(name=name, dtype=array.dtype.name, shape=array.shape, data=data)
+    return array, np.ascontiguousarray(array.astype(array.dtype.newbyteorder("<"), copy=False))
 
 
 def decode_array(tensor: pb.Tensor, body: Any = b"") -> np.ndarray:
@@ -208,10 +217,7 @@ class Body:
         Raises:
             TransportError: the dtype cannot travel.
         """
-        array = np.asarray(array)
-        if array.dtype.name not in ALLOWED_DTYPES:
-            raise TransportError(f"tensor {name!r}: dtype {array.dtype} cannot be sent")
-        little = np.ascontiguousarray(array.astype(array.dtype.newbyteorder("<"), copy=False))
+        array, little = _wire_layout(name, array)
         tensor = pb.Tensor(name=name, dtype=array.dtype.name, shape=array.shape, offset=self.size)
         if little.nbytes:
             # numpy arrays export the buffer protocol; numpy's stubs do not declare it.
