@@ -403,9 +403,10 @@ def test_synchronous_rounds_two_shards_each(launch, algorithm):
     for shard in (0, 1):
         memory = _counters(summary, f"memory/{shard}")
         # Each shard released whole rounds of its one actor, and is now collecting the
-        # next round (or already holds part of it).
+        # next round (or already holds part of it). The stop can land while the learner
+        # trains on a released round it has not yet published (released = rounds + 1).
         released = memory[f"memory/{shard}/rounds_released"]
-        assert rounds - 1 <= released <= rounds, (rounds, memory)
+        assert rounds - 1 <= released <= rounds + 1, (rounds, memory)
         assert memory[f"memory/{shard}/round"] == released, memory
         assert memory[f"memory/{shard}/samples"] > 0
         assert memory.get(f"memory/{shard}/refused_stale", 0) == 0, memory
