@@ -16,6 +16,15 @@ class ConfigError(EasyRLError):
     """A config file, an override or a cluster spec is invalid."""
 
 
+def check_ranges(owner: str, obj: object, checks: dict[str, tuple[bool, str]]) -> None:
+    """Raises ConfigError("<owner>: <field> must be <range>, got <value>") for the first of
+    `checks` ({field: (holds, valid range)}) that does not hold. Write each check so that NaN
+    fails it (`x > 0`, not `not x <= 0`)."""
+    for field, (holds, valid) in checks.items():
+        if not holds:
+            raise ConfigError(f"{owner}: {field} must be {valid}, got {getattr(obj, field)!r}")
+
+
 class TransportError(EasyRLError):
     """A gRPC call failed after its retries, or a message could not be encoded."""
 

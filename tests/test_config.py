@@ -362,6 +362,24 @@ def test_value_checks(override, key):
     assert str(info.value).startswith(key + " must be"), str(info.value)
 
 
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [  # DQN's (Ape-X's) hyper-parameters are checked when the config loads, like every section
+        ("algorithm.gamma=2", "dqn: gamma must be in [0, 1], got 2.0"),
+        ("algorithm.n_step=0", "dqn: n_step must be >= 1, got 0"),
+        ("algorithm.batch_size=0", "dqn: batch_size must be >= 1, got 0"),
+        ("algorithm.lr=-1", "dqn: lr must be finite and > 0, got -1.0"),
+        ("algorithm.lr=.nan", "dqn: lr must be finite and > 0, got nan"),
+        ("algorithm.epsilon=1.5", "dqn: epsilon must be in [0, 1], got 1.5"),
+        ("algorithm.target_update_period=0", "dqn: target_update_period must be >= 1, got 0"),
+    ],
+)
+def test_dqn_params_are_checked_at_load(override, message):
+    with pytest.raises(ConfigError) as info:
+        load(overrides=[override])
+    assert str(info.value) == message
+
+
 def test_value_check_message_and_boundaries():
     with pytest.raises(ConfigError, match=r"^cluster\.actor must be >= 1, got 0$"):
         load(overrides=["cluster.actor=0"])

@@ -11,7 +11,7 @@ import tensorflow as tf
 
 from easyrl.config import OutputConfig, StopConfig
 from easyrl.envs import make_vector_env, play_episodes
-from easyrl.metrics import RunStats, reached_goal, stop_reason
+from easyrl.metrics import RunStats, Stop, StopKind, reached_goal, stop_reason
 from easyrl.roles.evaluator import BestCheckpoint
 
 
@@ -94,8 +94,9 @@ def test_evaluation_returns_reach_the_snapshot_and_can_stop_the_run():
     assert stop_reason(stop, snap, 10.0) is None
     stats.report("evaluator", 0, 0, 0, [], [], {}, evals=[-190.0])
     reason = stop_reason(stop, stats.snapshot(), 11.0)
-    assert reason == "target reached: evaluation return -190.0 >= -300 (1 episodes)"
-    assert reached_goal(stop, reason)
+    text = "target reached: evaluation return -190.0 >= -300 (1 episodes)"
+    assert reason == Stop(StopKind.EVAL_TARGET, text)
+    assert reached_goal(stop, reason.kind)
     restored = RunStats(window=3)
     restored.load_state(stats.state())
     assert restored.snapshot()["eval_return_best"] == -190.0
@@ -116,10 +117,28 @@ def test_recording_run_stops_and_succeeds_once_all_steps_are_written():
     stop = StopConfig(max_seconds=60.0)
     written = {"actor/0/recorded_steps": 60.0, "actor/1/recorded_steps": 30.0}
     assert stop_reason(stop, written, 10.0, output) is None
-    assert stop_reason(stop, written, 61.0, output) == "max_seconds reached: 61 s"
-    assert not reached_goal(stop, "max_seconds reached: 61 s", output)  # the budget ran out
+    assert stop_reason(stop, written, 61.0, output) == (
+        StopKind.MAX_SECONDS,
+        "max_seconds reached: 61 s",
+    )
+    assert not reached_goal(stop, StopKind.MAX_SECONDS, output)  # the budget ran out
     written["actor/1/recorded_steps"] = 40.0
     reason = stop_reason(stop, written, 61.0, output)
-    assert reason == "output.max_steps reached: 100 steps recorded"
-    assert reached_goal(stop, reason, output)
+    assert reason == (StopKind.OUTPUT_MAX_STEPS, "output.max_steps reached: 100 steps recorded")
+    assert reached_goal(stop, reason.kind, output)
     assert stop_reason(stop, written, 10.0) is None  # not a recording run
+
+
+@pytest.mark.parametrize(
+    ("stop", "output", "succeeds"),
+    [
+        # No return target, no recording: a budget stop is the goal; no stop condition
+        # (a crash, a child that gave up, Ctrl-C) never is, whatever its message says.
+        (StopConfig(max_env_steps=10), None, {StopKind.MAX_ENV_STEPS, StopKind.MAX_SECONDS}),
+        (StopConfig(episode_return_mean=1.0), None, {StopKind.TARGET, StopKind.EVAL_TARGET}),
+        (StopConfig(), OutputConfig(dir="/tmp/d", max_steps=5), {StopKind.OUTPUT_MAX_STEPS}),
+    ],
+)
+def test_success_is_judged_from_the_typed_stop_condition(stop, output, succeeds):
+    for kind in [*StopKind, None]:
+        assert reached_goal(stop, kind, output) == (kind in succeeds), kind

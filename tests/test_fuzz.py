@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 from google.protobuf.message import DecodeError
 
-from easyrl.transport import codec
+from easyrl.transport import codec, rpc
 from easyrl.transport import easyrl_pb2 as pb
 
 TOKEN = "fuzz-test-token"
@@ -236,6 +236,7 @@ TENSOR_MUTATIONS = {
     "dtype-str": _set(dtype="str"),
     "dtype-void": _set(dtype="V4"),
     "dtype-upper-case": _set(dtype="FLOAT32"),
+    "dtype-20000-chars": _set(dtype="f" * 20_000),  # echoed: past gRPC's 16 KiB metadata
     "dtype-float64-recast": _recast(np.float64),
     "dtype-int32-recast": _recast(np.int32),
     "dtype-relabelled-float64": _set(dtype="float64"),
@@ -257,6 +258,7 @@ TENSOR_MUTATIONS = {
     "bytes-none": _set(data=b""),
     "name-empty": _set(name=""),
     "name-unknown": _set(name="no/such/tensor"),
+    "name-20000-chars": _set(name="n" * 20_000),
     "name-nested-under-first": _with(lambda t: _renamed(f"{t.name}/x")(t)),
     "name-duplicate": _with(lambda t: t),
     "name-extra": _with(_renamed("extra")),
@@ -354,6 +356,17 @@ def test_insert_malformed_tensors(role_servers, shards, raw, kind, mutation):
     tensors = TENSOR_MUTATIONS[mutation](codec.encode_batch(role_servers.items(spec, 100, 3)))
     payload = pb.InsertRequest(tensors=tensors).SerializeToString()
     check_refused(role_servers, shards, raw, "memory", kind, "Insert", payload, INVALID)
+
+
+@pytest.mark.parametrize("field", ["dtype", "name"])
+def test_refusals_echo_a_bounded_part_of_the_input(role_servers, shards, raw, field):
+    tensors = _set(**{field: "x" * 20_000})(codec.encode_named(PS_GRADS))
+    request = pb.PushRequest(version=shards["prioritized"].ps.version, gradients=tensors)
+    payload = request.SerializeToString()
+    details = check_refused(
+        role_servers, shards, raw, "ps", "prioritized", "Push", payload, INVALID
+    )
+    assert "xxxx" in details and len(details) <= rpc.DETAILS_LIMIT + 40, len(details)
 
 
 def _int_column_as_float32(batch):

@@ -8,10 +8,11 @@ import pytest
 
 from easyrl.algorithms.optimizers import OptimizerSpec
 from easyrl.errors import TransportError
-from easyrl.metrics import RunStats
+from easyrl.metrics import RunStats, Stop, StopKind
 from easyrl.roles.ps import ParameterServer
 from easyrl.transport import codec, rpc
 from easyrl.transport import easyrl_pb2 as pb
+from easyrl.transport.clients import ShardClient
 
 TOKEN = "ps-test-token"
 SGD = OptimizerSpec(kind="sgd", lr=0.1)
@@ -583,9 +584,21 @@ def test_shutdown_sets_flags_and_report_answers_stopping(serve_ps):
 
 def test_stop_flag_alone_answers_stopping(serve_ps):
     ps, client = serve_ps(stats=RunStats(window=3))
-    ps.stop_reason = "max_env_steps reached: 10 env steps"
+    ps.stop = Stop(StopKind.MAX_ENV_STEPS, "max_env_steps reached: 10 env steps")
     ps.stopping.set()
     assert report(client, role="learner", task=0, updates=1).stopping
     reply = status(client)
     assert reply.stopping and reply.stop_reason.startswith("max_env_steps")
+    assert reply.stop_kind == pb.STOP_MAX_ENV_STEPS
+    # The client hands the launcher the typed condition it judges success from.
+    typed = ShardClient(client).status()
+    assert typed.stop_kind is StopKind.MAX_ENV_STEPS and typed.stop_reason == reply.stop_reason
+
+
+def test_every_stop_kind_crosses_the_wire(serve_ps):
+    ps, client = serve_ps(stats=RunStats(window=3))
+    assert ShardClient(client).status().stop_kind is None  # running
+    for kind in StopKind:
+        ps.stop = Stop(kind, kind.value)
+        assert ShardClient(client).status().stop_kind is kind
     assert not ps.shutdown_requested.is_set()

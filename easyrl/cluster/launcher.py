@@ -27,7 +27,7 @@ from easyrl.errors import EasyRLError, TransportError
 from easyrl.metrics import progress_line, reached_goal
 from easyrl.offline.dataset import check_output_dir
 from easyrl.transport import rpc
-from easyrl.transport.clients import ShardClient, connect
+from easyrl.transport.clients import ShardClient, Status, connect
 
 MALLOC_ENV = {
     "MALLOC_MMAP_THRESHOLD_": str(64 * 1024 * 1024),
@@ -246,14 +246,14 @@ class LocalCluster:
             child.process = self._spawn(child.role, child.task, child.overrides)
         return None
 
-    def status(self, role: str, task: int) -> dict:
-        """Status of one server as a plain dict ({} when it does not answer)."""
+    def status(self, role: str, task: int) -> Status | None:
+        """Status of one server (None when it does not answer)."""
         address, sec = getattr(self.spec, role)[task], self.cfg.security
         client = connect(role, address, self.token, sec, timeout_s=5.0, retry_s=0.0)
         try:
-            return client.status()._asdict()  # version, stopping, stop_reason, counters
+            return client.status()
         except TransportError:
-            return {}
+            return None
         finally:
             client.close()
 
@@ -368,6 +368,14 @@ def tail(child: Child, lines: int = 15) -> str:
     return "\n".join("    " + line for line in text[-lines:])
 
 
+def _plain(status: Status | None) -> dict:
+    """A server's final Status as summary.json holds it ({} when it did not answer)."""
+    if status is None:
+        return {}
+    kind = status.stop_kind
+    return {**status._asdict(), "stop_kind": kind.value if kind else None}
+
+
 def default_run_dir(cfg) -> str:
     """runs/<name>-<YYYYmmdd-HHMMSS> under the current directory."""
     return str(Path("runs") / f"{cfg.run.name}-{time.strftime('%Y%m%d-%H%M%S')}")
@@ -399,7 +407,7 @@ def train(cfg, out=sys.stdout, resumed: bool = False) -> int:
     def say(text: str) -> None:
         print(f"[{clock:6.1f}s] {text}", file=out, flush=True)
 
-    reason, exit_code, ps_stopping = None, 1, False
+    reason, kind, exit_code, ps_stopping = None, None, 1, False
     print(f"run directory: {run_dir}", file=out, flush=True)
     try:
         cluster.start()
@@ -410,17 +418,18 @@ def train(cfg, out=sys.stdout, resumed: bool = False) -> int:
             if failure:
                 raise EasyRLError(failure)  # never a success, whatever the stop condition
             status = cluster.status("ps", 0)
-            if not status:
+            if status is None:
                 continue
-            clock = status["elapsed_s"]
+            clock = status.elapsed_s
             if time.monotonic() >= next_log:
                 next_log = time.monotonic() + cfg.run.log_interval_s
                 restarts = sum(c.restarts for c in cluster.children)
-                print(progress_line(clock, status["counters"], restarts), file=out, flush=True)
-            if status["stopping"]:
+                print(progress_line(clock, status.counters, restarts), file=out, flush=True)
+            if status.stopping:
                 ps_stopping = True
-                reason = status["stop_reason"] or "stopped by PS shard 0"
-        exit_code = 0 if reached_goal(cfg.stop, reason, cfg.output) else 1
+                reason = status.stop_reason or "stopped by PS shard 0"
+                kind = status.stop_kind
+        exit_code = 0 if reached_goal(cfg.stop, kind, cfg.output) else 1
     except KeyboardInterrupt:
         reason, exit_code = "interrupted", 130
     except EasyRLError as err:
@@ -431,9 +440,11 @@ def train(cfg, out=sys.stdout, resumed: bool = False) -> int:
             for c in cluster.children
             if c.role in SERVER_ROLES
         }
-        clock = servers.get("ps/0", {}).get("elapsed_s") or clock
+        ps0 = servers.get("ps/0")
+        clock = (ps0.elapsed_s if ps0 else 0.0) or clock
         summary = {
             "reason": reason,
+            "stop_condition": kind.value if kind else None,  # the config key, e.g. stop.max_seconds
             "exit_code": exit_code,
             "elapsed_s": round(clock, 2),
             "wall_s": round(time.monotonic() - start, 2),
@@ -441,7 +452,7 @@ def train(cfg, out=sys.stdout, resumed: bool = False) -> int:
             "crashes": {
                 c.name: [why for _, why in c.crashes] for c in cluster.children if c.crashes
             },
-            "servers": servers,
+            "servers": {name: _plain(status) for name, status in servers.items()},
         }
         cluster.shutdown(workers_stopping=ps_stopping)
         (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))

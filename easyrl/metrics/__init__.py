@@ -6,10 +6,12 @@ condition is met, and answers `Status` with the same numbers.
 """
 
 import collections
+import enum
 import json
 import threading
 import time
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 
@@ -116,7 +118,25 @@ def recorded_steps(counters: dict) -> float:
     )
 
 
-def stop_reason(stop, snapshot: dict[str, float], elapsed_s: float, output=None) -> str | None:
+class StopKind(enum.Enum):
+    """The stop condition that ended a run (PS shard 0's), by the config key that set it;
+    on the wire, `StopKind` with the same names prefixed `STOP_`."""
+
+    OUTPUT_MAX_STEPS = "output.max_steps"
+    EVAL_TARGET = "stop.eval_return_mean"
+    TARGET = "stop.episode_return_mean"
+    MAX_ENV_STEPS = "stop.max_env_steps"
+    MAX_SECONDS = "stop.max_seconds"
+
+
+class Stop(NamedTuple):
+    """Why a run stops: the condition (what success is judged from) and a line for people."""
+
+    kind: StopKind
+    text: str
+
+
+def stop_reason(stop, snapshot: dict[str, float], elapsed_s: float, output=None) -> Stop | None:
     """Returns why the run should stop now, or None.
 
     Args:
@@ -128,35 +148,42 @@ def stop_reason(stop, snapshot: dict[str, float], elapsed_s: float, output=None)
     """
     if output is not None and output.max_steps is not None:
         if recorded_steps(snapshot) >= output.max_steps:
-            return f"output.max_steps reached: {output.max_steps} steps recorded"
+            return Stop(
+                StopKind.OUTPUT_MAX_STEPS,
+                f"output.max_steps reached: {output.max_steps} steps recorded",
+            )
     target = stop.eval_return_mean
     if target is not None and snapshot.get("eval_return_mean", -np.inf) >= target:
         mean, episodes = snapshot["eval_return_mean"], int(snapshot["eval_episodes"])
-        return f"target reached: evaluation return {mean:.1f} >= {target:g} ({episodes} episodes)"
+        text = f"target reached: evaluation return {mean:.1f} >= {target:g} ({episodes} episodes)"
+        return Stop(StopKind.EVAL_TARGET, text)
     target = stop.episode_return_mean
     if (
         target is not None
         and snapshot.get("recent_episodes", 0) >= stop.window
         and snapshot.get("return_mean", -np.inf) >= target
     ):
-        return f"target reached: mean return {snapshot['return_mean']:.1f} >= {target:g}"
+        return Stop(
+            StopKind.TARGET,
+            f"target reached: mean return {snapshot['return_mean']:.1f} >= {target:g}",
+        )
     if stop.max_env_steps is not None and snapshot.get("env_steps", 0) >= stop.max_env_steps:
-        return f"max_env_steps reached: {int(snapshot['env_steps'])} env steps"
+        text = f"max_env_steps reached: {int(snapshot['env_steps'])} env steps"
+        return Stop(StopKind.MAX_ENV_STEPS, text)
     if stop.max_seconds is not None and elapsed_s >= stop.max_seconds:
-        return f"max_seconds reached: {elapsed_s:.0f} s"
+        return Stop(StopKind.MAX_SECONDS, f"max_seconds reached: {elapsed_s:.0f} s")
     return None
 
 
-def reached_goal(stop, reason: str | None, output=None) -> bool:
-    """Whether a stop `reason` counts as success: all `output.max_steps` steps recorded in
-    a recording run, else a return target when one is set, otherwise any budget stop."""
-    if reason is None:
-        return False
+def reached_goal(stop, kind: StopKind | None, output=None) -> bool:
+    """Whether a run that stopped on `kind` succeeded: all `output.max_steps` steps recorded
+    in a recording run, else a return target when one is set, otherwise a budget stop
+    (`stop.max_env_steps` or `stop.max_seconds`). None (no stop condition met) never is."""
     if output is not None and output.max_steps is not None:
-        return reason.startswith("output.max_steps reached")
+        return kind is StopKind.OUTPUT_MAX_STEPS
     if stop.episode_return_mean is not None or stop.eval_return_mean is not None:
-        return reason.startswith("target reached")
-    return True
+        return kind in (StopKind.TARGET, StopKind.EVAL_TARGET)
+    return kind in (StopKind.MAX_ENV_STEPS, StopKind.MAX_SECONDS)
 
 
 def progress_line(elapsed: float, counters: dict, restarts: int | None = None) -> str:

@@ -21,7 +21,7 @@ import tensorflow as tf
 from easyrl.algorithms.optimizers import OptimizerGroups, OptimizerSpec
 from easyrl.atomic import save_npz
 from easyrl.errors import EasyRLError
-from easyrl.metrics import MetricsWriter, RunStats, progress_line, stop_reason
+from easyrl.metrics import MetricsWriter, RunStats, Stop, progress_line, stop_reason
 from easyrl.models import FlatVariables
 from easyrl.transport import codec
 from easyrl.transport import easyrl_pb2 as pb
@@ -72,7 +72,8 @@ class ParameterServer(pb_grpc.ParameterServerServicer):
         self._pull_cache: tuple[int, list[pb.Tensor], codec.Body] = (-1, [], codec.Body())
         self._pull_reply: tuple[tuple[int, int], codec.Framed | None] = ((-1, -1), None)
         self.stopping = threading.Event()
-        self.stop_reason = ""
+        self.stop: Stop | None = None
+        """Why the run stops (shard 0, once a stop condition is met)."""
         self.shutdown_requested = threading.Event()
         self._clock = time.monotonic()  # when the run started, as if it had never stopped
         if checkpoint_path is not None and checkpoint_path.exists():
@@ -304,7 +305,8 @@ class ParameterServer(pb_grpc.ParameterServerServicer):
             version=self.version,
             initialized=initialized,
             stopping=self.stopping.is_set(),
-            stop_reason=self.stop_reason,
+            stop_reason=self.stop.text if self.stop else "",
+            stop_kind=pb.StopKind.Value(f"STOP_{self.stop.kind.name}") if self.stop else 0,
             counters=counters,
             recent_returns=returns,
             elapsed_s=self.elapsed() if self.stats is not None else 0.0,
@@ -329,12 +331,12 @@ def metrics_loop(ps: ParameterServer, stats: RunStats, cfg, run_dir: Path, done:
         if not ps.stopping.is_set():
             reason = stop_reason(cfg.stop, snapshot, elapsed, cfg.output)
         if reason:
-            log.info("stop condition: %s", reason)
-            ps.stop_reason = reason
+            log.info("stop condition: %s", reason.text)
+            ps.stop = reason
             ps.stopping.set()
         log.info("%s", progress_line(elapsed, snapshot))  # `kubectl logs`, bare-metal logs
         try:
-            writer.write(snapshot, elapsed, reason)
+            writer.write(snapshot, elapsed, reason.text if reason else None)
         except OSError as err:
             log.error("cannot write metrics: %s", err)
 

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, NamedTuple, TypedDict, Unpack
 
 import numpy as np
 
+from easyrl.metrics import StopKind
 from easyrl.transport import codec, rpc
 from easyrl.transport import easyrl_pb2 as pb
 
@@ -24,6 +25,8 @@ class Status(NamedTuple):
     counters: dict[str, float]
     elapsed_s: float
     """The run clock (PS shard 0; 0 elsewhere): what metrics and stop conditions read."""
+    stop_kind: StopKind | None
+    """The stop condition met (PS shard 0), None while running or when stopped by Shutdown."""
 
 
 class Pulled(NamedTuple):
@@ -77,7 +80,12 @@ class ShardClient:
     def status(self) -> Status:
         reply = self.call("Status", pb.StatusRequest())
         counters = dict(reply.counters)
-        return Status(reply.version, reply.stopping, reply.stop_reason, counters, reply.elapsed_s)
+        kind = None
+        if reply.stop_kind:  # STOP_NONE is 0
+            kind = StopKind[pb.StopKind.Name(reply.stop_kind).removeprefix("STOP_")]
+        return Status(
+            reply.version, reply.stopping, reply.stop_reason, counters, reply.elapsed_s, kind
+        )
 
     def shutdown(self) -> None:
         """Asks the shard to checkpoint (PS) and exit."""

@@ -1,10 +1,26 @@
 from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
 from collections.abc import Iterable as _Iterable, Mapping as _Mapping
 from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
+
+class StopKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    STOP_NONE: _ClassVar[StopKind]
+    STOP_OUTPUT_MAX_STEPS: _ClassVar[StopKind]
+    STOP_EVAL_TARGET: _ClassVar[StopKind]
+    STOP_TARGET: _ClassVar[StopKind]
+    STOP_MAX_ENV_STEPS: _ClassVar[StopKind]
+    STOP_MAX_SECONDS: _ClassVar[StopKind]
+STOP_NONE: StopKind
+STOP_OUTPUT_MAX_STEPS: StopKind
+STOP_EVAL_TARGET: StopKind
+STOP_TARGET: StopKind
+STOP_MAX_ENV_STEPS: StopKind
+STOP_MAX_SECONDS: StopKind
 
 class Tensor(_message.Message):
     __slots__ = ("name", "dtype", "shape", "data", "offset")
@@ -142,7 +158,7 @@ class StatusRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class StatusResponse(_message.Message):
-    __slots__ = ("role", "task", "version", "initialized", "stopping", "counters", "recent_returns", "stop_reason", "elapsed_s")
+    __slots__ = ("role", "task", "version", "initialized", "stopping", "counters", "recent_returns", "stop_reason", "elapsed_s", "stop_kind")
     class CountersEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -159,6 +175,7 @@ class StatusResponse(_message.Message):
     RECENT_RETURNS_FIELD_NUMBER: _ClassVar[int]
     STOP_REASON_FIELD_NUMBER: _ClassVar[int]
     ELAPSED_S_FIELD_NUMBER: _ClassVar[int]
+    STOP_KIND_FIELD_NUMBER: _ClassVar[int]
     role: str
     task: int
     version: int
@@ -168,7 +185,8 @@ class StatusResponse(_message.Message):
     recent_returns: _containers.RepeatedScalarFieldContainer[float]
     stop_reason: str
     elapsed_s: float
-    def __init__(self, role: _Optional[str] = ..., task: _Optional[int] = ..., version: _Optional[int] = ..., initialized: _Optional[bool] = ..., stopping: _Optional[bool] = ..., counters: _Optional[_Mapping[str, float]] = ..., recent_returns: _Optional[_Iterable[float]] = ..., stop_reason: _Optional[str] = ..., elapsed_s: _Optional[float] = ...) -> None: ...
+    stop_kind: StopKind
+    def __init__(self, role: _Optional[str] = ..., task: _Optional[int] = ..., version: _Optional[int] = ..., initialized: _Optional[bool] = ..., stopping: _Optional[bool] = ..., counters: _Optional[_Mapping[str, float]] = ..., recent_returns: _Optional[_Iterable[float]] = ..., stop_reason: _Optional[str] = ..., elapsed_s: _Optional[float] = ..., stop_kind: _Optional[_Union[StopKind, str]] = ...) -> None: ...
 
 class ShutdownRequest(_message.Message):
     __slots__ = ()

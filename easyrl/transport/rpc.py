@@ -236,6 +236,17 @@ def within_deadline(context, wait_s: float, margin_s: float = 0.05) -> float:
     return min(wait_s, max(0.0, remaining - margin_s))
 
 
+DETAILS_LIMIT = 1000
+"""Characters of an error message a refusal sends back: messages echo the caller's input
+(a dtype, a tensor name), and gRPC fails a call whose status details pass its 16 KiB metadata
+limit with RESOURCE_EXHAUSTED instead of the refusal's own code."""
+
+
+def bounded(text: str, limit: int = DETAILS_LIMIT) -> str:
+    """`text`, cut to `limit` characters and saying how many more there were."""
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text) - limit} more chars)"
+
+
 def invalid_argument_on_error(method: Callable) -> Callable:
     """Decorates a servicer method: EasyRLError/ValueError become INVALID_ARGUMENT.
 
@@ -248,7 +259,7 @@ def invalid_argument_on_error(method: Callable) -> Callable:
         try:
             return method(self, request, context)
         except (EasyRLError, ValueError) as err:
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(err))
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, bounded(str(err)))
 
     return wrapper
 

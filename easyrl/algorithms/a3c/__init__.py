@@ -20,7 +20,7 @@ import gymnasium as gym
 
 from easyrl.algorithms import impala
 from easyrl.algorithms.contract import Flow, GradientsAgent, ReplayKind
-from easyrl.errors import ConfigError
+from easyrl.errors import ConfigError, check_ranges
 
 FLOW: Flow = "actor_gradients"
 """Execution flow: ps and actor roles only; actors push gradients of their own unrolls."""
@@ -63,7 +63,7 @@ class Params:
             "gamma": (0.0 <= self.gamma <= 1.0, "in [0, 1]"),
             **impala.shared_checks(self),
         }
-        impala.raise_first_failure("a3c", self, checks)
+        check_ranges("a3c", self, checks)
 
 
 def agent_params(params: Params) -> impala.AgentParams:

@@ -19,7 +19,7 @@ import numpy as np
 
 from easyrl.algorithms import dqn
 from easyrl.algorithms.contract import PrioritizedAgent, ReplayKind
-from easyrl.errors import ConfigError
+from easyrl.errors import check_ranges
 
 FLOW = dqn.FLOW
 """Execution flow: the learner samples the memory shards (which hold the dataset)."""
@@ -45,18 +45,14 @@ class Params(dqn.Params):
     """Weight of the classifier's logit regularization mean(logits^2)."""
 
     def __post_init__(self):
+        super().__post_init__()  # DQN's fields
         # Written so that NaN fails every check.
         checks = {
             "threshold": (0.0 <= self.threshold < 1.0, "in [0, 1)"),
             "bc_weight": (self.bc_weight >= 0.0 and bool(np.isfinite(self.bc_weight)), ">= 0"),
             "logit_reg": (self.logit_reg >= 0.0 and bool(np.isfinite(self.logit_reg)), ">= 0"),
-            "n_step": (self.n_step >= 1, ">= 1"),
-            "gamma": (0.0 <= self.gamma <= 1.0, "in [0, 1]"),
-            "batch_size": (self.batch_size >= 1, ">= 1"),
         }
-        for name, (holds, valid) in checks.items():
-            if not holds:
-                raise ConfigError(f"bcq: {name} must be {valid}, got {getattr(self, name)!r}")
+        check_ranges("bcq", self, checks)
 
 
 optimizer = dqn.optimizer

@@ -6,6 +6,7 @@ from typing import Literal
 import numpy as np
 
 from easyrl.algorithms.contract import Flow, PrioritizedAgent, ReplayKind
+from easyrl.errors import check_ranges
 
 FLOW: Flow = "async_replay"
 """Execution flow: actors ship transitions, learners sample asynchronously."""
@@ -53,6 +54,27 @@ class Params:
     """Initial exploration rate, annealed linearly to the actor's own rate."""
     epsilon_anneal_steps: int = 0
     """Env steps (per actor) over which epsilon is annealed; 0 means no annealing."""
+
+    def __post_init__(self):
+        # (holds, valid range); written so that NaN fails every check.
+        checks = {
+            "gamma": (0.0 <= self.gamma <= 1.0, "in [0, 1]"),
+            "n_step": (self.n_step >= 1, ">= 1"),
+            "batch_size": (self.batch_size >= 1, ">= 1"),
+            "optimizer": (self.optimizer in ("adam", "rmsprop", "sgd"), "adam, rmsprop or sgd"),
+            "lr": (self.lr > 0.0 and bool(np.isfinite(self.lr)), "finite and > 0"),
+            "lr_decay_rate": (0.0 < self.lr_decay_rate <= 1.0, "in (0, 1]"),
+            "lr_decay_steps": (self.lr_decay_steps >= 1, ">= 1"),
+            "grad_clip": (self.grad_clip >= 0.0, ">= 0"),
+            "huber_delta": (self.huber_delta > 0.0, "> 0"),
+            "target_update_period": (self.target_update_period >= 1, ">= 1"),
+            "max_staleness": (self.max_staleness >= 0, ">= 0"),
+            "epsilon": (0.0 <= self.epsilon <= 1.0, "in [0, 1]"),
+            "epsilon_alpha": (self.epsilon_alpha >= 0.0, ">= 0"),
+            "epsilon_start": (0.0 <= self.epsilon_start <= 1.0, "in [0, 1]"),
+            "epsilon_anneal_steps": (self.epsilon_anneal_steps >= 0, ">= 0"),
+        }
+        check_ranges("dqn", self, checks)
 
 
 def optimizer(params: Params):

@@ -12,7 +12,7 @@ from typing import Literal
 import numpy as np
 
 from easyrl.algorithms.contract import Flow, ReplayKind, RoundsAgent
-from easyrl.errors import ConfigError
+from easyrl.errors import check_ranges
 
 FLOW: Flow = "sync_rounds"
 """Execution flow: actors evaluate a round of perturbations of one weight round."""
@@ -46,15 +46,12 @@ class Params:
     def __post_init__(self):
         # Written so that NaN fails every check.
         checks = {
-            "sigma": self.sigma > 0,
-            "population": self.population >= 1,
-            "episodes_per_perturbation": self.episodes_per_perturbation >= 1,
-            "weight_decay": self.weight_decay >= 0,
+            "sigma": (self.sigma > 0, "> 0"),
+            "population": (self.population >= 1, ">= 1"),
+            "episodes_per_perturbation": (self.episodes_per_perturbation >= 1, ">= 1"),
+            "weight_decay": (self.weight_decay >= 0, ">= 0"),
         }
-        for name, ok in checks.items():
-            if not ok:
-                bound = {"sigma": "> 0", "weight_decay": ">= 0"}.get(name, ">= 1")
-                raise ConfigError(f"algorithm.{name} must be {bound}, got {getattr(self, name)!r}")
+        check_ranges("es", self, checks)
 
 
 def optimizer(params: Params):

@@ -26,7 +26,7 @@ import gymnasium as gym
 import numpy as np
 
 from easyrl.algorithms.contract import Flow, ReplayAgent, ReplayKind
-from easyrl.errors import ConfigError
+from easyrl.errors import ConfigError, check_ranges
 
 if TYPE_CHECKING:
     from easyrl.algorithms import a3c
@@ -87,7 +87,7 @@ class Params:
             "lam": (0.0 <= self.lam <= 1.0, "in [0, 1]"),
             **shared_checks(self),
         }
-        raise_first_failure("impala", self, checks)
+        check_ranges("impala", self, checks)
 
 
 def shared_checks(params) -> dict[str, tuple[bool, str]]:
@@ -102,14 +102,6 @@ def shared_checks(params) -> dict[str, tuple[bool, str]]:
         "grad_clip": (params.grad_clip >= 0.0, ">= 0"),
         "max_staleness": (params.max_staleness >= 0, ">= 0"),
     }
-
-
-def raise_first_failure(algorithm: str, params, checks: dict[str, tuple[bool, str]]) -> None:
-    """Raises ConfigError("<algorithm>: <field> must be <range>, got <value>") for the first
-    check that fails."""
-    for name, (holds, valid) in checks.items():
-        if not holds:
-            raise ConfigError(f"{algorithm}: {name} must be {valid}, got {getattr(params, name)!r}")
 
 
 @dataclass(frozen=True)

@@ -33,7 +33,7 @@ import gymnasium as gym
 import numpy as np
 
 from easyrl.algorithms.contract import Flow, ReplayAgent, ReplayKind
-from easyrl.errors import ConfigError
+from easyrl.errors import ConfigError, check_ranges
 
 FLOW: Flow = "async_replay"
 """Execution flow: actors ship logged steps, learners turn them into A/b increments."""
@@ -62,9 +62,7 @@ class Params:
             "ridge": (self.ridge > 0.0 and bool(np.isfinite(self.ridge)), "finite and > 0"),
             "batch_size": (self.batch_size >= 1, ">= 1"),
         }
-        for name, (holds, valid) in checks.items():
-            if not holds:
-                raise ConfigError(f"linucb: {name} must be {valid}, got {getattr(self, name)!r}")
+        check_ranges("linucb", self, checks)
 
 
 def optimizer(params: Params):

@@ -27,7 +27,7 @@ import gymnasium as gym
 import numpy as np
 
 from easyrl.algorithms.contract import Flow, ReplayKind, ReplayLearner
-from easyrl.errors import ConfigError
+from easyrl.errors import ConfigError, check_ranges
 from easyrl.offline.dataset import episode_bounds
 
 FLOW: Flow = "async_replay"
@@ -88,9 +88,7 @@ def check_params(name: str, p: Params) -> None:
         "max_staleness": (p.max_staleness >= 0, ">= 0"),
         "log_std_init": (bool(np.isfinite(p.log_std_init)), "finite"),
     }
-    for key, (holds, valid) in checks.items():
-        if not holds:
-            raise ConfigError(f"{name}: {key} must be {valid}, got {getattr(p, key)!r}")
+    check_ranges(name, p, checks)
 
 
 def optimizer(params: Params):

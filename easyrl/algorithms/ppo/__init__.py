@@ -19,7 +19,7 @@ import gymnasium as gym
 import numpy as np
 
 from easyrl.algorithms.contract import Flow, ReplayKind, RoundsAgent
-from easyrl.errors import ConfigError
+from easyrl.errors import ConfigError, check_ranges
 
 FLOW: Flow = "sync_rounds"
 """Execution flow: actors collect a round under one weight round; one learner trains on it."""
@@ -96,9 +96,7 @@ class Params:
             "log_std_init": (bool(np.isfinite(self.log_std_init)), "finite"),
             "obs_clip": (self.obs_clip > 0.0, "> 0"),
         }
-        for name, (holds, valid) in checks.items():
-            if not holds:
-                raise ConfigError(f"ppo: {name} must be {valid}, got {getattr(self, name)!r}")
+        check_ranges("ppo", self, checks)
 
 
 def optimizer(params: Params):

@@ -19,7 +19,7 @@ from typing import Literal
 
 from easyrl.algorithms import td3
 from easyrl.algorithms.contract import Flow, PrioritizedAgent, ReplayKind
-from easyrl.errors import ConfigError
+from easyrl.errors import check_ranges
 
 FLOW: Flow = "async_replay"
 """Execution flow: actors ship transitions, learners sample asynchronously."""
@@ -82,9 +82,7 @@ class Params:
             "grad_clip": (self.grad_clip >= 0.0, ">= 0"),
             "max_staleness": (self.max_staleness >= 0, ">= 0"),
         }
-        for name, (holds, valid) in checks.items():
-            if not holds:
-                raise ConfigError(f"sac: {name} must be {valid}, got {getattr(self, name)!r}")
+        check_ranges("sac", self, checks)
 
 
 def optimizer(params: Params) -> dict:

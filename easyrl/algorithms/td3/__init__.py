@@ -21,7 +21,7 @@ import gymnasium as gym
 import numpy as np
 
 from easyrl.algorithms.contract import Flow, PrioritizedAgent, ReplayKind
-from easyrl.errors import ConfigError
+from easyrl.errors import ConfigError, check_ranges
 
 FLOW: Flow = "async_replay"
 """Execution flow: actors ship transitions, learners sample asynchronously."""
@@ -108,9 +108,7 @@ def check_params(name: str, params) -> None:
         "grad_clip": (p.grad_clip >= 0.0, ">= 0"),
         "max_staleness": (p.max_staleness >= 0, ">= 0"),
     }
-    for field, (holds, valid) in checks.items():
-        if not holds:
-            raise ConfigError(f"{name}: {field} must be {valid}, got {getattr(p, field)!r}")
+    check_ranges(name, p, checks)
 
 
 def optimizer(params: Params) -> dict:
