@@ -1,5 +1,6 @@
 """Loopback tests of the parameter-server shard servicer (easyrl.roles.ps) over real gRPC."""
 
+import json
 import time
 
 import grpc
@@ -12,7 +13,7 @@ from easyrl.metrics import RunStats, Stop, StopKind
 from easyrl.roles.ps import ParameterServer
 from easyrl.transport import codec, rpc
 from easyrl.transport import easyrl_pb2 as pb
-from easyrl.transport.clients import ShardClient
+from easyrl.transport.clients import ParameterClient, ShardClient
 
 TOKEN = "ps-test-token"
 SGD = OptimizerSpec(kind="sgd", lr=0.1)
@@ -462,6 +463,13 @@ def test_report_and_status_on_shard0(serve_ps):
         {"episode_returns": [1.0], "episode_lengths": [3, 4]},
         {"episode_returns": [float("nan")], "episode_lengths": [3]},
         {"episode_returns": [float("inf")]},
+        {"stats": {"loss": float("nan")}},
+        {"stats": {"loss": float("-inf")}},
+        {"stats": {f"k{i}": 1.0 for i in range(5_000)}},  # bloats every Status and metrics line
+        {"stats": {"0/updates": 1e9}},  # task 0's counter, reported by task 1
+        {"stats": {"/updates": 1.0}},
+        {"stats": {"x" * 65: 1.0}},
+        {"stats": {"a b": 1.0}},
     ],
 )
 def test_report_invalid_argument_unchanged(serve_ps, fields):
@@ -469,11 +477,33 @@ def test_report_invalid_argument_unchanged(serve_ps, fields):
     report(client, role="actor", task=0, env_steps=10, episode_returns=[5.0], episode_lengths=[2])
     before = status(client)
     with pytest.raises(TransportError) as info:
-        report(client, role="actor", task=0, **fields)
+        client.call("Report", pb.ReportRequest(role="actor", task=1, **fields))
     assert info.value.code == grpc.StatusCode.INVALID_ARGUMENT
     after = status(client)
     assert dict(after.counters) == dict(before.counters)
     assert list(after.recent_returns) == [5.0]
+
+
+def test_stats_never_hide_counters_and_clients_leave_out_non_finite_ones(serve_ps):
+    _, client = serve_ps(stats=RunStats(window=3))
+    report(client, role="actor", task=1, env_steps=10, stats={"1/env_steps": 1e9, "1/x": 2.0})
+    c = status(client).counters
+    assert c["actor/1/env_steps"] == 10 and c["actor/1/x"] == 2.0
+    ParameterClient(client).report("learner", 0, updates=1, stats={"loss": float("nan"), "e": 0.5})
+    c = status(client).counters
+    assert "learner/loss" not in c and c["learner/e"] == 0.5 and c["updates"] == 1
+
+
+def test_metrics_lines_are_strict_json(tmp_path):
+    from easyrl.metrics import MetricsWriter
+
+    MetricsWriter(tmp_path).write({"env_steps": 1.0, "odd": float("nan")}, 1.0, None)
+    line = (tmp_path / "metrics.jsonl").read_text()
+
+    def refuse(constant):
+        raise AssertionError(f"not strict JSON: {constant}")
+
+    assert json.loads(line, parse_constant=refuse)["odd"] is None
 
 
 def test_report_to_other_shard_invalid_and_no_return_counters(serve_ps):

@@ -8,12 +8,39 @@ condition is met, and answers `Status` with the same numbers.
 import collections
 import enum
 import json
+import math
+import re
 import threading
 import time
 from pathlib import Path
 from typing import NamedTuple
 
 import numpy as np
+
+STATS_MAX_KEYS = 64
+"""Most stats one Report may carry."""
+_STAT_KEY = re.compile(r"(?:(\d{1,6})/)?[A-Za-z_][A-Za-z0-9_.]{0,63}")
+
+
+def check_stats(task: int, stats: dict[str, float]) -> None:
+    """Checks the `stats` of a Report from `task` of a role: at most `STATS_MAX_KEYS`,
+    finite, each key a name of at most 64 letters, digits, `_` and `.`, optionally under the
+    reporter's own task (`<task>/name`), so that no reporter writes another's counters.
+
+    Raises:
+        ValueError: the first problem, naming the key (cut to 80 characters).
+    """
+    if len(stats) > STATS_MAX_KEYS:
+        raise ValueError(f"Report: at most {STATS_MAX_KEYS} stats, got {len(stats)}")
+    for key, value in stats.items():
+        match = _STAT_KEY.fullmatch(key)
+        if match is None or (match[1] is not None and int(match[1]) != task):
+            raise ValueError(
+                f"Report: stat key {key[:80]!r} must be a name of at most 64 letters, digits, "
+                f"'_' and '.', optionally under the reporter's own task ('{task}/name')"
+            )
+        if not math.isfinite(value):
+            raise ValueError(f"Report: stat {key!r} must be finite, got {value}")
 
 
 class RunStats:
@@ -67,8 +94,7 @@ class RunStats:
                 that recomputed them (the metrics thread's job).
         """
         with self._lock:
-            out = dict(self._counters)
-            out.update(self._stats)
+            out = {**self._stats, **self._counters}  # a stat never hides a counter
             now = time.monotonic()
             if update_rates:
                 t0, steps0, updates0 = self._last
@@ -217,8 +243,13 @@ class MetricsWriter:
         record: dict[str, float | str] = {"time_s": round(elapsed_s, 3), **snapshot}
         if stop:
             record["stop"] = stop
+        # Strict JSON: a non-finite value (none is expected) is written as null.
+        strict = {
+            k: None if isinstance(v, float) and not math.isfinite(v) else v
+            for k, v in record.items()
+        }
         with self._path.open("a") as f:
-            f.write(json.dumps(record) + "\n")
+            f.write(json.dumps(strict, allow_nan=False) + "\n")
         step = int(snapshot.get("env_steps", 0))
         with self._tb.as_default(step=step):
             self._tf.summary.scalar("time_s", elapsed_s)  # the run clock, as in metrics.jsonl

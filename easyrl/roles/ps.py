@@ -21,7 +21,7 @@ import tensorflow as tf
 from easyrl.algorithms.optimizers import OptimizerGroups, OptimizerSpec
 from easyrl.atomic import save_npz
 from easyrl.errors import EasyRLError
-from easyrl.metrics import MetricsWriter, RunStats, Stop, progress_line, stop_reason
+from easyrl.metrics import MetricsWriter, RunStats, Stop, check_stats, progress_line, stop_reason
 from easyrl.models import FlatVariables
 from easyrl.transport import codec
 from easyrl.transport import easyrl_pb2 as pb
@@ -271,6 +271,7 @@ class ParameterServer(pb_grpc.ParameterServerServicer):
         returns = [*request.episode_returns, *request.eval_returns]
         if not np.all(np.isfinite(np.asarray(returns, dtype=np.float64))):
             raise ValueError("Report: episode returns must be finite")
+        check_stats(request.task, dict(request.stats))
         self.stats.report(
             request.role,
             request.task,

@@ -3,6 +3,7 @@ or small typed results out; the protobuf messages and the codec stay here. Each 
 an `rpc.Client`, which does the token, deadlines, retries and TLS.
 """
 
+import math
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, NamedTuple, TypedDict, Unpack
 
@@ -123,7 +124,10 @@ class ParameterClient(ShardClient):
         return reply.version if reply.assigned else 0
 
     def report(self, role: str, task: int, **counts: Unpack[Counts]) -> bool:
-        """Reports to PS shard 0 as `task` of `role`; returns whether the run is stopping."""
+        """Reports to PS shard 0 as `task` of `role`; returns whether the run is stopping.
+        Non-finite stats (a diverged loss) are left out: PS shard 0 refuses them."""
+        if "stats" in counts:
+            counts["stats"] = {k: v for k, v in counts["stats"].items() if math.isfinite(v)}
         return self.call("Report", pb.ReportRequest(role=role, task=task, **counts)).stopping
 
     def publish_round(self, round_: int) -> bool:
