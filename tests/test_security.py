@@ -385,3 +385,46 @@ def test_easyrl_train_over_mutual_tls_never_shows_the_token(launch, pki):
     for path in [*files, run.out_path]:  # saved config, logs, checkpoints, metrics, output
         assert token not in path.read_bytes(), path
     _assert_no_processes_left(run.run_dir)
+
+
+_SERVER = """
+import sys, time
+from easyrl.transport import rpc
+server, port = rpc.make_server("127.0.0.1:0", "the-token")
+server.start()
+print(port, flush=True)
+time.sleep(120)
+"""
+
+
+def _peak_rss_kb(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1])
+    raise AssertionError("no VmHWM")
+
+
+@pytest.mark.timeout(120)
+def test_an_unauthenticated_call_is_refused_before_its_body_is_read():
+    import subprocess
+    import sys
+
+    server = subprocess.Popen([sys.executable, "-c", _SERVER], stdout=subprocess.PIPE, text=True)
+    try:
+        assert server.stdout is not None
+        port = int(server.stdout.readline())
+        before = _peak_rss_kb(server.pid)
+        options = [("grpc.max_send_message_length", 1 << 30)]
+        with grpc.insecure_channel(f"127.0.0.1:{port}", options=options) as channel:
+            insert = channel.unary_unary("/easyrl.ReplayMemory/Insert")
+            payload = b"x" * (200 << 20)  # 200 MiB, under the message limit, no token
+            for _ in range(3):
+                with pytest.raises(grpc.RpcError) as info:
+                    insert(payload, timeout=60)
+                assert info.value.code() == grpc.StatusCode.UNAUTHENTICATED
+        grown_mb = (_peak_rss_kb(server.pid) - before) / 1024
+        # Reading the body first took the peak from ~50 MB to ~860 MB.
+        assert grown_mb < 64, f"peak RSS grew {grown_mb:.0f} MB"
+    finally:
+        server.kill()
+        server.wait()

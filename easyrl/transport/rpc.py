@@ -117,10 +117,13 @@ class _TokenInterceptor(grpc.ServerInterceptor):
     def __init__(self, token: str):
         self._expected = f"Bearer {token}"
 
-        def deny(request, context):
+        def deny(requests, context):  # never iterated: the request body is not read
             context.abort(grpc.StatusCode.UNAUTHENTICATED, "missing or wrong auth token")
 
-        self._deny = grpc.unary_unary_rpc_method_handler(deny)
+        # A streaming-request handler: gRPC reads a message only when the handler asks for
+        # it, so an unauthenticated call is refused before its body is buffered (a unary
+        # handler gets the whole message read first: up to the message limit per call).
+        self._deny = grpc.stream_unary_rpc_method_handler(deny)
 
     def intercept_service(self, continuation, handler_call_details):
         if handler_call_details.method.startswith(HEALTH_METHODS):
