@@ -603,3 +603,42 @@ def test_insert_whose_caller_gave_up_is_not_stored():
         assert table.size == 8 and memory.counters["inserts"] == 8
     finally:
         memory.close()
+
+
+def abandon_calls(address, service, method, request, n, cancel, token=TOKEN) -> list[bytes]:
+    """Starts `n` calls of `method` that give up after 0.2 s: by their deadline, or (`cancel`)
+    cancelled by the caller. Returns once they have all ended on the caller's side, with the
+    replies that came back in time (serialized)."""
+    with grpc.insecure_channel(address) as channel:
+        call = channel.unary_unary(
+            f"/easyrl.v1.{service}/{method}", request_serializer=lambda m: m.SerializeToString()
+        )
+        metadata = [("authorization", f"Bearer {token}")]
+        timeout = None if cancel else 0.2
+        calls = [call.future(request, timeout=timeout, metadata=metadata) for _ in range(n)]
+        time.sleep(0.2)
+        replies = []
+        for future in calls:
+            if cancel:
+                future.cancel()
+            try:  # DEADLINE_EXCEEDED, CANCELLED, or the server's own answer in time
+                replies.append(future.result())
+            except (grpc.RpcError, grpc.FutureCancelledError):
+                pass
+        return replies
+
+
+@pytest.mark.parametrize("cancel", [False, True], ids=["deadline", "cancelled"])
+@pytest.mark.parametrize("batch_size", [BATCH, 3], ids=["prefetched", "direct"])
+def test_waits_end_when_the_caller_gives_up(serve_memory, cancel, batch_size):
+    memory, client = serve_memory()  # an empty table: every Sample waits its timeout_s
+    request = pb.SampleRequest(batch_size=batch_size, timeout_s=10.0)
+    replies = abandon_calls(client.address, "ReplayMemory", "Sample", request, 21, cancel)
+    assert not any(pb.SampleResponse.FromString(reply).ready for reply in replies)
+    start = time.monotonic()
+    client.call("Status", pb.StatusRequest())
+    # With the 8 handler threads parked in the abandoned waits, this took ~9.8 s.
+    assert time.monotonic() - start < 3.0
+    wait_for(lambda: not memory._pending)  # the table thread dropped their ops
+    insert(client, make_batch(0, 8))
+    assert sample(client, 3)[0]  # a caller that waits is served

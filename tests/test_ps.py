@@ -6,6 +6,7 @@ import time
 import grpc
 import numpy as np
 import pytest
+from test_memory_server import abandon_calls
 
 from easyrl.algorithms.optimizers import OptimizerSpec
 from easyrl.errors import TransportError
@@ -632,3 +633,14 @@ def test_every_stop_kind_crosses_the_wire(serve_ps):
         ps.stop = Stop(kind, kind.value)
         assert ShardClient(client).status().stop_kind is kind
     assert not ps.shutdown_requested.is_set()
+
+
+@pytest.mark.parametrize("cancel", [False, True], ids=["deadline", "cancelled"])
+def test_round_waits_end_when_the_caller_gives_up(serve_ps, cancel):
+    _, client = serve_ps(stats=RunStats(window=3))  # 4 handler threads
+    request = pb.PullRequest(known_version=-1, min_round=10**9, wait_s=10.0)
+    abandon_calls(client.address, "ParameterServer", "Pull", request, 21, cancel, token=TOKEN)
+    start = time.monotonic()
+    status(client)
+    # With the handler threads parked in the abandoned waits, this took ~9.8 s.
+    assert time.monotonic() - start < 3.0

@@ -416,7 +416,7 @@ def test_an_unauthenticated_call_is_refused_before_its_body_is_read():
         before = _peak_rss_kb(server.pid)
         options = [("grpc.max_send_message_length", 1 << 30)]
         with grpc.insecure_channel(f"127.0.0.1:{port}", options=options) as channel:
-            insert = channel.unary_unary("/easyrl.ReplayMemory/Insert")
+            insert = channel.unary_unary("/easyrl.v1.ReplayMemory/Insert")
             payload = b"x" * (200 << 20)  # 200 MiB, under the message limit, no token
             for _ in range(3):
                 with pytest.raises(grpc.RpcError) as info:

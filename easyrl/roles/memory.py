@@ -55,18 +55,13 @@ from easyrl.seeds import derive_seed
 from easyrl.transport import codec
 from easyrl.transport import easyrl_pb2 as pb
 from easyrl.transport import easyrl_pb2_grpc as pb_grpc
-from easyrl.transport.rpc import invalid_argument_on_error, within_deadline
+from easyrl.transport.rpc import caller_active, invalid_argument_on_error, within_deadline
 
 log = logging.getLogger(__name__)
 
 
 def _always() -> bool:
     return True
-
-
-def _caller_active(context) -> Callable[[], bool]:
-    """Whether an RPC's caller still waits (always, for a direct call without a context)."""
-    return context.is_active if context is not None else _always
 
 
 @dataclass
@@ -208,6 +203,8 @@ class MemoryServer(pb_grpc.ReplayMemoryServicer):
             self.counters["inserts"] += op.n
             return pb.InsertResponse(size=table.size, inserted=table.inserted)
         if op.kind == "sample":
+            if not op.active():  # nothing is sampled (a FIFO would lose it) for a caller gone
+                raise ReplayError("the caller gave up before the sample ran")
             return self._sample(table, limiter, op.n) if limiter.can_sample(op.n) else None
         updated = table.update_priorities(op.keys, op.priorities)
         self.counters["priority_updates"] += updated
@@ -274,6 +271,10 @@ class MemoryServer(pb_grpc.ReplayMemoryServicer):
                 # The table thread is gone (shutdown): nobody will ever answer this op.
                 if not self._thread.is_alive() and not op.future.done():
                     raise ReplayError("memory shard is shutting down") from None
+                # The caller gave up (deadline, cancel): free this handler thread now; the
+                # table thread drops the op without storing or releasing anything for it.
+                if not op.active() and not op.future.done():
+                    raise ReplayError("the caller is gone") from None
 
     # --- RPCs ------------------------------------------------------------------------
 
@@ -292,7 +293,7 @@ class MemoryServer(pb_grpc.ReplayMemoryServicer):
         n = table.check_insert(batch, priorities)  # e.g. more unrolls than a queue ever holds
         if table.frames is not None:  # whole stacks: split and matched here, not by the table
             batch = table.frames.layout.packed(batch)
-        active = _caller_active(context)
+        active = caller_active(context)
         op = Op(
             "insert",
             timeout,
@@ -316,15 +317,22 @@ class MemoryServer(pb_grpc.ReplayMemoryServicer):
             return self._take_round(table, request, context)
         if not 1 <= request.batch_size <= table.capacity:
             raise ReplayError(f"batch_size must be in [1, {table.capacity}]")
+        # Waits end at the caller's deadline, or as soon as it cancels.
+        timeout, active = within_deadline(context, request.timeout_s), caller_active(context)
         if request.batch_size == self.batch_size:
-            try:
-                batch = self._ready.get(timeout=request.timeout_s)
-            except queue.Empty:
-                return pb.SampleResponse(ready=False)
-            self._ops.put(None)  # wake the table thread to refill the prefetch queue
-            return batch
+            deadline = time.monotonic() + timeout
+            while active():
+                try:
+                    batch = self._ready.get(timeout=min(0.1, max(0.0, deadline - time.monotonic())))
+                except queue.Empty:
+                    if time.monotonic() >= deadline:
+                        break
+                    continue
+                self._ops.put(None)  # wake the table thread to refill the prefetch queue
+                return batch
+            return pb.SampleResponse(ready=False)
         try:
-            return self._submit(Op("sample", request.timeout_s, n=request.batch_size))
+            return self._submit(Op("sample", timeout, n=request.batch_size, active=active))
         except RateLimitTimeout:
             return pb.SampleResponse(ready=False)
 
@@ -334,7 +342,7 @@ class MemoryServer(pb_grpc.ReplayMemoryServicer):
         # Give up before the caller's deadline does, and never release a round to a caller
         # that is gone: its items would be lost.
         timeout = within_deadline(context, request.timeout_s)
-        op = Op("take_round", timeout, round=request.round, active=_caller_active(context))
+        op = Op("take_round", timeout, round=request.round, active=caller_active(context))
         try:
             return self._submit(op)
         except RateLimitTimeout:

@@ -26,7 +26,7 @@ from easyrl.models import FlatVariables
 from easyrl.transport import codec
 from easyrl.transport import easyrl_pb2 as pb
 from easyrl.transport import easyrl_pb2_grpc as pb_grpc
-from easyrl.transport.rpc import invalid_argument_on_error, within_deadline
+from easyrl.transport.rpc import caller_active, invalid_argument_on_error, within_deadline
 
 log = logging.getLogger(__name__)
 
@@ -175,12 +175,15 @@ class ParameterServer(pb_grpc.ParameterServerServicer):
     def Pull(self, request, context):
         if request.min_round < 0 or not 0 <= request.wait_s <= 600:
             raise ValueError("Pull: min_round must be >= 0 and wait_s in [0, 600]")
-        wait_s = within_deadline(context, request.wait_s)
+        # The wait ends at the caller's deadline, or as soon as it cancels.
+        deadline = time.monotonic() + within_deadline(context, request.wait_s)
+        active = caller_active(context)
         with self._lock:
-            if request.min_round > self.round and wait_s > 0:
-                self._round_published.wait_for(
-                    lambda: self.round >= request.min_round or self.stopping.is_set(), wait_s
-                )
+            while request.min_round > self.round and not self.stopping.is_set() and active():
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    break
+                self._round_published.wait(min(left, 0.1))
             self.counters["pulls"] += 1
             if self.version == 0 or request.known_version == self.version:
                 return pb.PullResponse(

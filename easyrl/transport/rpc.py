@@ -229,6 +229,12 @@ def make_server(
     return server, port
 
 
+def caller_active(context) -> Callable[[], bool]:
+    """Whether an RPC's caller still waits: false once it cancelled or its deadline passed
+    (always true for a direct call without a context). Handlers that wait poll it."""
+    return context.is_active if context is not None else lambda: True
+
+
 def within_deadline(context, wait_s: float, margin_s: float = 0.05) -> float:
     """How long a handler may wait: `wait_s`, cut to end `margin_s` before the call's
     deadline (so the caller gets an answer, not DEADLINE_EXCEEDED). `context` may be None
