@@ -1,6 +1,8 @@
 """Tests of easyrl.transport.rpc against real gRPC servers on 127.0.0.1."""
 
+import logging
 import socket
+import sys
 import threading
 import time
 
@@ -505,3 +507,44 @@ def test_client_channel_does_not_get_server_only_options(monkeypatch):
     client.close()
     assert "grpc.so_reuseport" not in seen
     assert seen["grpc.max_send_message_length"] == rpc.MAX_MESSAGE_BYTES
+
+
+def test_malformed_calls_log_one_line_per_interval(caplog):
+    server, port = rpc.make_server("127.0.0.1:0", "the-token")
+    server.start()
+    try:
+        with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+            for method in ("List", "Watch", "Check"):  # health: no token needed
+                call = channel.unary_unary(f"/grpc.health.v1.Health/{method}")
+                for _ in range(34):
+                    with pytest.raises(grpc.RpcError):
+                        call(b"\xff\xff\xff", timeout=5)  # unparseable
+    finally:
+        server.stop(None).wait()
+    records = [r for r in caplog.records if r.name in rpc.REFUSAL_LOGGERS]
+    # Each call logged an ERROR with a traceback: 102 calls, 102 records, ~800 lines.
+    assert len(records) <= 1 and all(r.exc_info is None for r in records), records
+
+
+def test_refusal_filter_counts_what_it_held_back():
+    refusals = rpc.RefusalLogFilter(interval_s=0.2)
+
+    def record():
+        try:
+            raise ValueError("x" * 5000)
+        except ValueError:
+            return logging.LogRecord(
+                "grpc._common", logging.ERROR, "", 0, "bad %s", ("body",), sys.exc_info()
+            )
+
+    first = record()
+    assert refusals.filter(first) and first.exc_info is None
+    assert (
+        first.getMessage().startswith("bad body (ValueError: xxx") and len(first.getMessage()) < 300
+    )
+    assert not any(refusals.filter(record()) for _ in range(99))
+    time.sleep(0.25)
+    later = record()
+    assert refusals.filter(later) and later.getMessage().endswith(
+        "99 more like it in the previous 0.2 s"
+    )

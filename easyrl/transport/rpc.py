@@ -12,6 +12,7 @@ import logging
 import os
 import random
 import secrets
+import threading
 import time
 from collections.abc import Callable
 from concurrent import futures
@@ -111,6 +112,39 @@ def _server_options() -> list[tuple[str, int]]:
     return [*_channel_options(), ("grpc.so_reuseport", 0)]
 
 
+class RefusalLogFilter(logging.Filter):
+    """Collapses what gRPC logs for each malformed call it refuses (an unparseable body: an
+    ERROR with a traceback, several lines a call) into one line per message and interval:
+    the first is logged with the exception's last line instead of the traceback, the others
+    are counted and the count rides on the next line logged after the interval."""
+
+    def __init__(self, interval_s: float = 60.0):
+        super().__init__()
+        self.interval_s = interval_s
+        self._lock = threading.Lock()
+        self._seen: dict[str, tuple[float, int]] = {}  # message: (last logged, suppressed)
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message, now = record.getMessage(), time.monotonic()
+        with self._lock:
+            last, suppressed = self._seen.get(message, (-float("inf"), 0))
+            if now - last < self.interval_s:
+                self._seen[message] = (last, suppressed + 1)
+                return False
+            self._seen[message] = (now, 0)
+        cause = record.exc_info[1] if record.exc_info else None
+        text = message + (f" ({type(cause).__name__}: {bounded(str(cause), 200)})" if cause else "")
+        if suppressed:
+            text += f"; {suppressed} more like it in the previous {self.interval_s:g} s"
+        record.msg, record.args, record.exc_info, record.exc_text = text, None, None, None
+        return True
+
+
+_REFUSALS = RefusalLogFilter()
+REFUSAL_LOGGERS = ("grpc._common", "grpc._server")
+"""gRPC's loggers of calls it refuses itself (`RefusalLogFilter` on each, in every server)."""
+
+
 class _TokenInterceptor(grpc.ServerInterceptor):
     """Rejects calls whose metadata lacks the shared token with UNAUTHENTICATED."""
 
@@ -205,6 +239,9 @@ def make_server(
     Raises:
         TransportError: the address could not be bound.
     """
+    for name in REFUSAL_LOGGERS:
+        if _REFUSALS not in logging.getLogger(name).filters:
+            logging.getLogger(name).addFilter(_REFUSALS)
     interceptors: list[grpc.ServerInterceptor] = [_TokenInterceptor(token)] if token else []
     server = grpc.server(
         futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="rpc"),
