@@ -642,3 +642,28 @@ def test_waits_end_when_the_caller_gives_up(serve_memory, cancel, batch_size):
     wait_for(lambda: not memory._pending)  # the table thread dropped their ops
     insert(client, make_batch(0, 8))
     assert sample(client, 3)[0]  # a caller that waits is served
+
+
+def test_a_resent_insert_is_stored_once(serve_memory):
+    memory, client = serve_memory()
+
+    def send(start, sender, sequence, actor=0):
+        request = pb.InsertRequest(
+            tensors=codec.encode_batch(make_batch(start, 2)),
+            actor=actor,
+            sender=sender,
+            sequence=sequence,
+        )
+        return client.call("Insert", request)
+
+    assert not send(0, sender=7, sequence=1).duplicate
+    # The first attempt was stored but its reply lost (past the caller's deadline): the
+    # actor sends the same insert again, with the same number.
+    reply = send(0, sender=7, sequence=1)
+    assert reply.duplicate and reply.size == 2 and memory.counters["duplicate_inserts"] == 2
+    assert not send(2, sender=7, sequence=2).duplicate and memory.table.size == 4
+    assert not send(4, sender=9, sequence=1).duplicate  # a restarted actor: a new sender id
+    assert not send(6, sender=7, sequence=1, actor=1).duplicate  # another actor's numbers
+    for _ in range(2):  # sender 0: no numbering, every insert stored (as before)
+        assert not send(8, sender=0, sequence=0).duplicate
+    assert memory.table.size == 12 and memory.counters["inserts"] == 12

@@ -13,6 +13,7 @@ when the actor stops, SIGTERM included).
 
 import logging
 import queue
+import secrets
 import threading
 import time
 from typing import cast
@@ -120,20 +121,24 @@ class Actor:
     def send_loop(self) -> None:
         """The sender thread: outbox -> memory shard; a rate-limited insert is sent again."""
         assert self.memory is not None, "the sender runs only with memory shards"
+        sender, sequence = secrets.randbits(63) | 1, 0  # this incarnation's id, never 0
         while not self.stop.is_set():
             try:
                 batch, priorities, round_ = self.outbox.get(timeout=0.1)
             except queue.Empty:
                 continue
+            sequence += 1  # a resend keeps it: the shard stores the batch once
             while not self.stop.is_set():
                 try:
-                    kept = self.memory.insert(batch, priorities, self.ctx.task, round_)
+                    kept = self.memory.insert(
+                        batch, priorities, self.ctx.task, round_, sender, sequence
+                    )
                     self.counters["sent" if kept else "refused_stale"] += 1
                     break
                 except TransportError as err:
                     # Rate limited: the shard refused (RESOURCE_EXHAUSTED) or the call ran out
-                    # of time while waiting; send the same batch again (a rare duplicate
-                    # transition in replay is harmless, a lost batch is not).
+                    # of time while waiting; send the same batch again (with its sequence
+                    # number: stored once even if the first attempt was stored after all).
                     if err.code not in RETRY_INSERT:
                         raise
                     self.counters["rate_limited"] += 1

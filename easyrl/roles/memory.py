@@ -70,8 +70,9 @@ class Op:
     limiter (or its round), and what its kind uses (the others keep their defaults):
     `batch` (insert), `priorities` (insert, update; None: the table's default), `keys`
     (update), `n` (items inserted, sampled or updated), `round` (insert and take_round of
-    an aggregate table), `source` (insert: the actor that sent it) and `active` (whether
-    the caller still waits: nothing is stored or released for one that is gone)."""
+    an aggregate table), `source` (insert: the actor that sent it), `sender` and `sequence`
+    (insert: exactly-once, see `InsertRequest`) and `active` (whether the caller still
+    waits: nothing is stored or released for one that is gone)."""
 
     kind: Literal["insert", "sample", "update", "take_round", "snapshot"]
     timeout_s: float
@@ -81,6 +82,8 @@ class Op:
     n: int = 0
     round: int = 0
     source: int = 0
+    sender: int = 0
+    sequence: int = 0
     active: Callable[[], bool] = _always
     deadline: float = field(init=False)
     future: Future = field(default_factory=Future)
@@ -138,6 +141,7 @@ class MemoryServer(pb_grpc.ReplayMemoryServicer):
         self._ready: queue.Queue[codec.Framed] = queue.Queue(maxsize=prefetch)
         self._pending: collections.deque[Op] = collections.deque()
         self.counters = collections.Counter()
+        self._stored: dict[int, tuple[int, int]] = {}  # actor: (sender, last sequence stored)
         self.stopping = threading.Event()
         self._thread = threading.Thread(target=self._table_loop, name="table", daemon=True)
         self._thread.start()
@@ -193,6 +197,8 @@ class MemoryServer(pb_grpc.ReplayMemoryServicer):
         if op.kind == "snapshot":  # a copy taken between two operations: consistent
             return table.state_dict()
         if op.kind == "insert":
+            if self._duplicate(op):
+                return pb.InsertResponse(size=table.size, inserted=table.inserted, duplicate=True)
             if not op.active():  # the caller's deadline passed while the op waited: not stored
                 self.counters["inserts_abandoned"] += op.n
                 raise ReplayError("the caller gave up before the insert ran")
@@ -200,6 +206,7 @@ class MemoryServer(pb_grpc.ReplayMemoryServicer):
                 return None
             table.insert(op.batch, op.priorities, source=op.source)
             limiter.on_insert(op.n)
+            self._stored[op.source] = (op.sender, op.sequence)
             self.counters["inserts"] += op.n
             return pb.InsertResponse(size=table.size, inserted=table.inserted)
         if op.kind == "sample":
@@ -211,10 +218,24 @@ class MemoryServer(pb_grpc.ReplayMemoryServicer):
         self.counters["stale_priority_keys"] += op.n - updated
         return pb.UpdatePrioritiesResponse(updated=updated)
 
+    def _duplicate(self, op: Op) -> bool:
+        """Whether insert `op` was stored before (exactly-once, see `InsertRequest`): counted
+        as `duplicate_inserts` and answered without storing it again."""
+        sender, sequence = self._stored.get(op.source, (0, 0))
+        if op.sender == 0 or op.sender != sender or op.sequence > sequence:
+            return False
+        self.counters["duplicate_inserts"] += op.n
+        return True
+
     def _try_round(self, table: AggregateTable, op: Op):
         """Aggregate table: inserts always run; a round is taken once complete."""
         if op.kind == "insert":
+            if self._duplicate(op):
+                return pb.InsertResponse(
+                    size=table.size, inserted=table.inserted, round=table.round, duplicate=True
+                )
             kept = table.insert(op.batch, op.round)
+            self._stored[op.source] = (op.sender, op.sequence)
             self.counters["inserts" if kept else "refused_stale"] += op.n
             return pb.InsertResponse(
                 size=table.size, inserted=table.inserted, refused=not kept, round=table.round
@@ -289,7 +310,9 @@ class MemoryServer(pb_grpc.ReplayMemoryServicer):
             n = validate_batch(table.spec, batch)
             if priorities is not None or request.round < 0:
                 raise ReplayError("an aggregate table takes a round >= 0 and no priorities")
-            return self._submit(Op("insert", timeout, batch=batch, n=n, round=request.round))
+            op = Op("insert", timeout, batch=batch, n=n, round=request.round, source=request.actor)
+            op.sender, op.sequence = request.sender, request.sequence
+            return self._submit(op)
         n = table.check_insert(batch, priorities)  # e.g. more unrolls than a queue ever holds
         if table.frames is not None:  # whole stacks: split and matched here, not by the table
             batch = table.frames.layout.packed(batch)
@@ -301,6 +324,8 @@ class MemoryServer(pb_grpc.ReplayMemoryServicer):
             priorities=priorities,
             n=n,
             source=request.actor,
+            sender=request.sender,
+            sequence=request.sequence,
             active=active,
         )
         try:

@@ -139,12 +139,23 @@ class ParameterClient(ShardClient):
 class MemoryClient(ShardClient):
     """A client of one memory shard."""
 
-    def insert(self, batch: Mapping, priorities=None, actor: int = 0, round_: int = 0) -> bool:
+    def insert(
+        self,
+        batch: Mapping,
+        priorities=None,
+        actor: int = 0,
+        round_: int = 0,
+        sender: int = 0,
+        sequence: int = 0,
+    ) -> bool:
         """Inserts the items of a (nested) batch with initial priorities (None: the max),
         tagged with the weight round they were collected under; returns False when an
-        aggregate table refused them (their round was already released)."""
+        aggregate table refused them (their round was already released). `sender` and
+        `sequence` make a resent insert count once (see `InsertRequest`; 0: no check)."""
         body = codec.Body()
-        request = pb.InsertRequest(tensors=body.batch(batch), actor=actor, round=round_)
+        request = pb.InsertRequest(
+            tensors=body.batch(batch), actor=actor, round=round_, sender=sender, sequence=sequence
+        )
         if priorities is not None:
             request.priorities.CopyFrom(body.tensor("priorities", priorities))
         return not self.call("Insert", body.frame(request)).refused

@@ -197,30 +197,36 @@ class ShutdownResponse(_message.Message):
     def __init__(self) -> None: ...
 
 class InsertRequest(_message.Message):
-    __slots__ = ("tensors", "priorities", "actor", "round", "body")
+    __slots__ = ("tensors", "priorities", "actor", "round", "sender", "sequence", "body")
     TENSORS_FIELD_NUMBER: _ClassVar[int]
     PRIORITIES_FIELD_NUMBER: _ClassVar[int]
     ACTOR_FIELD_NUMBER: _ClassVar[int]
     ROUND_FIELD_NUMBER: _ClassVar[int]
+    SENDER_FIELD_NUMBER: _ClassVar[int]
+    SEQUENCE_FIELD_NUMBER: _ClassVar[int]
     BODY_FIELD_NUMBER: _ClassVar[int]
     tensors: _containers.RepeatedCompositeFieldContainer[Tensor]
     priorities: Tensor
     actor: int
     round: int
+    sender: int
+    sequence: int
     body: bytes
-    def __init__(self, tensors: _Optional[_Iterable[_Union[Tensor, _Mapping]]] = ..., priorities: _Optional[_Union[Tensor, _Mapping]] = ..., actor: _Optional[int] = ..., round: _Optional[int] = ..., body: _Optional[bytes] = ...) -> None: ...
+    def __init__(self, tensors: _Optional[_Iterable[_Union[Tensor, _Mapping]]] = ..., priorities: _Optional[_Union[Tensor, _Mapping]] = ..., actor: _Optional[int] = ..., round: _Optional[int] = ..., sender: _Optional[int] = ..., sequence: _Optional[int] = ..., body: _Optional[bytes] = ...) -> None: ...
 
 class InsertResponse(_message.Message):
-    __slots__ = ("size", "inserted", "refused", "round")
+    __slots__ = ("size", "inserted", "refused", "round", "duplicate")
     SIZE_FIELD_NUMBER: _ClassVar[int]
     INSERTED_FIELD_NUMBER: _ClassVar[int]
     REFUSED_FIELD_NUMBER: _ClassVar[int]
     ROUND_FIELD_NUMBER: _ClassVar[int]
+    DUPLICATE_FIELD_NUMBER: _ClassVar[int]
     size: int
     inserted: int
     refused: bool
     round: int
-    def __init__(self, size: _Optional[int] = ..., inserted: _Optional[int] = ..., refused: _Optional[bool] = ..., round: _Optional[int] = ...) -> None: ...
+    duplicate: bool
+    def __init__(self, size: _Optional[int] = ..., inserted: _Optional[int] = ..., refused: _Optional[bool] = ..., round: _Optional[int] = ..., duplicate: _Optional[bool] = ...) -> None: ...
 
 class SampleRequest(_message.Message):
     __slots__ = ("batch_size", "timeout_s", "round")
