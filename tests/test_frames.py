@@ -454,6 +454,30 @@ def test_snapshot_round_trip_restores_the_same_samples(tmp_path):
     feed_and_compare(plain2, framed2, shipments[20:], seed=3)
 
 
+def test_an_emptied_queue_snapshot_restores(tmp_path):
+    # A trajectory queue the learner drained (every unroll sampled) when the run was
+    # interrupted: its snapshot holds no items, and resuming the run restores it.
+    t = 3
+    spec = unroll_spec(t)
+    layout = layout_of(spec)
+    queue = Table.queue(spec, 10, FrameStore(layout, 4 * layout.max_frames))
+    rng = np.random.default_rng(0)
+    frames = rng.integers(0, 256, (2, t + K, H, W), dtype=np.uint8)
+    windows = np.stack([frames[:, s : s + K] for s in range(t + 1)], axis=1)
+    obs = np.moveaxis(windows, 2, -1)  # sliding stacks: [2, T + 1, H, W, K]
+    batch = {"obs": obs, "action": np.zeros((2, t), np.int64),
+             "reward": np.zeros((2, t), np.float32)}  # fmt: skip
+    queue.insert(layout.pack(batch))
+    queue.sample(2)
+    state = queue.state_dict()
+    assert state["data/obs"].shape[0] == 0
+    again = Table.queue(spec, 10, FrameStore(layout, 4 * layout.max_frames))
+    again.load_state_dict(state)
+    assert again.size == 0 and again.inserted == 2
+    again.insert(layout.pack(batch))
+    np.testing.assert_array_equal(again.sample(1).data["obs"], obs[:1])
+
+
 def _corrupt_ids(state):
     state["data/obs"] = state["data/obs"] + 10_000
     return state

@@ -714,7 +714,8 @@ class Table:
         first_frame, frames = np.zeros(size, np.int64), None
         if self.frames is not None:
             columns = self.frames.layout.columns
-            ids = [state[DATA_PREFIX + name].reshape(size, -1) for name in columns]
+            widths = {name: int(np.prod(self._stored[name][0])) for name in columns}
+            ids = [state[DATA_PREFIX + name].reshape(size, widths[name]) for name in columns]
             first_frame = np.concatenate(ids, axis=1).min(axis=1) if size else first_frame
             frames = self.frames.check_state(state, int(first_frame.min()) if size else None)
             highest = max((int(i.max()) for i in ids if i.size), default=-1)
