@@ -310,7 +310,7 @@ class ParameterServer(pb_grpc.ParameterServerServicer):
             initialized=initialized,
             stopping=self.stopping.is_set(),
             stop_reason=self.stop.text if self.stop else "",
-            stop_kind=pb.StopKind.Value(f"STOP_{self.stop.kind.name}") if self.stop else 0,
+            stop_kind=f"STOP_{self.stop.kind.name}" if self.stop else "STOP_NONE",
             counters=counters,
             recent_returns=returns,
             elapsed_s=self.elapsed() if self.stats is not None else 0.0,
