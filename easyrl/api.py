@@ -90,7 +90,8 @@ def train(
         out: where the progress lines go (default: sys.stdout).
         set: `dotted.key=value` overrides, as `--set` takes them; applied first. A resumed
             run takes only those of stop conditions, logging and intervals
-            (`easyrl.cluster.rundir.RESUMABLE`).
+            (`easyrl.cluster.rundir.RESUMABLE`) and of the algorithm's real-valued
+            hyper-parameters.
         **overrides: config sections as mappings merged into the config, e.g.
             `stop={"max_seconds": 30}`, `algorithm={"lr": 1e-3}`, `run={"dir": "runs/x"}`.
 

@@ -103,8 +103,12 @@ def test_resuming_refuses_overrides_that_shape_the_checkpoints(apex_run):
 
     with pytest.raises(ConfigError, match="--resume: model.hidden cannot change when resuming"):
         rundir.load_resumed(apex_run, ["model.hidden=[8]"])
-    cfg = rundir.load_resumed(apex_run, ["stop.max_seconds=99"])
+    # Integer hyper-parameters shape the replay items (n-step, batch, unroll): refused too.
+    with pytest.raises(ConfigError, match="algorithm.n_step cannot change when resuming"):
+        rundir.load_resumed(apex_run, ["algorithm.n_step=5"])
+    cfg = rundir.load_resumed(apex_run, ["stop.max_seconds=99", "algorithm.lr=0.0002"])
     assert cfg.stop.max_seconds == 99 and cfg.run.dir == str(apex_run.resolve())
+    assert cfg.algorithm.params.lr == 0.0002
 
 
 def _console_clock(text: str) -> list[float]:

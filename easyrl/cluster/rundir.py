@@ -5,7 +5,9 @@ A directory holds a run when it has a `config.yaml`. Starting a run there is ref
 anything is written, naming the keys whose values differ (those of `algorithm`, `model`,
 `env` and the cluster's shape change what the checkpoints mean). Resuming loads the run's
 own `config.yaml` and accepts overrides only of `RESUMABLE` keys (stop conditions, logging,
-intervals), which are recorded in `resumes.yaml` beside it.
+intervals) and of the algorithm's real-valued hyper-parameters (learning rates, loss weights,
+discounts: no checkpoint or replay item depends on them, as annealing by hand needs), which
+are recorded in `resumes.yaml` beside it.
 """
 
 import json
@@ -81,12 +83,16 @@ def load_resumed(run_dir: Path, overrides: Sequence[str] = ()) -> config_lib.Con
     saved = run_dir / "config.yaml"
     if not saved.is_file():
         raise ConfigError(f"--resume: {run_dir} holds no run (no config.yaml)")
+    params = config_lib.load(saved).algorithm.params
     for override in overrides:
         key = override.partition("=")[0].strip()
-        if not _under(key, RESUMABLE):
+        field = key.removeprefix("algorithm.")
+        real = field != key and type(getattr(params, field, None)) is float
+        if not (real or _under(key, RESUMABLE)):
             raise ConfigError(
                 f"--resume: {key} cannot change when resuming (only "
-                f"{', '.join(RESUMABLE)} can); start a new run for that"
+                f"{', '.join(RESUMABLE)} and the algorithm's real-valued hyper-parameters "
+                "can); start a new run for that"
             )
     cfg = config_lib.load(saved, overrides)
     return replace(cfg, run=replace(cfg.run, dir=str(run_dir.resolve())))
