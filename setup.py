@@ -20,6 +20,7 @@ setup(
         "protobuf>=7.35.1",
         "pyyaml>=6",
         "tensorboard>=2.21,<2.22",
+        "prometheus-client>=0.20",
     ],
     extras_require={
         # The tests run Atari smoke runs too, so they install the Atari and EnvPool extras.

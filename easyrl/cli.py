@@ -5,17 +5,55 @@
 import argparse
 import logging
 import os
+import re
 import sys
+import tempfile
 from pathlib import Path
 
+from easyrl import __version__
 from easyrl import config as config_lib
 from easyrl.errors import EasyRLError
 
 ROLES = ("ps", "memory", "learner", "actor", "evaluator")
 
+TF_PROBE_NOISE = re.compile(
+    r"All log messages before absl::InitializeLog|oneDNN custom operations are on"
+    r"|Could not find cuda drivers|failed call to cuInit|Unable to register cu(DNN|FFT|BLAS) "
+    r"factory|computation placer already registered|TF-TRT Warning: Could not find TensorRT"
+    r"|This TensorFlow binary is optimized to use available CPU instructions"
+    r"|rebuild TensorFlow with the appropriate compiler flags"
+)
+"""What TensorFlow prints to stderr while it is imported and looks for a GPU, on a machine
+without one (or without its driver): notices, not errors."""
+
+
+def import_tensorflow_quietly() -> None:
+    """Imports TensorFlow and lets it look for GPUs with stderr (fd 2) captured, then
+    replays every captured line but `TF_PROBE_NOISE`: a CPU-only machine's probe notices
+    (its C++ logging ignores TF_CPP_MIN_LOG_LEVEL before absl is initialised, and a failed
+    cuInit is logged as an error) are dropped; anything else, an import error's traceback
+    included, is still printed."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile() as capture:
+        os.dup2(capture.fileno(), 2)
+        try:
+            import tensorflow as tf
+
+            tf.config.list_physical_devices("GPU")
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+            capture.seek(0)
+            lines = capture.read().decode(errors="replace").splitlines(keepends=True)
+            sys.stderr.write("".join(line for line in lines if not TF_PROBE_NOISE.search(line)))
+            sys.stderr.flush()
+
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="easyrl", description=__doc__)
+    parser.add_argument("--version", action="version", version=f"easyrl {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
 
     def add_common(p):
@@ -185,6 +223,8 @@ def main(argv=None) -> int:
     """Entry point of the `easyrl` console script."""
     args = _parser().parse_args(argv)
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    if args.command in ("train", "run", "rollout", "export"):
+        import_tensorflow_quietly()
     role = f"{args.role}-{args.task}" if args.command == "run" else "launcher"
     if args.command in TOOLS:
         role = args.command

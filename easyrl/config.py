@@ -311,6 +311,10 @@ class RunConfig(_Section):
     `crash_window_s` ends the run (a deterministic crash) instead of being restarted."""
     crash_window_s: float = 60.0
     """The window, in seconds, of `crash_repeats`."""
+    prometheus_port: int | None = None
+    """Serve Prometheus `/metrics` (plain HTTP, counters only) on every PS and memory shard
+    at this port, plus the number of servers before it on the same host (PS shards, then
+    memory shards: ps-0 on the port, then the next ports on one machine; None: off)."""
 
 
 @dataclass(frozen=True)
@@ -446,6 +450,7 @@ _RULES: dict[type, dict[str, _Check]] = {
         peer_timeout_s=_gt(0),
         crash_repeats=_ge(1),
         crash_window_s=_gt(0),
+        prometheus_port=_opt(_between(1, 65535)),
     ),
 }
 

@@ -38,7 +38,7 @@ def test_pong_artifact_metrics_show_it_learned():
     records = [json.loads(line) for line in lines if line.strip()]
     returns = [r["return_mean"] for r in records if "return_mean" in r]
     assert returns[0] < -19  # it started from a random policy
-    assert max(returns) > 12  # sampled actions; greedy play of these weights scores ~20
+    assert returns[-1] >= 17  # the run's stop condition: 17 over 20 episodes, sampled actions
 
 
 @pytest.mark.parametrize("name", sorted(p.name for p in ARTIFACTS.iterdir() if p.is_dir()))

@@ -316,8 +316,13 @@ def test_train_short_run_moves_every_counter(launch):
     # The final checkpoint is written after the summary's Status snapshot.
     assert meta["version"] >= summary["servers"]["ps/0"]["version"] > 1
 
+    # A quiet console: neither the expected start-up wait nor TensorFlow's GPU probe (on a
+    # CPU-only machine) prints anything, on the console or in a role's log.
+    noise = ("unreachable", "cuInit", "absl::InitializeLog", "Could not find cuda")
+    assert not [n for n in noise if n in output], output
     for role in ("ps-0", "memory-0", "learner-0", "actor-0", "actor-1"):
-        assert (run.run_dir / "logs" / f"{role}.log").exists(), role
+        log = (run.run_dir / "logs" / f"{role}.log").read_text()
+        assert not [n for n in noise if n in log], log
     _assert_no_processes_left(run.run_dir)
 
 
@@ -354,6 +359,72 @@ def test_two_shards_each(launch):
     for shard in (0, 1):
         assert (run.run_dir / "checkpoints" / f"ps-{shard}.npz").exists()
     _assert_no_processes_left(run.run_dir)
+
+
+def _free_ports(n: int) -> int:
+    """The first of `n` consecutive loopback ports that are free now."""
+    for _ in range(100):
+        base = _free_port()
+        sockets = []
+        try:
+            for port in range(base, base + n):
+                sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+                sockets.append(sock)
+                sock.bind(("127.0.0.1", port))
+            return base
+        except OSError:
+            continue
+        finally:
+            for sock in sockets:
+                sock.close()
+    raise AssertionError(f"no {n} consecutive free ports")
+
+
+def _scrape(port: int) -> dict[str, float]:
+    """{`name{labels}`: value} of a Prometheus text-format page on loopback ({} if none)."""
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as reply:
+            text = reply.read().decode()
+    except OSError:
+        return {}
+    samples = (line.rsplit(" ", 1) for line in text.splitlines() if line and line[0] != "#")
+    return {name: float(value) for name, value in samples}
+
+
+@pytest.mark.timeout(180)
+def test_prometheus_scrapes_of_every_server_during_a_run(launch):
+    base = _free_ports(3)
+    run = launch(
+        "stop.max_seconds=90",  # the fixture stops it once scraped
+        f"run.prometheus_port={base}",
+        "cluster.ps=2",
+        "cluster.memory=1",
+        "cluster.learner=1",
+        "cluster.actor=1",
+    )
+    run_ = '{role="run",task=""}'
+
+    def trained():
+        page = _scrape(base)
+        keys = (f"easyrl_env_steps{run_}", f"easyrl_updates{run_}", f"easyrl_return_mean{run_}")
+        return (
+            page if all(page.get(k, 0) > 0 or "return" in k and k in page for k in keys) else None
+        )
+
+    # PS shard 0 holds the run's counters: env steps, updates, the mean return, per role too.
+    ps0 = run.poll_until(trained, 120, "env steps, updates and a return on PS shard 0's /metrics")
+    assert ps0['easyrl_env_steps{role="actor",task="0"}'] > 0, ps0
+    assert (
+        ps0['easyrl_up{role="ps",task="0"}'] == 1 and ps0['easyrl_version{role="ps",task="0"}'] > 0
+    )
+    # The other servers on this host serve on the next ports, their own counters.
+    ps1, memory = _scrape(base + 1), _scrape(base + 2)
+    assert ps1['easyrl_applied{role="ps",task="1"}'] > 0, ps1
+    assert f"easyrl_env_steps{run_}" not in ps1
+    assert memory['easyrl_inserts{role="memory",task="0"}'] > 0, memory
+    assert memory['easyrl_up{role="memory",task="0"}'] == 1, memory
 
 
 ROUNDS = {

@@ -89,6 +89,7 @@ CASES = {
     "evaluator": ("pendulum_sac.yaml", ("cluster.evaluator=1",), {"storage_class": "fast"}),
     "a3c": ("cartpole_a3c.yaml", (), {"token": TOKEN}),
     "ppo-gpu": ("cartpole_ppo.yaml", ("learner.device=gpu",), {"cluster_domain": "k8s.local"}),
+    "prometheus": ("pong_apex.yaml", ("run.prometheus_port=9100", "cluster.ps=2"), {}),
 }
 
 
@@ -175,7 +176,7 @@ def test_every_peer_address_is_a_pod_of_a_headless_service(generated, case):
             indices.append(int(match.group(1)))
             # The port: served by the container, published by the Service, probed.
             (container,) = sts["spec"]["template"]["spec"]["containers"]
-            (container_port,) = container["ports"]
+            container_port = container["ports"][0]  # then "metrics" where Prometheus is on
             (svc_port,) = svc_doc["spec"]["ports"]
             assert container_port == {"name": "grpc", "containerPort": int(address_port)}
             assert svc_port["port"] == int(address_port)
@@ -320,6 +321,29 @@ def test_resources_and_grace_follow_the_config():
         actor = by_kind(k8s.manifests(cfg, opts))["Job"]["pong-apex-actor"]
         resources = actor["spec"]["template"]["spec"]["containers"][0]["resources"]
         assert resources["requests"]["cpu"] == str(cpus)
+
+
+def test_server_pods_expose_prometheus_when_the_config_asks(generated):
+    for case in ("prometheus", "pong-apex"):
+        cfg, _, groups = generated[case]
+        asked = cfg.run.prometheus_port is not None
+        for kind in ("StatefulSet", "Job"):
+            for name, doc in by_kind(groups)[kind].items():
+                template = doc["spec"]["template"]
+                ports = {
+                    p["name"]: p["containerPort"]
+                    for p in template["spec"]["containers"][0].get("ports", [])
+                }
+                annotations = template["metadata"].get("annotations", {})
+                server = kind == "StatefulSet"
+                # Every shard pod has its own DNS name, so each serves on the port itself.
+                assert (ports.get("metrics") == 9100) == (asked and server), (case, name)
+                expected = {
+                    "prometheus.io/scrape": "true",
+                    "prometheus.io/port": "9100",
+                    "prometheus.io/path": "/metrics",
+                }
+                assert annotations == (expected if asked and server else {}), (case, name)
 
 
 @pytest.mark.parametrize(("device", "gpus"), [("gpu", "1"), ("auto", None), ("cpu", None)])

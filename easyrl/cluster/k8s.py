@@ -257,6 +257,9 @@ class _Builder:
         }
         if role in PORTS:
             container["ports"] = [{"name": "grpc", "containerPort": PORTS[role]}]
+            if self.cfg.run.prometheus_port is not None:  # each pod has its own name: one port
+                metrics = {"name": "metrics", "containerPort": self.cfg.run.prometheus_port}
+                container["ports"].append(metrics)
             container["readinessProbe"] = {"grpc": {"port": PORTS[role]}, **PROBE_TIMING}
         return container
 
@@ -264,8 +267,16 @@ class _Builder:
         volumes = [{"name": "config", "configMap": {"name": f"{self.name}-config"}}]
         if run_volume is not None:
             volumes.append({"name": "run", **run_volume})
+        metadata: dict = {"labels": self.meta(role, role)["labels"]}
+        scraped = self.cfg.run.prometheus_port
+        if role in PORTS and scraped is not None:
+            metadata["annotations"] = {
+                "prometheus.io/scrape": "true",
+                "prometheus.io/port": str(scraped),
+                "prometheus.io/path": "/metrics",
+            }
         return {
-            "metadata": {"labels": self.meta(role, role)["labels"]},
+            "metadata": metadata,
             "spec": {
                 "restartPolicy": restart,
                 "terminationGracePeriodSeconds": grace_s(self.cfg, role, self.replay),

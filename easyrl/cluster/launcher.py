@@ -47,6 +47,8 @@ WORKER_ROLES = ("learner", "actor", "evaluator")
 Security = config_lib.SecurityConfig | None
 """A config's `security` section (None: its defaults: plaintext, token only)."""
 READY_TIMEOUT_S = 120.0
+READY_NOTE_S = 30.0
+"""Servers still starting after this long are logged (then again each time as long)."""
 GRACE_S = 10.0
 _PR_SET_PDEATHSIG = 1
 
@@ -275,7 +277,8 @@ def wait_servers(servers: Sequence[Child], token: str, security: Security = None
     Raises:
         EasyRLError: a server exited or did not answer within READY_TIMEOUT_S.
     """
-    deadline = time.monotonic() + READY_TIMEOUT_S
+    started = time.monotonic()
+    deadline, next_note = started + READY_TIMEOUT_S, started + READY_NOTE_S
     for child in servers:
         client = _connect(child, token, security, retry_s=0.5)
         while True:
@@ -285,8 +288,18 @@ def wait_servers(servers: Sequence[Child], token: str, security: Security = None
                 client.status()
                 break
             except TransportError:
-                if time.monotonic() > deadline:
+                now = time.monotonic()
+                if now > deadline:
                     raise EasyRLError(f"{child.name} did not become ready") from None
+                if now > next_note:
+                    next_note = now + READY_NOTE_S
+                    log.warning(
+                        "%s not ready after %.0f s (see %s); waiting up to %.0f s more",
+                        child.name,
+                        now - started,
+                        child.log_path,
+                        deadline - now,
+                    )
         client.close()
 
 

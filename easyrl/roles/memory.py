@@ -550,6 +550,7 @@ def build(
 
 def run(ctx) -> int:
     """Runs memory shard `ctx.task` until Shutdown or SIGTERM."""
+    from easyrl.metrics import prometheus
     from easyrl.roles.common import stop_event_on_signals
     from easyrl.transport.rpc import add_servicer, make_server
 
@@ -572,6 +573,7 @@ def run(ctx) -> int:
     add_servicer("memory", memory, server)
     server.start()
     log.info("memory shard %d listening on %s", ctx.task, ctx.cluster.memory[ctx.task])
+    scrapes = prometheus.serve(ctx, "memory", lambda: memory.Status(None, None))
     last_snapshot = time.monotonic()
     try:
         while not (stop.is_set() or memory.stopping.is_set()):
@@ -587,5 +589,7 @@ def run(ctx) -> int:
         memory.close()
         if snapshots:  # on Shutdown and SIGTERM: what the table holds now
             log.info("snapshot of %d items written", memory.snapshot(path))
+        if scrapes is not None:
+            scrapes.shutdown()
         server.stop(grace=1.0).wait()
     return 0

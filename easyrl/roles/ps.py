@@ -348,6 +348,7 @@ def metrics_loop(ps: ParameterServer, stats: RunStats, cfg, run_dir: Path, done:
 def run(ctx) -> int:
     """Runs PS shard `ctx.task` until Shutdown or SIGTERM; checkpoints periodically and
     on exit. Returns the process exit code."""
+    from easyrl.metrics import prometheus
     from easyrl.roles.common import stop_event_on_signals
     from easyrl.transport.rpc import add_servicer, make_server
 
@@ -364,6 +365,7 @@ def run(ctx) -> int:
     add_servicer("ps", ps, server)
     server.start()
     log.info("PS shard %d listening on %s", ctx.task, ctx.cluster.ps[ctx.task])
+    scrapes = prometheus.serve(ctx, "ps", lambda: ps.Status(None, None))
     done = threading.Event()
     threads = []
     if stats is not None:
@@ -386,5 +388,7 @@ def run(ctx) -> int:
             ps.checkpoint()
         except (OSError, EasyRLError) as err:
             log.error("final checkpoint failed: %s", err)
+        if scrapes is not None:
+            scrapes.shutdown()
         server.stop(grace=1.0).wait()
     return 0

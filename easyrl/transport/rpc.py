@@ -387,7 +387,10 @@ class Client:
 
     BACKOFF_START_S = 0.05
     BACKOFF_CAP_S = 2.0
-    WARN_EVERY_S = 5.0
+    WARN_AFTER_S = 10.0
+    """A call logs its peer unreachable only once it has retried this long (a peer that is
+    still starting is expected: roles start in any order)."""
+    WARN_EVERY_S = 10.0
     """A peer that stays unreachable is logged at most this often per client."""
 
     def __init__(
@@ -433,7 +436,8 @@ class Client:
                 Its `code` attribute holds the grpc.StatusCode.
         """
         timeout = self.timeout_s if timeout_s is None else timeout_s
-        give_up = time.monotonic() + (self.retry_s if retry_s is None else retry_s)
+        started = time.monotonic()
+        give_up = started + (self.retry_s if retry_s is None else retry_s)
         delay = self.BACKOFF_START_S
         rpc = getattr(self._stub, method)
         while True:
@@ -448,10 +452,17 @@ class Client:
                     )
                     error.code = code
                     raise error from None
-                if time.monotonic() - self._last_warning >= self.WARN_EVERY_S:
-                    self._last_warning = time.monotonic()
-                    left = max(0.0, give_up - time.monotonic())
-                    log.warning("%s unreachable; retrying for up to %.0f s", self.address, left)
+                now = time.monotonic()
+                if now - started >= self.WARN_AFTER_S and (
+                    now - self._last_warning >= self.WARN_EVERY_S
+                ):
+                    self._last_warning = now
+                    log.warning(
+                        "%s unreachable for %.0f s; retrying for up to %.0f s more",
+                        self.address,
+                        now - started,
+                        max(0.0, give_up - now),
+                    )
             time.sleep(min(delay, max(0.0, give_up - time.monotonic())) * random.uniform(0.5, 1))
             delay = min(delay * 2, self.BACKOFF_CAP_S)
 

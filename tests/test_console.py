@@ -1,0 +1,61 @@
+"""What a user sees on the console: `easyrl --version`, and TensorFlow's GPU-probe notices
+on a CPU-only machine dropped while anything else it prints still shows."""
+
+import subprocess
+import sys
+import textwrap
+
+import easyrl
+
+FAKE_TENSORFLOW = """
+import os
+os.write(2, b"WARNING: All log messages before absl::InitializeLog() is called are written to STDERR\\n")
+os.write(2, b"I0000 00:00:1.0 1 cudart_stub.cc:31] Could not find cuda drivers on your machine, GPU will not be used.\\n")
+os.write(2, b"E0000 00:00:1.0 1 kernel.cc:9] a real error of the import\\n")
+{extra}
+
+class config:
+    @staticmethod
+    def list_physical_devices(kind):
+        os.write(2, b"E0000 00:00:1.0 1 cuda_platform.cc:52] failed call to cuInit: INTERNAL: CUDA error\\n")
+        return []
+"""
+
+
+def _import_quietly(tmp_path, extra: str = "") -> subprocess.CompletedProcess:
+    """`import_tensorflow_quietly()` in a child whose `tensorflow` is a fake printing the
+    CPU-only probe's lines and one real error (fast, and the same on a GPU machine)."""
+    package = tmp_path / "tensorflow"
+    package.mkdir()
+    (package / "__init__.py").write_text(FAKE_TENSORFLOW.format(extra=textwrap.dedent(extra)))
+    code = "from easyrl.cli import import_tensorflow_quietly; import_tensorflow_quietly()"
+    return subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={"PYTHONPATH": f"{tmp_path}:{':'.join(sys.path)}", "PATH": "/usr/bin:/bin"},
+    )
+
+
+def test_version():
+    done = subprocess.run(
+        [sys.executable, "-m", "easyrl.cli", "--version"], capture_output=True, text=True
+    )
+    assert done.returncode == 0 and done.stdout.strip() == f"easyrl {easyrl.__version__}"
+
+
+def test_the_gpu_probe_notices_are_dropped_and_real_errors_kept(tmp_path):
+    done = _import_quietly(tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert done.stderr == "E0000 00:00:1.0 1 kernel.cc:9] a real error of the import\n"
+
+
+def test_a_failing_import_still_shows_its_traceback(tmp_path):
+    done = _import_quietly(
+        tmp_path, 'raise ImportError("libtensorflow_framework.so.2: cannot open")'
+    )
+    assert done.returncode == 1
+    assert "a real error of the import" in done.stderr
+    assert "ImportError: libtensorflow_framework.so.2: cannot open" in done.stderr
+    assert "cuda" not in done.stderr.lower()
