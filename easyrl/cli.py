@@ -1,6 +1,6 @@
-"""The `easyrl` command: `train` (whole cluster locally), `run` (one role process), `k8s`
-(Kubernetes manifests), and the tools on a run directory: `rollout` (play its policy),
-`export` (SavedModel), `plot`."""
+"""The `easyrl` command: `train` (whole cluster locally), `run` (one role process), `sweep`
+(a grid of settings x seeds, one run each), `k8s` (Kubernetes manifests), and the tools on
+a run directory: `rollout` (play its policy), `export` (SavedModel), `plot`."""
 
 import argparse
 import logging
@@ -100,6 +100,42 @@ def _parser() -> argparse.ArgumentParser:
     export.add_argument("--out", required=True, metavar="DIR", help="the SavedModel directory")
     export.add_argument("--checkpoint", choices=("best", "latest"), help=checkpoint_help)
 
+    sweep = sub.add_parser("sweep", help="train a grid of settings x seeds, one run each")
+    sweep.add_argument("config", help="YAML config file")
+    sweep.add_argument(
+        "--grid",
+        action="append",
+        default=[],
+        metavar="KEY=V1,V2,...",
+        help="a config key and the values to try (repeatable: the cross product is run)",
+    )
+    sweep.add_argument(
+        "--seeds", type=int, default=1, metavar="N", help="seeds per setting (run.seed 0..N-1)"
+    )
+    sweep.add_argument(
+        "--parallel",
+        type=int,
+        default=1,
+        metavar="K",
+        help="trials at a time (the cores are split)",
+    )
+    sweep.add_argument(
+        "--dir", metavar="DIR", help="sweep directory (default: runs/<run.name>-sweep-<hash>)"
+    )
+    sweep.add_argument(
+        "--early-stop",
+        choices=("median",),
+        help="stop a trial whose best return is below the finished trials' median at the same time",
+    )
+    sweep.add_argument(
+        "--grace-s",
+        type=float,
+        default=30.0,
+        metavar="S",
+        help="seconds a trial trains before --early-stop may stop it",
+    )
+    add_common(sweep)
+
     k8s = sub.add_parser("k8s", help="Kubernetes manifests for a config's cluster")
     k8s.add_argument("config", help="YAML config file")
     k8s.add_argument("--image", required=True, help="container image (see the Dockerfile)")
@@ -115,6 +151,14 @@ def _parser() -> argparse.ArgumentParser:
     )
     k8s.add_argument("--storage-class", help="storage class of the persistent volumes")
     k8s.add_argument("--cluster-domain", default="cluster.local", help="the cluster's DNS domain")
+    k8s.add_argument(
+        "--grid",
+        action="append",
+        default=[],
+        metavar="KEY=V1,V2,...",
+        help="render a sweep (as `easyrl sweep`): one set of manifests per trial under --out",
+    )
+    k8s.add_argument("--seeds", type=int, default=1, metavar="N", help="seeds per setting (--grid)")
     add_common(k8s)
 
     plot = sub.add_parser("plot", help="learning curves of runs from their metrics.jsonl")
@@ -175,6 +219,8 @@ def k8s_cmd(args) -> int:
     flags = ("image", "name", "namespace", "volume", "storage_class", "cluster_domain")
     options = k8s.Options(token=token, **{flag: getattr(args, flag) for flag in flags})
     cfg = config_lib.load(args.config, args.overrides)
+    if args.grid:
+        return _k8s_sweep(args, cfg, options)
     groups = k8s.manifests(cfg, options)
     if args.out:
         for path in k8s.write(groups, args.out):
@@ -185,6 +231,39 @@ def k8s_cmd(args) -> int:
         print(
             "no --token-file: create the token Secret first:\n  "
             + k8s.secret_command(args.name or cfg.run.name, args.namespace),
+            file=sys.stderr,
+        )
+    return 0
+
+
+def _k8s_sweep(args, cfg, options) -> int:
+    """`easyrl k8s --grid ...`: the manifests of every trial of a sweep, each under
+    `--out/<trial>/` with its objects named `<name>-t<index>` (listed in `trials.csv`)."""
+    from dataclasses import replace
+
+    from easyrl.cluster import k8s
+    from easyrl.tools.sweep import make_trials, parse_grid
+
+    if not args.out:
+        raise EasyRLError("k8s --grid writes one folder per trial: give --out DIR")
+    trials = make_trials(parse_grid(args.grid), args.seeds)
+    base = args.name or cfg.run.name
+    out, lines = Path(args.out), ["trial,name,overrides"]
+    for index, trial in enumerate(trials):
+        sets = [f"{k}={v}" for k, v in trial.setting] + [f"run.seed={trial.seed}"]
+        name = k8s.check_name(f"{base}-t{index}", "trial name (--name or run.name)", k8s.MAX_NAME)
+        groups = k8s.manifests(
+            config_lib.load(args.config, [*args.overrides, *sets]), replace(options, name=name)
+        )
+        for path in k8s.write(groups, out / trial.name):
+            print(f"wrote {path}", file=sys.stderr)
+        lines.append(f'{trial.name},{name},"{" ".join(sets)}"')
+    (out / "trials.csv").write_text("\n".join(lines) + "\n")
+    if options.token is None:
+        names = " ".join(f"{base}-t{i}" for i in range(len(trials)))
+        print(
+            f"no --token-file: create each trial's token Secret first ({names}), e.g.:\n  "
+            + k8s.secret_command(f"{base}-t0", args.namespace),
             file=sys.stderr,
         )
     return 0
@@ -241,6 +320,19 @@ def main(argv=None) -> int:
                 raise EasyRLError("train: give a CONFIG file, or --resume RUN_DIR (not both)")
             result = train(args.config, resume=args.resume, out=sys.stdout, set=args.overrides)
             return result.exit_code
+        if args.command == "sweep":
+            from easyrl.tools.sweep import sweep
+
+            return sweep(
+                args.config,
+                args.grid,
+                seeds=args.seeds,
+                parallel=args.parallel,
+                sets=args.overrides,
+                directory=args.dir,
+                early_stop=args.early_stop,
+                grace_s=args.grace_s,
+            )
         if args.command in TOOLS:
             return TOOLS[args.command](args)
         if args.command == "k8s":

@@ -423,6 +423,27 @@ def test_cli_writes_one_file_per_role_with_the_secret(tmp_path, capsys):
         assert list(yaml.safe_load_all((out / f"{stem}.yaml").read_text())) == docs
 
 
+def test_cli_renders_a_sweep_as_one_set_of_manifests_per_trial(tmp_path, capsys):
+    out = tmp_path / "sweep"
+    args = ["k8s", str(ROOT / "configs" / "cartpole_ppo.yaml"), "--image", IMAGE, "--out", str(out)]
+    args += ["--grid", "algorithm.lr=0.0003,0.001", "--seeds", "2", "--set", "cluster.actor=3"]
+    assert cli.main(args) == 0
+    trials = (out / "trials.csv").read_text().splitlines()
+    assert trials[0] == "trial,name,overrides" and len(trials) == 5
+    assert trials[4] == 'lr=0.001,seed=1,cartpole-ppo-t3,"algorithm.lr=0.001 run.seed=1"'
+    assert "create each trial's token Secret first" in capsys.readouterr().err
+    for index, (lr, seed) in enumerate([("0.0003", 0), ("0.0003", 1), ("0.001", 0), ("0.001", 1)]):
+        folder = out / f"lr={lr},seed={seed}"
+        expected = k8s.manifests(
+            load("cartpole_ppo.yaml", "cluster.actor=3", f"algorithm.lr={lr}", f"run.seed={seed}"),
+            k8s.Options(IMAGE, name=f"cartpole-ppo-t{index}"),
+        )
+        for stem, docs in expected.items():
+            assert list(yaml.safe_load_all((folder / f"{stem}.yaml").read_text())) == docs
+    assert cli.main([*args[:4], "--grid", "algorithm.lr=1"]) == 2  # a sweep needs --out
+    assert "give --out DIR" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize(
     ("extra", "message"),
     [
