@@ -560,9 +560,12 @@ def test_beta_schedule():
     assert BetaSchedule(0.5, 1.0, 0)(7) == 0.5
 
 
+BETA = BetaSchedule(0.4, 1.0, 100)
+
+
 @pytest.mark.parametrize("kind", ["uniform", "prioritized"])
 def test_snapshot_then_restore_gives_back_the_table(tmp_path, kind):
-    from easyrl.roles.memory import restore
+    from easyrl.roles.memory import STORED_KEY, restore
 
     def make_table():
         if kind == "uniform":
@@ -579,6 +582,7 @@ def test_snapshot_then_restore_gives_back_the_table(tmp_path, kind):
         state = memory._submit(Op("snapshot", 0.0))
     finally:
         memory.close()
+    assert state.pop(STORED_KEY).shape == (0, 3)  # no numbered insert: no actor's last one
     fresh = make_table()
     assert restore(fresh, path) == 32
     restored = fresh.state_dict()
@@ -588,6 +592,31 @@ def test_snapshot_then_restore_gives_back_the_table(tmp_path, kind):
     assert restore(make_table(), tmp_path / "missing.npz") == 0
     with pytest.raises(ReplayError):  # a snapshot of another table changes nothing
         restore(UniformTable(SPEC, 16, seed=1), path)
+
+
+def test_a_restarted_shard_knows_the_inserts_its_snapshot_holds(tmp_path):
+    from easyrl.roles.memory import restore, restore_stored
+
+    def insert_once(memory, start):
+        op = Op("insert", 1.0, batch=make_batch(start, 4), n=4, source=3, sender=77, sequence=5)
+        return memory._submit(op)
+
+    memory = MemoryServer(UniformTable(SPEC, 32, seed=1), RateLimiter(1), BATCH, 2, BETA)
+    path = tmp_path / "memory-0.npz"
+    try:
+        assert not insert_once(memory, 0).duplicate
+        memory.snapshot(path)
+    finally:
+        memory.close()
+    # The shard restarts from its snapshot; the actor, whose reply was lost, resends.
+    table = UniformTable(SPEC, 32, seed=1)
+    assert restore(table, path) == 4 and restore_stored(path) == {3: (77, 5)}
+    again = MemoryServer(table, RateLimiter(1), BATCH, 2, BETA, stored=restore_stored(path))
+    try:
+        assert insert_once(again, 0).duplicate and table.size == 4
+    finally:
+        again.close()
+    assert restore_stored(tmp_path / "missing.npz") == {}
 
 
 def test_insert_whose_caller_gave_up_is_not_stored():

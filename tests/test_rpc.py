@@ -548,3 +548,19 @@ def test_refusal_filter_counts_what_it_held_back():
     assert refusals.filter(later) and later.getMessage().endswith(
         "99 more like it in the previous 0.2 s"
     )
+
+
+def test_refusal_filter_keys_on_the_template_not_what_the_caller_chose():
+    refusals = rpc.RefusalLogFilter(interval_s=60)
+
+    def record(method: str) -> logging.LogRecord:
+        return logging.LogRecord(
+            "grpc._common", logging.ERROR, "", 0, "Exception deserializing %s", (method,), None
+        )
+
+    # 10,000 refusals naming 10,000 made-up methods: one line, one entry.
+    logged = [refusals.filter(record(f"/easyrl.v1.Memory/X{i}")) for i in range(10_000)]
+    assert sum(logged) == 1 and len(refusals._seen) == 1
+    for i in range(2 * refusals.MAX_KEYS):  # distinct templates (only code chooses those)
+        refusals.filter(logging.LogRecord("grpc._server", 40, "", 0, f"t{i}", None, None))
+    assert len(refusals._seen) <= refusals.MAX_KEYS

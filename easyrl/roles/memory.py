@@ -58,6 +58,8 @@ from easyrl.transport import easyrl_pb2_grpc as pb_grpc
 from easyrl.transport.rpc import caller_active, invalid_argument_on_error, within_deadline
 
 log = logging.getLogger(__name__)
+STORED_KEY = "inserts/stored"
+"""The snapshot's [actor, sender, last sequence] rows (see `MemoryServer._state`)."""
 
 
 def _always() -> bool:
@@ -116,6 +118,8 @@ class MemoryServer(pb_grpc.ReplayMemoryServicer):
         prefetch: how many ready batches to keep.
         beta: importance-sampling exponent schedule.
         shard: this shard's index (for status).
+        stored: {actor: (sender, last sequence)} of the inserts stored before a restart
+            (`restore_stored`): their resends are known as duplicates.
     """
 
     def __init__(
@@ -126,6 +130,7 @@ class MemoryServer(pb_grpc.ReplayMemoryServicer):
         prefetch: int,
         beta: BetaSchedule,
         shard: int = 0,
+        stored: dict[int, tuple[int, int]] | None = None,
     ):
         if batch_size < 1 or prefetch < 1:
             raise ValueError("batch_size and prefetch must be >= 1")
@@ -141,7 +146,8 @@ class MemoryServer(pb_grpc.ReplayMemoryServicer):
         self._ready: queue.Queue[codec.Framed] = queue.Queue(maxsize=prefetch)
         self._pending: collections.deque[Op] = collections.deque()
         self.counters = collections.Counter()
-        self._stored: dict[int, tuple[int, int]] = {}  # actor: (sender, last sequence stored)
+        # actor: (sender, last sequence stored); a restarted shard's from its snapshot
+        self._stored: dict[int, tuple[int, int]] = dict(stored or {})
         self.stopping = threading.Event()
         self._thread = threading.Thread(target=self._table_loop, name="table", daemon=True)
         self._thread.start()
@@ -195,7 +201,7 @@ class MemoryServer(pb_grpc.ReplayMemoryServicer):
             return self._try_round(table, op)
         assert limiter is not None, "a replay table is served with its rate limiter"
         if op.kind == "snapshot":  # a copy taken between two operations: consistent
-            return table.state_dict()
+            return self._state()
         if op.kind == "insert":
             if self._duplicate(op):
                 return pb.InsertResponse(size=table.size, inserted=table.inserted, duplicate=True)
@@ -206,7 +212,8 @@ class MemoryServer(pb_grpc.ReplayMemoryServicer):
                 return None
             table.insert(op.batch, op.priorities, source=op.source)
             limiter.on_insert(op.n)
-            self._stored[op.source] = (op.sender, op.sequence)
+            if op.sender:  # numbered (exactly-once): remember the last one stored
+                self._stored[op.source] = (op.sender, op.sequence)
             self.counters["inserts"] += op.n
             return pb.InsertResponse(size=table.size, inserted=table.inserted)
         if op.kind == "sample":
@@ -235,7 +242,8 @@ class MemoryServer(pb_grpc.ReplayMemoryServicer):
                     size=table.size, inserted=table.inserted, round=table.round, duplicate=True
                 )
             kept = table.insert(op.batch, op.round)
-            self._stored[op.source] = (op.sender, op.sequence)
+            if op.sender:
+                self._stored[op.source] = (op.sender, op.sequence)
             self.counters["inserts" if kept else "refused_stale"] += op.n
             return pb.InsertResponse(
                 size=table.size, inserted=table.inserted, refused=not kept, round=table.round
@@ -413,6 +421,12 @@ class MemoryServer(pb_grpc.ReplayMemoryServicer):
         self.stopping.set()
         self._thread.join(timeout=5)
 
+    def _state(self) -> dict:
+        """The table's state and the last insert stored from each actor (exactly-once
+        across a restart of this shard: a resend of an insert it had stored is known)."""
+        stored = [(source, *last) for source, last in self._stored.items()]
+        return {**self.table.state_dict(), STORED_KEY: np.array(stored, np.int64).reshape(-1, 3)}
+
     @property
     def snapshots(self) -> bool:
         """Whether this shard's table is snapshotted: a replay table is; an aggregate round
@@ -433,7 +447,7 @@ class MemoryServer(pb_grpc.ReplayMemoryServicer):
         table = self.table
         if isinstance(table, AggregateTable):
             raise ReplayError("an aggregate table is not snapshotted")
-        state = self._submit(Op("snapshot", 0.0)) if self._thread.is_alive() else table.state_dict()
+        state = self._submit(Op("snapshot", 0.0)) if self._thread.is_alive() else self._state()
         save_npz(path, state)
         items = len(next(v for k, v in state.items() if k.startswith(DATA_PREFIX)))
         self.counters["snapshot_items"] = items
@@ -452,10 +466,21 @@ def restore(table: Table, path: Path) -> int:
     if not path.exists():
         return 0
     with np.load(path) as data:
-        state = {k: data[k].item() if data[k].ndim == 0 else data[k] for k in data.files}
+        names = [k for k in data.files if k != STORED_KEY]
+        state = {k: data[k].item() if data[k].ndim == 0 else data[k] for k in names}
     table.load_state_dict(state)
     log.info("restored %d items from %s", table.size, path)
     return table.size
+
+
+def restore_stored(path: Path) -> dict[int, tuple[int, int]]:
+    """{actor: (sender, last sequence stored)} of a snapshot ({} without one, or from a
+    snapshot written before they were kept)."""
+    if not path.exists():
+        return {}
+    with np.load(path) as data:
+        rows = data[STORED_KEY] if STORED_KEY in data.files else np.zeros((0, 3), np.int64)
+    return {int(source): (int(sender), int(seq)) for source, sender, seq in rows}
 
 
 def round_size(cfg, module, num_actors: int, num_memory: int, shard: int) -> int:
@@ -543,7 +568,8 @@ def build(
     restored = restore(table, snapshot) if snapshot is not None else 0
     limiter = make_limiter(r, table, cfg.env.num_envs, cfg.actor.send_every, batch_size)
     beta = BetaSchedule(r.beta, r.beta_final, r.beta_anneal_steps)
-    memory = MemoryServer(table, limiter, batch_size, r.prefetch, beta, shard)
+    stored = restore_stored(snapshot) if snapshot is not None else None
+    memory = MemoryServer(table, limiter, batch_size, r.prefetch, beta, shard, stored)
     memory.counters["restored_items"] = restored
     return memory
 

@@ -114,24 +114,31 @@ def _server_options() -> list[tuple[str, int]]:
 
 class RefusalLogFilter(logging.Filter):
     """Collapses what gRPC logs for each malformed call it refuses (an unparseable body: an
-    ERROR with a traceback, several lines a call) into one line per message and interval:
-    the first is logged with the exception's last line instead of the traceback, the others
-    are counted and the count rides on the next line logged after the interval."""
+    ERROR with a traceback, several lines a call) into one line per message template and
+    interval: the first is logged with the exception's last line instead of the traceback,
+    the others are counted and the count rides on the next line logged after the interval.
+    Keyed by the template, not the formatted text (which carries what the caller chose,
+    e.g. a method name), so callers cannot grow the table; at most MAX_KEYS templates."""
+
+    MAX_KEYS = 256
 
     def __init__(self, interval_s: float = 60.0):
         super().__init__()
         self.interval_s = interval_s
         self._lock = threading.Lock()
-        self._seen: dict[str, tuple[float, int]] = {}  # message: (last logged, suppressed)
+        self._seen: dict[str, tuple[float, int]] = {}  # template: (last logged, suppressed)
 
     def filter(self, record: logging.LogRecord) -> bool:
         message, now = record.getMessage(), time.monotonic()
+        key = f"{record.name}:{bounded(str(record.msg), 200)}"
         with self._lock:
-            last, suppressed = self._seen.get(message, (-float("inf"), 0))
+            last, suppressed = self._seen.get(key, (-float("inf"), 0))
             if now - last < self.interval_s:
-                self._seen[message] = (last, suppressed + 1)
+                self._seen[key] = (last, suppressed + 1)
                 return False
-            self._seen[message] = (now, 0)
+            if len(self._seen) >= self.MAX_KEYS and key not in self._seen:
+                self._seen.clear()
+            self._seen[key] = (now, 0)
         cause = record.exc_info[1] if record.exc_info else None
         text = message + (f" ({type(cause).__name__}: {bounded(str(cause), 200)})" if cause else "")
         if suppressed:
