@@ -424,8 +424,10 @@ class MemoryServer(pb_grpc.ReplayMemoryServicer):
     def _state(self) -> dict:
         """The table's state and the last insert stored from each actor (exactly-once
         across a restart of this shard: a resend of an insert it had stored is known)."""
+        table = self.table
+        assert not isinstance(table, AggregateTable), "an aggregate table is not snapshotted"
         stored = [(source, *last) for source, last in self._stored.items()]
-        return {**self.table.state_dict(), STORED_KEY: np.array(stored, np.int64).reshape(-1, 3)}
+        return {**table.state_dict(), STORED_KEY: np.array(stored, np.int64).reshape(-1, 3)}
 
     @property
     def snapshots(self) -> bool:

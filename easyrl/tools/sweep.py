@@ -349,7 +349,7 @@ def sweep(
         writer.writeheader()
         writer.writerows(rows)
     summarize(rows, trials, target, out)
-    drawn = [root / t.name for t in trials if _curves(root / t.name) is not None]
+    drawn: list[str | Path] = [root / t.name for t in trials if _curves(root / t.name) is not None]
     if drawn:
         try:
             image = plot(drawn, root / "sweep.png", title=config.name)
