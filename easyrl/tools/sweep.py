@@ -327,9 +327,10 @@ def sweep(
                 running.remove(job)
                 free.append(job.cores)
                 row = _row(job.trial, run_dir, target)
+                final = "-" if row["final_return"] == "" else f"{row['final_return']:.1f}"
                 print(
                     f"  {job.trial.name}: {row['status']} (exit {job.process.returncode}), "
-                    f"final return {row['final_return'] or '-'}",
+                    f"final return {final}",
                     file=out,
                     flush=True,
                 )
