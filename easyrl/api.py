@@ -126,6 +126,7 @@ def train(
     check_builds(cfg)
     if resume is not None:
         state = rundir.resume_state(run_dir)
+        rundir.check_budget_left(cfg, state)
         print(
             f"resuming {run_dir}: version {state['version']:.0f}, env steps "
             f"{state['env_steps']:,.0f}, replay {state['replay_items']:,.0f} items, run clock "

@@ -98,6 +98,21 @@ def test_a_new_run_in_a_directory_holding_another_fails_and_changes_nothing(apex
     assert _files(apex_run) == before
 
 
+def test_resuming_a_run_past_its_budget_says_which_key_to_raise(apex_run):
+    import easyrl
+    from easyrl.cluster import rundir
+
+    before = _files(apex_run)
+    # It stopped at stop.max_env_steps=1500: resumed as it is, it would stop at once.
+    with pytest.raises(
+        ConfigError, match=r"past stop.max_env_steps=1500: .*--set stop.max_env_steps="
+    ):
+        easyrl.train(resume=apex_run)
+    assert _files(apex_run) == before  # refused before anything started or was recorded
+    cfg = rundir.load_resumed(apex_run, ["stop.max_env_steps=100000"])
+    rundir.check_budget_left(cfg, rundir.resume_state(apex_run))  # raised: accepted
+
+
 def test_resuming_refuses_overrides_that_shape_the_checkpoints(apex_run):
     from easyrl.cluster import rundir
 

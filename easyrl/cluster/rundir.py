@@ -124,3 +124,22 @@ def resume_state(run_dir: Path) -> dict[str, float]:
             if "inserted" in data.files and "capacity" in data.files:
                 state["replay_items"] += float(min(data["inserted"], data["capacity"]))
     return state
+
+
+def check_budget_left(cfg: config_lib.Config, state: dict[str, float]) -> None:
+    """Refuses to resume a run whose checkpoints are already past a budget stop condition
+    (it would start every process only to stop at once), naming the key to raise.
+
+    Raises:
+        ConfigError: `stop.max_seconds` <= the run clock, or `stop.max_env_steps` <= the
+            env steps, of the checkpoints.
+    """
+    for key, limit, done, unit in (
+        ("max_seconds", cfg.stop.max_seconds, state["elapsed_s"], "s of run clock"),
+        ("max_env_steps", cfg.stop.max_env_steps, state["env_steps"], "env steps"),
+    ):
+        if limit is not None and done >= limit:
+            raise ConfigError(
+                f"--resume: the run is at {done:,.0f} {unit}, past stop.{key}={limit:g}: it "
+                f"would stop at once; raise it, e.g. --set stop.{key}={2 * done:.0f}"
+            )
