@@ -46,6 +46,11 @@ BASE_OVERRIDES = (
 # --- helpers ---------------------------------------------------------------------------
 
 
+def one_each(actors: int = 1) -> tuple[str, ...]:
+    """Overrides for the smallest cluster: 1 PS, 1 memory, 1 learner and `actors` actors."""
+    return ("cluster.ps=1", "cluster.memory=1", "cluster.learner=1", f"cluster.actor={actors}")
+
+
 def _env() -> dict[str, str]:
     """The environment of every command: this checkout first, no token, no cluster."""
     env = {k: v for k, v in os.environ.items() if k not in {"EASYRL_TOKEN", "EASYRL_CLUSTER"}}
@@ -244,10 +249,7 @@ def test_train_short_run_moves_every_counter(launch):
     run = launch(
         f"stop.max_env_steps={budget}",
         "stop.max_seconds=90",
-        "cluster.ps=1",
-        "cluster.memory=1",
-        "cluster.learner=1",
-        "cluster.actor=2",
+        *one_each(2),
     )
     code = run.wait(150)
     output = run.output()
@@ -568,10 +570,7 @@ def test_pong_impala_ships_uint8_frames_to_the_learner(launch):
         "replay.capacity=4",
         "replay.prefetch=1",
         "learner.updates_per_report=1",
-        "cluster.ps=1",
-        "cluster.memory=1",
-        "cluster.learner=1",
-        "cluster.actor=2",
+        *one_each(2),
         config=ROOT / "configs" / "pong_impala.yaml",
         base=("stop.episode_return_mean=null", "run.log_interval_s=1"),
     )
@@ -631,10 +630,7 @@ def test_actor_killed_is_restarted(launch):
     run = launch(
         "stop.max_env_steps=null",
         "stop.max_seconds=45",
-        "cluster.ps=1",
-        "cluster.memory=1",
-        "cluster.learner=1",
-        "cluster.actor=2",
+        *one_each(2),
     )
 
     def actor1_reported():
@@ -901,10 +897,7 @@ def test_ctrl_c_leaves_no_orphans(launch):
     run = launch(
         "stop.max_env_steps=null",
         "stop.max_seconds=60",
-        "cluster.ps=1",
-        "cluster.memory=1",
-        "cluster.learner=1",
-        "cluster.actor=2",
+        *one_each(2),
     )
     run.poll_until(lambda: "env steps" in run.output(), 90, "the first progress line")
     assert _role_pids(run.config_path, "ps", 0), "PS shard 0 is not running"

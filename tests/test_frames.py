@@ -11,7 +11,7 @@ import re
 import gymnasium
 import numpy as np
 import pytest
-from test_cluster import ROOT, _counters, launch  # noqa: F401  (launch: a fixture)
+from test_cluster import ROOT, _counters, launch, one_each  # noqa: F401  (launch: a fixture)
 
 from easyrl import config as config_lib
 from easyrl.algorithms.nstep import NStepAccumulator
@@ -674,10 +674,7 @@ def test_a_small_apex_cluster_on_pong_trains_with_frame_storage(launch):  # noqa
     run = launch(
         "stop.max_seconds=120",
         "stop.max_env_steps=1600",
-        "cluster.ps=1",
-        "cluster.memory=1",
-        "cluster.learner=1",
-        "cluster.actor=1",
+        *one_each(),
         "env.num_envs=2",
         "env.vector=sync",
         "env.atari.screen_size=42",
@@ -716,10 +713,7 @@ def test_a_small_impala_cluster_on_pong_trains_with_frame_storage(launch):  # no
     run = launch(
         "stop.max_seconds=120",
         "stop.max_env_steps=1500",
-        "cluster.ps=1",
-        "cluster.memory=1",
-        "cluster.learner=1",
-        "cluster.actor=1",
+        *one_each(),
         "env.num_envs=2",
         "env.vector=sync",
         "algorithm.unroll_length=8",
