@@ -33,9 +33,15 @@ def import_tensorflow_quietly() -> None:
     (its C++ logging ignores TF_CPP_MIN_LOG_LEVEL before absl is initialised, and a failed
     cuInit is logged as an error) are dropped; anything else, an import error's traceback
     included, is still printed."""
+    try:
+        capture_file = tempfile.TemporaryFile()
+    except OSError:  # no writable temporary directory: import it as it is, notices and all
+        import tensorflow  # noqa: F401
+
+        return
     sys.stderr.flush()
     saved = os.dup(2)
-    with tempfile.TemporaryFile() as capture:
+    with capture_file as capture:
         os.dup2(capture.fileno(), 2)
         try:
             import tensorflow as tf
