@@ -72,6 +72,14 @@ def _parser() -> argparse.ArgumentParser:
             help="override a config value, e.g. --set replay.capacity=100000 (repeatable)",
         )
 
+    def add_grid(p, grid_help: str):
+        p.add_argument(
+            "--grid", action="append", default=[], metavar="KEY=V1,V2,...", help=grid_help
+        )
+        p.add_argument(
+            "--seeds", type=int, default=1, metavar="N", help="seeds per setting (run.seed 0..N-1)"
+        )
+
     train = sub.add_parser("train", help="train with every role as a local process")
     train.add_argument("config", nargs="?", help="YAML config file (not with --resume)")
     train.add_argument(
@@ -108,16 +116,7 @@ def _parser() -> argparse.ArgumentParser:
 
     sweep = sub.add_parser("sweep", help="train a grid of settings x seeds, one run each")
     sweep.add_argument("config", help="YAML config file")
-    sweep.add_argument(
-        "--grid",
-        action="append",
-        default=[],
-        metavar="KEY=V1,V2,...",
-        help="a config key and the values to try (repeatable: the cross product is run)",
-    )
-    sweep.add_argument(
-        "--seeds", type=int, default=1, metavar="N", help="seeds per setting (run.seed 0..N-1)"
-    )
+    add_grid(sweep, "a config key and the values to try (repeatable: the cross product is run)")
     sweep.add_argument(
         "--parallel",
         type=int,
@@ -157,14 +156,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     k8s.add_argument("--storage-class", help="storage class of the persistent volumes")
     k8s.add_argument("--cluster-domain", default="cluster.local", help="the cluster's DNS domain")
-    k8s.add_argument(
-        "--grid",
-        action="append",
-        default=[],
-        metavar="KEY=V1,V2,...",
-        help="render a sweep (as `easyrl sweep`): one set of manifests per trial under --out",
-    )
-    k8s.add_argument("--seeds", type=int, default=1, metavar="N", help="seeds per setting (--grid)")
+    add_grid(k8s, "render a sweep (as `easyrl sweep`): one set of manifests per trial under --out")
     add_common(k8s)
 
     plot = sub.add_parser("plot", help="learning curves of runs from their metrics.jsonl")
@@ -256,7 +248,7 @@ def _k8s_sweep(args, cfg, options) -> int:
     base = args.name or cfg.run.name
     out, lines = Path(args.out), ["trial,name,overrides"]
     for index, trial in enumerate(trials):
-        sets = [f"{k}={v}" for k, v in trial.setting] + [f"run.seed={trial.seed}"]
+        sets = trial.settings
         name = k8s.check_name(f"{base}-t{index}", "trial name (--name or run.name)", k8s.MAX_NAME)
         groups = k8s.manifests(
             config_lib.load(args.config, [*args.overrides, *sets]), replace(options, name=name)

@@ -212,8 +212,7 @@ class MemoryServer(pb_grpc.ReplayMemoryServicer):
                 return None
             table.insert(op.batch, op.priorities, source=op.source)
             limiter.on_insert(op.n)
-            if op.sender:  # numbered (exactly-once): remember the last one stored
-                self._stored[op.source] = (op.sender, op.sequence)
+            self._remember(op)
             self.counters["inserts"] += op.n
             return pb.InsertResponse(size=table.size, inserted=table.inserted)
         if op.kind == "sample":
@@ -224,6 +223,11 @@ class MemoryServer(pb_grpc.ReplayMemoryServicer):
         self.counters["priority_updates"] += updated
         self.counters["stale_priority_keys"] += op.n - updated
         return pb.UpdatePrioritiesResponse(updated=updated)
+
+    def _remember(self, op: Op) -> None:
+        """Keeps the number of stored insert `op` when it has one (exactly-once)."""
+        if op.sender:
+            self._stored[op.source] = (op.sender, op.sequence)
 
     def _duplicate(self, op: Op) -> bool:
         """Whether insert `op` was stored before (exactly-once, see `InsertRequest`): counted
@@ -242,8 +246,7 @@ class MemoryServer(pb_grpc.ReplayMemoryServicer):
                     size=table.size, inserted=table.inserted, round=table.round, duplicate=True
                 )
             kept = table.insert(op.batch, op.round)
-            if op.sender:
-                self._stored[op.source] = (op.sender, op.sequence)
+            self._remember(op)
             self.counters["inserts" if kept else "refused_stale"] += op.n
             return pb.InsertResponse(
                 size=table.size, inserted=table.inserted, refused=not kept, round=table.round

@@ -54,12 +54,14 @@ class Trial:
     setting: tuple[tuple[str, str], ...]
     seed: int
 
+    @property
+    def settings(self) -> list[str]:
+        """The `--set` overrides that make this trial: its setting and its seed."""
+        return [f"{k}={v}" for k, v in self.setting] + [f"run.seed={self.seed}"]
+
     def overrides(self, run_dir: Path) -> list[str]:
-        """The `--set` overrides of this trial (after the sweep's own `--set`s)."""
-        return [f"{k}={v}" for k, v in self.setting] + [
-            f"run.seed={self.seed}",
-            f"run.dir={run_dir}",
-        ]
+        """The `--set` overrides of this trial run in `run_dir` (after the sweep's own)."""
+        return [*self.settings, f"run.dir={run_dir}"]
 
     @property
     def label(self) -> str:
@@ -312,9 +314,9 @@ def sweep(
                 running.append(_Running(trial, train, cores, root / "logs" / f"{trial.name}.out"))
                 print(f"  {trial.name}: started on cores {cores}", file=out, flush=True)
             time.sleep(POLL_S)
-            finished = [
+            finished = [  # read only for the early-stopping rule
                 _curves(root / t.name)
-                for t in trials
+                for t in (trials if early_stop else ())
                 if status(root / t.name) in ("reached", "budget")
             ]
             for job in list(running):
