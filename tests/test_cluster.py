@@ -395,6 +395,30 @@ def _scrape(port: int) -> dict[str, float]:
     return {name: float(value) for name, value in samples}
 
 
+def test_prometheus_ports_and_names():
+    from easyrl.cluster.spec import ClusterSpec
+    from easyrl.metrics import prometheus
+
+    # One machine: each server takes the next port; one pod per shard: the port itself.
+    # Hosts compare case-insensitively, as ClusterSpec does ("H0" and "h0" are one machine).
+    local = ClusterSpec(("127.0.0.1:1", "127.0.0.1:2"), ("127.0.0.1:3",), 1, 1)
+    pods = ClusterSpec(("ps-0.x:7000", "ps-1.x:7000"), ("m-0.x:7100", "M-0.X:7101"), 1, 1)
+    assert [prometheus.port(9100, local, r, t) for r, t in LAYOUT] == [9100, 9101, 9102]
+    assert [prometheus.port(9100, pods, r, t) for r, t in [*LAYOUT, ("memory", 1)]] == [
+        9100,
+        9100,
+        9100,
+        9101,
+    ]
+    assert prometheus.port(None, local, "ps", 0) is None
+    assert prometheus.split("actor/0/env_steps") == ("easyrl_env_steps", ["actor", "0"])
+    assert prometheus.split("learner/pg.loss") == ("easyrl_pg_loss", ["learner", ""])
+    assert prometheus.split("return_mean") == ("easyrl_return_mean", ["run", ""])
+
+
+LAYOUT = [("ps", 0), ("ps", 1), ("memory", 0)]
+
+
 @pytest.mark.timeout(180)
 def test_prometheus_scrapes_of_every_server_during_a_run(launch):
     base = _free_ports(3)

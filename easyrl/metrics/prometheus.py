@@ -38,9 +38,9 @@ def port(base: int | None, cluster, role: str, task: int) -> int | None:
     """The `/metrics` port of server `role`/`task` of `cluster` (None: the endpoint is off)."""
     if base is None:
         return None
-    servers = [*cluster.ps, *cluster.memory]
+    hosts = [host(a).lower() for a in (*cluster.ps, *cluster.memory)]  # as ClusterSpec compares
     index = task if role == "ps" else len(cluster.ps) + task
-    return base + sum(host(a) == host(servers[index]) for a in servers[:index])
+    return base + hosts[:index].count(hosts[index])
 
 
 def split(key: str) -> tuple[str, list[str]]:
