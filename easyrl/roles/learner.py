@@ -125,10 +125,14 @@ class Learner:
 
     def take_batch(self) -> tuple | None:
         """The next prefetched (shard, batch, keys, importance weights), or None after
-        0.1 s without one."""
+        0.1 s without one. A learner starved of batches (the actors stopped, the rate
+        limiter holds the samples back) still reports every 2 s, so it learns that the
+        run is stopping."""
         try:
             taken = self.batches.get(timeout=0.1)
         except queue.Empty:
+            if time.monotonic() - self._last_report > 2.0:
+                self.report({})
             return None
         if not self.updates:
             log_columns(taken[1])
