@@ -29,8 +29,22 @@ Insert: one client thread, client-side encoding included, Ape-X style initial
 priorities sent with every batch. Sample: batch 512 (= the config's learner batch size,
 so calls are served from the shard's prefetch queue as the learner's are), decoded on
 the client, then an UpdatePriorities call with new priorities for the sampled keys; from
-one client thread and from two. Reverb 0.14's figures on the same machine are in
-../shared/NOTES.md.
+one client thread and from two.
+
+The "vs Reverb 0.14" column compares with DeepMind Reverb 0.14. With `--reverb-python`,
+Reverb is measured side by side in the same run, once easyrl's shards have stopped:
+`peers/reverb_memory.py` (its docstring says how) makes the same measurements of a
+`reverb.Server` in its own process (prioritized table, priority exponent 0.6) with the
+same items, batch sizes, capacity, min size and duration, and prints them as JSON.
+Reverb is optional: install it into its own virtual environment, never into easyrl's
+(it needs tensorflow 2.15):
+
+    python3.11 -m venv /tmp/reverb-venv
+    /tmp/reverb-venv/bin/pip install dm-reverb==0.14.0 "tensorflow==2.15.*" "numpy<2"
+    python benchmarks/bench_memory.py --reverb-python /tmp/reverb-venv/bin/python --write
+
+Without it the column uses the figures recorded in ../shared/NOTES.md
+(`REVERB_INSERTS_PER_S`, `REVERB_ROUNDS_PER_S`).
 
     python benchmarks/bench_memory.py            # print the tables
     python benchmarks/bench_memory.py --write    # and update benchmarks/RESULTS.md
@@ -38,6 +52,9 @@ one client thread and from two. Reverb 0.14's figures on the same machine are in
 """
 
 import argparse
+import json
+import os
+import subprocess
 import time
 
 import common
@@ -48,6 +65,7 @@ from easyrl.transport.clients import MemoryClient
 
 REVERB_INSERTS_PER_S = 6_700.0  # single-transition inserts/s, writer flushing every 64
 REVERB_ROUNDS_PER_S = {"cartpole": 86.0, "atari": 46.0}  # sample(512) + priority update
+"""Reverb 0.14's figures recorded in ../shared/NOTES.md, used without `--reverb-python`."""
 
 ITEM_SPECS = {
     "cartpole": {
@@ -282,9 +300,36 @@ def bench_items(cluster: common.Cluster, items: str, args) -> dict:
     return result
 
 
-def report(results: list[dict], args) -> str:
+def bench_reverb(items: list[str], args) -> dict:
+    """Reverb 0.14 measured by `peers/reverb_memory.py` in `--reverb-python`: its JSON line
+    ({items: {"insert_items_per_s": {batch: items/s}, "sample_rounds_per_s": ...}})."""
+    command = [args.reverb_python, str(common.REPO / "benchmarks" / "peers" / "reverb_memory.py")]
+    command += ["--items", ",".join(items), "--duration", str(args.duration)]
+    command += ["--capacity", str(args.capacity), "--min-size", str(args.min_size)]
+    command += ["--insert-batches", ",".join(str(n) for n in args.insert_batches)]
+    command += ["--sample-batch", str(args.sample_batch)]
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}
+    # stderr is kept for failures: Reverb's writer warns of "alarmingly high" pending
+    # items on every flush of a 512-item batch.
+    done = subprocess.run(command, env=env, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise RuntimeError(f"{' '.join(command)} failed:\n{done.stderr[-3000:]}")
+    *lines, last = done.stdout.strip().splitlines()
+    print("\n".join(lines), flush=True)
+    return json.loads(last)
+
+
+def report(results: list[dict], args, reverb: dict | None = None) -> str:
+    """The tables; `reverb` is `bench_reverb`'s measurement, else the recorded figures."""
     rows = []
     for r in results:
+        if reverb is not None:
+            measured = reverb[r["items"]]
+            inserts = {int(n): v for n, v in measured["insert_items_per_s"].items()}
+            rounds = measured["sample_rounds_per_s"]
+        else:
+            inserts = dict.fromkeys(r["inserts"], REVERB_INSERTS_PER_S)
+            rounds = REVERB_ROUNDS_PER_S[r["items"]]
         for n, rate in r["inserts"].items():
             rows.append(
                 [
@@ -294,7 +339,7 @@ def report(results: list[dict], args) -> str:
                     rate.per_s,
                     rate.mb_per_s,
                     rate.ms_per_call,
-                    f"{rate.units_per_s / REVERB_INSERTS_PER_S:.2f}x of 6.7k items/s",
+                    f"{rate.units_per_s / inserts[n]:.2f}x of {inserts[n] / 1e3:,.1f}k items/s",
                 ]
             )
         for size, rate in r["sample_only"].items():
@@ -311,7 +356,6 @@ def report(results: list[dict], args) -> str:
                 ]
             )
         for threads, rate in r["rounds"].items():
-            reverb = REVERB_ROUNDS_PER_S[r["items"]]
             rows.append(
                 [
                     r["items"],
@@ -320,7 +364,7 @@ def report(results: list[dict], args) -> str:
                     rate.per_s,
                     rate.mb_per_s,
                     rate.ms_per_call * (threads if threads > 1 else 1),
-                    f"{rate.per_s / reverb:.2f}x of {reverb:g} rounds/s",
+                    f"{rate.per_s / rounds:.2f}x of {rounds:,.0f} rounds/s",
                 ]
             )
     table = common.markdown_table(
@@ -330,6 +374,25 @@ def report(results: list[dict], args) -> str:
     servers = "; ".join(
         f"{r['items']} ({r['item_bytes']:,} B/item): {r['server']}" for r in results
     )
+    if reverb is not None:
+        vs_reverb = (
+            f"Reverb {reverb['reverb_version']} (tensorflow {reverb['tensorflow_version']}) "
+            "measured in this run, after easyrl's shards had stopped, by "
+            "`peers/reverb_memory.py` in its own venv: a `reverb.Server` in its own process, "
+            "prioritized table (priority exponent 0.6, FIFO remover, MinSize rate limiter), "
+            "same items, capacity, min size and duration; Insert batch n = n single-step "
+            "items through one `TrajectoryWriter` then `flush()`; a round = the next "
+            f"batch of a `TrajectoryDataset` batched to {args.sample_batch}, decoded into "
+            "numpy, then `mutate_priorities` for its keys, from one thread (the 2-thread "
+            "rows are compared with that too)."
+        )
+    else:
+        vs_reverb = (
+            "Reverb figures recorded in ../shared/NOTES.md, not measured in this run "
+            "(`--reverb-python` measures them): 6.7k single-transition inserts/s with the "
+            "writer flushing every 64 items (so compare both batch 1 and batch 64), 86 "
+            "sample(512)+update rounds/s for CartPole-size items, 46 for 42x42x4 uint8 frames."
+        )
     notes = [
         f"Table: {args.kind}"
         + (", alpha 0.6" if args.kind == "prioritized" else "")
@@ -358,9 +421,7 @@ def report(results: list[dict], args) -> str:
         "Inserts land in ring slots never written before (the 100k ring does not wrap in "
         "these runs), so they include the first-touch page faults of the lazily mapped, "
         "preallocated ring (about 14 MB per 1,000 Atari items).",
-        "Reverb figures (../shared/NOTES.md): 6.7k single-transition inserts/s with the writer "
-        "flushing every 64 items (so compare both batch 1 and batch 64), 86 sample(512)+update "
-        "rounds/s for CartPole-size items, 46 for 42x42x4 uint8 frames.",
+        vs_reverb,
     ]
     return table + "\n\n" + "\n".join(f"- {n}" for n in notes) + "\n"
 
@@ -395,6 +456,10 @@ def main() -> None:
         default="cli",
         help="how the CartPole shard is started (Atari always uses spawn)",
     )
+    parser.add_argument(
+        "--reverb-python",
+        help="Python of the venv with dm-reverb 0.14: measure Reverb side by side (docstring)",
+    )
     args = common.parse_args(parser)
     args.insert_batches = [int(x) for x in args.insert_batches.split(",")]
     args.sample_threads = [int(x) for x in args.sample_threads.split(",")]
@@ -413,7 +478,8 @@ def main() -> None:
         for name in items:
             print(f"{name}:", flush=True)
             results.append(bench_items(cluster, name, args))
-    text = report(results, args)
+    reverb = bench_reverb(items, args) if args.reverb_python else None
+    text = report(results, args, reverb)
     print()
     print(text)
     if args.write:

@@ -333,6 +333,10 @@ class SecurityConfig(_Section):
     """PEM private key of tls_cert."""
     tls_ca: str | None = None
     """PEM CA bundle that peers' certificates are checked against."""
+    max_message_mb: int | None = None
+    """The largest gRPC message a PS or memory server takes or sends, in MiB; null: sized
+    from the config (the largest legitimate message x 2, at least 4 MiB: a memory shard's
+    largest Insert, Sample reply or round; a PS shard's weights)."""
 
 
 @dataclass(frozen=True)
@@ -435,6 +439,7 @@ _RULES: dict[type, dict[str, _Check]] = {
         actor=_Check(lambda v: v is None or v >= 1, ">= 1"),
         evaluator=_between(0, 1),
     ),
+    SecurityConfig: dict(max_message_mb=_opt(_between(1, 2047))),
     EvalConfig: dict(episodes=_ge(1), interval_s=_ge(0), num_envs=_ge(1)),
     ActorConfig: dict(send_every=_ge(1), weight_sync_every=_ge(1), queue_size=_ge(1)),
     LearnerConfig: dict(

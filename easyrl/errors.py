@@ -33,6 +33,11 @@ class TransportError(EasyRLError):
     None when no call failed (a message could not be encoded or decoded)."""
 
 
+class MessageTooLarge(TransportError):
+    """A server refused a message over its size limit (RESOURCE_EXHAUSTED, like a rate limit,
+    but sending it again cannot help)."""
+
+
 class ReplayError(EasyRLError):
     """A replay table was used against its contract (bad spec, bad keys, empty table)."""
 

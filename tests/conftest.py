@@ -98,10 +98,16 @@ class RoleServers:
         name, table = TABLE_CONFIGS[kind]
         return config_lib.load(CONFIGS / name, [*_SMALL_RUN, *table, *overrides])
 
-    def _serve(self, servicer, role: str, ctx, workers: int) -> str:
+    def _serve(self, servicer, role: str, ctx, workers: int, largest_bytes: int) -> str:
         from easyrl.transport import rpc
 
-        server, port = rpc.make_server("127.0.0.1:0", ctx.token, max_workers=workers, tls=ctx.tls())
+        server, port = rpc.make_server(
+            "127.0.0.1:0",
+            ctx.token,
+            max_workers=workers,
+            tls=ctx.tls(),
+            max_message_bytes=ctx.message_limit(largest_bytes),  # as the role sizes it
+        )
         rpc.add_servicer(role, servicer, server)
         server.start()
         self._servers.append(server)
@@ -111,7 +117,7 @@ class RoleServers:
         """Serves PS shard 0 (with the run's counters) and memory shard 0 of `cfg`'s run."""
         from easyrl.metrics import RunStats
         from easyrl.roles import memory as memory_role
-        from easyrl.roles.ps import ParameterServer
+        from easyrl.roles.ps import ParameterServer, weight_bytes
 
         ctx = _context(cfg, token, self.run_dir, "127.0.0.1:1", "127.0.0.1:2")
         params = cfg.algorithm.params
@@ -119,11 +125,12 @@ class RoleServers:
         ps = ParameterServer(
             0, module.optimizer(params), params.max_staleness, None, RunStats(cfg.stop.window)
         )
-        ps_address = self._serve(ps, "ps", ctx, 16 + ctx.cluster.actor)
+        ps_address = self._serve(ps, "ps", ctx, 16 + ctx.cluster.actor, weight_bytes(ctx))
         spec = module.replay_spec(params, *ctx.spaces())
         memory = memory_role.build(cfg, spec, 0, ctx.cluster)
         self._memories.append(memory)
-        memory_address = self._serve(memory, "memory", ctx, 16)
+        largest = memory_role.largest_message(cfg, spec, memory)
+        memory_address = self._serve(memory, "memory", ctx, 16, largest)
         return Shards(_context(cfg, token, self.run_dir, ps_address, memory_address), ps, memory)
 
     @staticmethod

@@ -11,7 +11,7 @@ import grpc
 import numpy as np
 import pytest
 
-from easyrl.errors import ConfigError, ReplayError, TransportError
+from easyrl.errors import ConfigError, MessageTooLarge, ReplayError, TransportError
 from easyrl.transport import codec, rpc
 from easyrl.transport import easyrl_pb2 as pb
 from easyrl.transport import easyrl_pb2_grpc as pb_grpc
@@ -72,9 +72,11 @@ def resources():
 def serve(resources):
     servers, _ = resources
 
-    def start(token, servicer=None, address="127.0.0.1:0"):
+    def start(token, servicer=None, address="127.0.0.1:0", max_message_bytes=None):
         servicer = CountingServicer() if servicer is None else servicer
-        server, port = rpc.make_server(address, token, max_workers=4)
+        server, port = rpc.make_server(
+            address, token, max_workers=4, max_message_bytes=max_message_bytes
+        )
         rpc.add_servicer("ps", servicer, server)
         server.start()
         servers.append(server)
@@ -316,16 +318,11 @@ def big_push(nbytes: int) -> pb.PushRequest:
     return pb.PushRequest(version=1, gradients=[codec.encode_array("g", gradient)])
 
 
-@pytest.mark.parametrize("small_side", ["both", "server", "client"])
-def test_message_over_limit_is_resource_exhausted(serve, connect, monkeypatch, small_side):
-    assert rpc.MAX_MESSAGE_BYTES >= 64 * MIB
-    if small_side in ("both", "server"):
-        monkeypatch.setattr(rpc, "MAX_MESSAGE_BYTES", MIB)
-    _, address = serve(TOKEN)
-    monkeypatch.setattr(rpc, "MAX_MESSAGE_BYTES", MIB if small_side != "server" else 64 * MIB)
+def test_message_over_the_servers_limit_is_refused_and_not_retried(serve, connect):
+    _, address = serve(TOKEN, max_message_bytes=MIB)
     client = connect(address, TOKEN, retry_s=5.0)
 
-    with pytest.raises(TransportError) as info:
+    with pytest.raises(MessageTooLarge, match="security.max_message_mb") as info:
         client.call("Push", big_push(2 * MIB))
     assert info.value.code == grpc.StatusCode.RESOURCE_EXHAUSTED
 
@@ -333,6 +330,7 @@ def test_message_over_limit_is_resource_exhausted(serve, connect, monkeypatch, s
     with pytest.raises(TransportError) as info:
         client.call("Push", big_push(MIB // 2))
     assert info.value.code == grpc.StatusCode.UNIMPLEMENTED
+    assert not isinstance(info.value, MessageTooLarge)
 
 
 def test_default_limit_carries_large_messages(serve, connect):
@@ -506,6 +504,9 @@ def test_make_server_disables_so_reuseport(monkeypatch):
     server.stop(None)
     assert seen["grpc.so_reuseport"] == 0
     assert seen["grpc.max_receive_message_length"] == rpc.MAX_MESSAGE_BYTES
+    server, _ = rpc.make_server("127.0.0.1:0", TOKEN, max_message_bytes=MIB)
+    server.stop(None)
+    assert seen["grpc.max_receive_message_length"] == seen["grpc.max_send_message_length"] == MIB
 
 
 def test_client_channel_does_not_get_server_only_options(monkeypatch):
@@ -520,7 +521,9 @@ def test_client_channel_does_not_get_server_only_options(monkeypatch):
     client = rpc.Client(rpc.stub_class("ps"), "127.0.0.1:1", TOKEN)
     client.close()
     assert "grpc.so_reuseport" not in seen
-    assert seen["grpc.max_send_message_length"] == rpc.MAX_MESSAGE_BYTES
+    # Clients set no limit of their own: the servers' limits, sized from the config, apply.
+    assert seen["grpc.max_send_message_length"] == rpc.UNLIMITED_MESSAGE_BYTES
+    assert seen["grpc.max_receive_message_length"] == rpc.UNLIMITED_MESSAGE_BYTES
 
 
 def test_malformed_calls_log_one_line_per_interval(caplog):

@@ -19,7 +19,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 from test_cluster import _assert_no_processes_left, _role_pids
 
-from easyrl.errors import TransportError
+from easyrl.errors import MessageTooLarge, TransportError
 from easyrl.transport import codec, rpc
 from easyrl.transport import easyrl_pb2 as pb
 
@@ -428,3 +428,53 @@ def test_an_unauthenticated_call_is_refused_before_its_body_is_read():
     finally:
         server.kill()
         server.wait()
+
+
+@pytest.mark.parametrize(("role", "method"), WRITES)
+def test_a_message_over_the_limit_the_config_sizes_is_refused_unread(
+    role_servers, served, role, method
+):
+    """The servers' message limit comes from the config, not a fixed 256 MiB: this small
+    CartPole run's largest legitimate message is a few KB, so its shards take at most 4 MiB.
+    An authenticated 6 MiB Push or Insert is refused with RESOURCE_EXHAUSTED before its
+    handler runs (the client's error names the key that raises the limit), state unchanged."""
+    if role == "ps":
+        request = pb.PushRequest(
+            version=served.ps.version,
+            gradients=codec.encode_named({"q/w": np.zeros(6 << 18, np.float32)}),
+        )
+    else:
+        request = insert_request(role_servers, served.memory.table.spec, 100, (6 << 20) // 48)
+    assert request.ByteSize() > 6 << 20
+    text = refused(role_servers, grpc.StatusCode.RESOURCE_EXHAUSTED, served, role, method, request)
+    assert "security.max_message_mb" in text, text
+    c = client(served, role)
+    with pytest.raises(MessageTooLarge):
+        c.call(method, request)
+    c.close()
+
+
+def test_the_message_limit_is_twice_the_largest_message_at_least_4_mib(role_servers):
+    from easyrl.roles import memory as memory_role
+    from easyrl.roles.common import RoleContext
+
+    cfg = role_servers.config("trajectory")
+    ctx = RoleContext(cfg=cfg, task=0, cluster=None, token=None, run_dir=Path("."))  # type: ignore[arg-type]
+    assert ctx.message_limit(1_000) == 4 << 20
+    assert ctx.message_limit(100 << 20) == 200 << 20
+    assert ctx.message_limit(2 << 30) == rpc.UNLIMITED_MESSAGE_BYTES
+    fixed = RoleContext(
+        cfg=role_servers.config("trajectory", "security.max_message_mb=3"),
+        task=0,
+        cluster=None,  # type: ignore[arg-type]
+        token=None,
+        run_dir=Path("."),
+    )
+    assert fixed.message_limit(100 << 20) == 3 << 20
+    # A memory shard's largest message: 2 envs x send_every 1 = 2 unrolls (also the batch of
+    # 2); an unroll of 3 steps: obs 4x4 float32 (64 B) + action 3 int64 (24 B) + logits 3x2
+    # float32 (24 B) + reward and discount 3 float32 each (24 B) = 136 B.
+    spec = ctx.algorithm_module().replay_spec(cfg.algorithm.params, *ctx.spaces())
+    memory = memory_role.build(cfg, spec, 0)
+    assert memory_role.largest_message(cfg, spec, memory) == 2 * 136
+    memory.close()

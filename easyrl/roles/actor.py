@@ -30,7 +30,7 @@ from easyrl.algorithms.contract import (
     RoundsAgent,
 )
 from easyrl.envs import env_options, final_observations, make_vector_env
-from easyrl.errors import TransportError
+from easyrl.errors import MessageTooLarge, TransportError
 from easyrl.flows import actor_gradients, async_replay, sync_rounds
 from easyrl.replay.frames import layout_for
 from easyrl.roles.common import (
@@ -139,7 +139,7 @@ class Actor:
                     # Rate limited: the shard refused (RESOURCE_EXHAUSTED) or the call ran out
                     # of time while waiting; send the same batch again (with its sequence
                     # number: stored once even if the first attempt was stored after all).
-                    if err.code not in RETRY_INSERT:
+                    if err.code not in RETRY_INSERT or isinstance(err, MessageTooLarge):
                         raise
                     self.counters["rate_limited"] += 1
                     self._stop_if_run_stopping()

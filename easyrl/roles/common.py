@@ -97,6 +97,13 @@ class RoleContext:
             stop.wait(min(0.5, max(left, 0.0)))
         return False
 
+    def message_limit(self, largest_bytes: int) -> int:
+        """A server's message limit: `security.max_message_mb` when set, else the largest
+        legitimate message it takes or sends (`largest_bytes`) x 2, at least 4 MiB."""
+        if self.cfg.security.max_message_mb is not None:
+            return self.cfg.security.max_message_mb << 20
+        return min(max(2 * largest_bytes, 4 << 20), rpc.UNLIMITED_MESSAGE_BYTES)
+
     def tls(self) -> rpc.TLSFiles | None:
         """The server's TLS files from the config's `security` section, or None."""
         sec = self.cfg.security

@@ -403,6 +403,8 @@ class MemoryServer(pb_grpc.ReplayMemoryServicer):
             counters[f"memory/{self.shard}/round"] = float(self.table.round)
             counters[f"memory/{self.shard}/dropped_items"] = float(self.table.refused)
         counters[f"memory/{self.shard}/ready_batches"] = float(self._ready.qsize())
+        if not isinstance(self.table, AggregateTable):  # every item stored, snapshots' too
+            counters[f"memory/{self.shard}/inserted"] = float(self.table.inserted)
         if not isinstance(self.table, AggregateTable) and self.table.frames is not None:
             frames = self.table.frames
             counters[f"memory/{self.shard}/frames_stored"] = float(frames.next)
@@ -579,6 +581,20 @@ def build(
     return memory
 
 
+def largest_message(cfg, spec: dict, memory: MemoryServer) -> int:
+    """Bytes of the largest message shard `memory` legitimately takes or sends: an actor's
+    Insert (at most one item per env and vector step between shipments, or its round
+    share), a Sample reply (`batch_size` items) or a round taken whole; items as the spec
+    sizes them (Atari stacks whole: an Insert of distinct frames is smaller)."""
+    items = max(cfg.env.num_envs * cfg.actor.send_every, memory.batch_size)
+    if isinstance(memory.table, AggregateTable):
+        items = max(items, memory.table.round_size)
+    item_bytes = sum(
+        int(np.prod(shape)) * np.dtype(dtype).itemsize for shape, dtype in spec.values()
+    )
+    return items * item_bytes
+
+
 def run(ctx) -> int:
     """Runs memory shard `ctx.task` until Shutdown or SIGTERM."""
     from easyrl.metrics import prometheus
@@ -599,7 +615,11 @@ def run(ctx) -> int:
     # a handler thread: enough threads that learners' Samples never queue behind them.
     workers = 16 + ctx.cluster.actor + 4 * ctx.cluster.learner
     server, _ = make_server(
-        ctx.cluster.memory[ctx.task], ctx.token, max_workers=workers, tls=ctx.tls()
+        ctx.cluster.memory[ctx.task],
+        ctx.token,
+        max_workers=workers,
+        tls=ctx.tls(),
+        max_message_bytes=ctx.message_limit(largest_message(ctx.cfg, spec, memory)),
     )
     add_servicer("memory", memory, server)
     server.start()

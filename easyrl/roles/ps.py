@@ -345,6 +345,16 @@ def metrics_loop(ps: ParameterServer, stats: RunStats, cfg, run_dir: Path, done:
             log.error("cannot write metrics: %s", err)
 
 
+def weight_bytes(ctx) -> int:
+    """Bytes of every variable the run's learners assign and push (what an Assign, a Push
+    or a Pull reply of one shard carries at most), from the actors' build of the algorithm."""
+    if ctx.cfg.security.max_message_mb is not None:
+        return 0  # the limit is set: no need to build the networks
+    with tf.device("/CPU:0"):
+        variables = ctx.build_algorithm().variables
+    return sum(v.shape.num_elements() * v.dtype.size for v in variables.values())
+
+
 def run(ctx) -> int:
     """Runs PS shard `ctx.task` until Shutdown or SIGTERM; checkpoints periodically and
     on exit. Returns the process exit code."""
@@ -361,7 +371,14 @@ def run(ctx) -> int:
     ps = ParameterServer(ctx.task, optimizer, params.max_staleness, checkpoint, stats)
     # Every actor may hold a handler thread in a long-polling Pull (synchronous rounds).
     workers = 16 + ctx.cluster.actor
-    server, _ = make_server(ctx.cluster.ps[ctx.task], ctx.token, max_workers=workers, tls=ctx.tls())
+    limit = ctx.message_limit(weight_bytes(ctx))
+    server, _ = make_server(
+        ctx.cluster.ps[ctx.task],
+        ctx.token,
+        max_workers=workers,
+        tls=ctx.tls(),
+        max_message_bytes=limit,
+    )
     add_servicer("ps", ps, server)
     server.start()
     log.info("PS shard %d listening on %s", ctx.task, ctx.cluster.ps[ctx.task])

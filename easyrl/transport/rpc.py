@@ -23,7 +23,7 @@ from typing import Any
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-from easyrl.errors import ConfigError, EasyRLError, TransportError
+from easyrl.errors import ConfigError, EasyRLError, MessageTooLarge, TransportError
 from easyrl.transport import codec
 from easyrl.transport import easyrl_pb2 as pb
 
@@ -31,7 +31,13 @@ log = logging.getLogger(__name__)
 
 TOKEN_ENV = "EASYRL_TOKEN"
 MAX_MESSAGE_BYTES = 256 * 1024 * 1024
+"""A server's message limit when its caller gives none (role servers size theirs from the
+config: `easyrl.roles.common.RoleContext.message_limit`)."""
+UNLIMITED_MESSAGE_BYTES = 2**31 - 1
+"""gRPC's largest limit: what clients set (see `_client_options`)."""
 _AUTH_KEY = "authorization"
+_TOO_LARGE = "larger than max"
+"""What gRPC's status details say of a message over a limit."""
 HEALTH_METHODS = "/grpc.health.v1.Health/"
 """Method prefix of the health service: answered without the token (it tells only whether the
 server is serving, and probes carry no metadata)."""
@@ -86,10 +92,10 @@ class TLSFiles:
     ca: str | None = None
 
 
-def _channel_options() -> list[tuple[str, int]]:
+def _channel_options(max_message_bytes: int) -> list[tuple[str, int]]:
     return [
-        ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
-        ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+        ("grpc.max_send_message_length", max_message_bytes),
+        ("grpc.max_receive_message_length", max_message_bytes),
     ]
 
 
@@ -97,19 +103,21 @@ def _client_options() -> list[tuple[str, int]]:
     # gRPC's default reconnect backoff starts at 1 s and grows to 120 s: a worker started
     # next to its servers, or whose server restarted, would sit idle long after the server
     # is back. Reconnect quickly instead (capped at 2 s, like Client's own retries).
+    # A client talks only to this run's servers, whose own limits bound what they take and
+    # send (sized from the config): the client side sets none of its own.
     return [
-        *_channel_options(),
+        *_channel_options(UNLIMITED_MESSAGE_BYTES),
         ("grpc.initial_reconnect_backoff_ms", 100),
         ("grpc.min_reconnect_backoff_ms", 100),
         ("grpc.max_reconnect_backoff_ms", 2000),
     ]
 
 
-def _server_options() -> list[tuple[str, int]]:
+def _server_options(max_message_bytes: int) -> list[tuple[str, int]]:
     # gRPC sets SO_REUSEPORT by default on Linux, which would let a second server
     # bind a port another one already listens on (the kernel then splits
     # connections between them). Turn it off so that the second bind fails.
-    return [*_channel_options(), ("grpc.so_reuseport", 0)]
+    return [*_channel_options(max_message_bytes), ("grpc.so_reuseport", 0)]
 
 
 class RefusalLogFilter(logging.Filter):
@@ -227,6 +235,7 @@ def make_server(
     *,
     max_workers: int = 16,
     tls: TLSFiles | None = None,
+    max_message_bytes: int | None = None,
 ) -> tuple[HealthReportingServer, int]:
     """Creates (not starts) a gRPC server bound to `address` ("host:port", port 0 = free),
     with the health service (see `HealthReportingServer`).
@@ -239,6 +248,8 @@ def make_server(
         token: shared token every call must carry; None disables authentication.
         max_workers: handler threads.
         tls: server certificate files; None serves plaintext.
+        max_message_bytes: the largest message the server takes or sends (a larger one
+            fails with RESOURCE_EXHAUSTED before its handler runs); None: MAX_MESSAGE_BYTES.
 
     Returns:
         The server and the port it bound.
@@ -253,7 +264,7 @@ def make_server(
     server = grpc.server(
         futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="rpc"),
         interceptors=interceptors,
-        options=_server_options(),
+        options=_server_options(max_message_bytes or MAX_MESSAGE_BYTES),
     )
     server = HealthReportingServer(server)
     try:
@@ -454,9 +465,14 @@ class Client:
                 code = err.code()
                 retry = code == grpc.StatusCode.UNAVAILABLE and time.monotonic() < give_up
                 if not retry:
-                    error = TransportError(
-                        f"{method} to {self.address} failed: {code.name}: {err.details()}"
-                    )
+                    details = f"{method} to {self.address} failed: {code.name}: {err.details()}"
+                    if code == grpc.StatusCode.RESOURCE_EXHAUSTED and _TOO_LARGE in details:
+                        error: TransportError = MessageTooLarge(
+                            f"{details} (the server sizes its limit from the config; "
+                            "set security.max_message_mb to raise it)"
+                        )
+                    else:
+                        error = TransportError(details)
                     error.code = code
                     raise error from None
                 now = time.monotonic()
