@@ -774,11 +774,15 @@ def test_memory_killed_is_restarted_from_its_snapshot(launch):
     )
     snapshot = run.run_dir / "checkpoints" / "memory-0.npz"
 
-    def snapshot_items() -> int:
+    def snapshot_counts() -> tuple[int, int]:
+        """(items held, items ever inserted) of the snapshot on disk."""
         if not snapshot.exists():
-            return 0
+            return 0, 0
         with np.load(snapshot) as data:  # written then renamed: always whole
-            return min(int(data["inserted"]), int(data["capacity"]))
+            return min(int(data["inserted"]), int(data["capacity"])), int(data["inserted"])
+
+    def snapshot_items() -> int:
+        return snapshot_counts()[0]
 
     def trained_and_snapshotted():
         metrics = run.metrics()
@@ -788,7 +792,7 @@ def test_memory_killed_is_restarted_from_its_snapshot(launch):
     run.signal_role("memory", 0, signal.SIGKILL)
     # Read after the kill: the dead shard cannot write a newer one, and the restarted one
     # restores this file before it writes its first snapshot (3 s later).
-    held = snapshot_items()
+    held, inserted = snapshot_counts()
     updates_at_kill = run.metrics()[-1]["updates"]
     code = run.wait(150)
     output = run.output()
@@ -799,6 +803,9 @@ def test_memory_killed_is_restarted_from_its_snapshot(launch):
     memory = _counters(summary, "memory/0")
     # The restarted shard came back with exactly what its last snapshot held.
     assert held > 0 and memory["memory/0/restored_items"] == held, (held, memory)
+    # ... and counts the inserts the snapshot had acknowledged (what the chaos soak sums).
+    assert memory["memory/0/restored_inserted"] == inserted, (inserted, memory)
+    assert memory["memory/0/inserted"] >= inserted
     assert memory["memory/0/inserts"] > 0 and memory["memory/0/samples"] > 0
     assert run.metrics()[-1]["updates"] > updates_at_kill
     assert snapshot_items() >= held  # the clean shutdown wrote a final snapshot

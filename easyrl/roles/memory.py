@@ -577,7 +577,8 @@ def build(
     beta = BetaSchedule(r.beta, r.beta_final, r.beta_anneal_steps)
     stored = restore_stored(snapshot) if snapshot is not None else None
     memory = MemoryServer(table, limiter, batch_size, r.prefetch, beta, shard, stored)
-    memory.counters["restored_items"] = restored
+    # What the restored table counts as acknowledged (its `inserted` once restored).
+    memory.counters.update(restored_items=restored, restored_inserted=table.inserted)
     return memory
 
 
