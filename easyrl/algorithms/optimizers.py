@@ -212,12 +212,12 @@ class _FlatApply:
     (one tensor conversion) and split inside the graph."""
 
     def __init__(self, optimizer: Optimizer, variables: Sequence[tf.Variable]):
-        from easyrl.models import FlatVariables
+        from easyrl.models import Compiled, FlatVariables
 
         self._optimizer = optimizer
         self._flat = FlatVariables(variables)
         flat_spec = tf.TensorSpec([int(self._flat.offsets[-1])], tf.float32)
-        self._apply = tf.function(self._apply_fn, autograph=False, input_signature=[flat_spec])
+        self._apply = Compiled(self._apply_fn, flat_spec)
 
     def _apply_fn(self, flat: tf.Tensor) -> None:
         self._optimizer.apply(self._flat.split_tensor(flat))

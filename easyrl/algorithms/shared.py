@@ -21,18 +21,16 @@ import tensorflow as tf
 from easyrl.algorithms.nstep import NStepAccumulator
 from easyrl.algorithms.td3 import check_spaces, scale_actions
 from easyrl.errors import EasyRLError
-from easyrl.models import MLP, Dense
+from easyrl.models import MLP, Compiled, Dense
 
 _LOG_2PI = math.log(2.0 * math.pi)
-Compiled = tf.types.experimental.PolymorphicFunction
 
 # --- every agent -----------------------------------------------------------------------------
 
 
 def compiled(fn: Callable, *signature: tf.TensorSpec) -> Compiled:
-    """`fn` as a tf.function with a fixed input signature and AutoGraph off: numpy inputs
-    convert cheaply and nothing retraces."""
-    return tf.function(fn, autograph=False, input_signature=list(signature))
+    """`fn` compiled with a fixed input signature (`easyrl.models.Compiled`)."""
+    return Compiled(fn, *signature)
 
 
 def gradients(

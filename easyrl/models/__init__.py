@@ -194,6 +194,36 @@ def named_variables(module: tf.Module) -> dict[str, tf.Variable]:
     return dict(sorted(found.items()))
 
 
+class Compiled:
+    """`fn` as a tf.function with a fixed input signature and AutoGraph off, called through
+    its one concrete function: numpy inputs convert cheaply, nothing retraces, and a call
+    skips the tf.function dispatch (argument binding, cache lookup: ~150 of the ~500 µs that
+    a small network's call takes on this machine). Traced on the first call.
+
+    Args:
+        fn: the Python function to compile.
+        signature: one `tf.TensorSpec` per positional argument.
+    """
+
+    def __init__(self, fn, *signature: tf.TensorSpec):
+        self.function = tf.function(fn, autograph=False, input_signature=list(signature))
+        self.input_signature = self.function.input_signature
+        self._concrete = None
+
+    def __call__(self, *args):
+        if self._concrete is None:
+            self._concrete = self.function.get_concrete_function()
+        return self._concrete(*args)
+
+    def get_concrete_function(self):
+        """The one concrete function (what `easyrl export` saves)."""
+        return self.function.get_concrete_function()
+
+    def experimental_get_tracing_count(self) -> int:
+        """How many times the function was traced (1 once called)."""
+        return self.function.experimental_get_tracing_count()
+
+
 class FlatVariables:
     """A fixed list of float32 variables seen as one flat vector.
 
@@ -211,8 +241,8 @@ class FlatVariables:
         self.sizes = [int(np.prod(shape)) for shape in self.shapes]
         self.offsets = np.cumsum([0, *self.sizes])
         flat_spec = tf.TensorSpec([int(self.offsets[-1])], tf.float32)
-        self.read = tf.function(self._read, autograph=False, input_signature=[])
-        self.assign = tf.function(self._assign, autograph=False, input_signature=[flat_spec])
+        self.read = Compiled(self._read)
+        self.assign = Compiled(self._assign, flat_spec)
 
     def _read(self) -> tf.Tensor:
         if not self.variables:
