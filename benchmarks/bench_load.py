@@ -43,10 +43,11 @@ from collections import Counter
 
 import common
 import numpy as np
-from bench_memory import ITEM_SPECS, item_bytes, random_batch
+from bench_memory import ITEM_SPECS, random_batch
 
 from easyrl.cluster.launcher import Child, die_with_parent, tail
 from easyrl.errors import TransportError
+from easyrl.replay import item_bytes
 from easyrl.transport import codec
 from easyrl.transport import easyrl_pb2 as pb
 

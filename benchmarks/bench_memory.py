@@ -60,6 +60,7 @@ import time
 import common
 import numpy as np
 
+from easyrl.replay import item_bytes
 from easyrl.replay.frames import layout_for
 from easyrl.transport.clients import MemoryClient
 
@@ -95,12 +96,6 @@ def common_config(raw: dict):
     from easyrl import config as config_lib
 
     return config_lib.from_dict(raw)
-
-
-def item_bytes(spec: dict) -> int:
-    return sum(
-        int(np.prod(shape, dtype=np.int64)) * np.dtype(d).itemsize for shape, d in spec.values()
-    )
 
 
 def random_batch(spec: dict, n: int, rng: np.random.Generator) -> dict[str, np.ndarray]:
@@ -304,7 +299,8 @@ def bench_reverb(items: list[str], args) -> dict:
     """Reverb 0.14 measured by `peers/reverb_memory.py` in `--reverb-python`: its JSON line
     ({items: {"insert_items_per_s": {batch: items/s}, "sample_rounds_per_s": ...}})."""
     command = [args.reverb_python, str(common.REPO / "benchmarks" / "peers" / "reverb_memory.py")]
-    command += ["--items", ",".join(items), "--duration", str(args.duration)]
+    specs = {kind: ITEM_SPECS[kind] for kind in items}  # the peer script imports no easyrl
+    command += ["--specs", json.dumps(specs), "--duration", str(args.duration)]
     command += ["--capacity", str(args.capacity), "--min-size", str(args.min_size)]
     command += ["--insert-batches", ",".join(str(n) for n in args.insert_batches)]
     command += ["--sample-batch", str(args.sample_batch)]

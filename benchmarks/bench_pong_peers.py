@@ -1,4 +1,5 @@
-"""Pong throughput, easyrl vs Sample Factory 2 (APPO), same cores, one run of this harness.
+"""Pong throughput, easyrl vs Sample Factory 2 (APPO) and RLlib 2.60 (IMPALA), same cores, one
+run of this harness.
 
 Each contender trains Atari Pong from scratch for `--window` seconds, pinned to the same
 cores (taskset), one after the other; measured the same way: env frames (agent steps x 4,
@@ -15,13 +16,21 @@ the mean episode return it reached by then.
   is its 4 batches of 256), CPU device. Its frames count the
   frame skip (`summaries_use_frameskip`), as easyrl's do.
 
-Sample Factory is optional: install it into its own virtual environment, never into
-easyrl's (it needs gymnasium<1 and torch):
+- RLlib 2.60 IMPALA (new API stack, PyTorch), `peers/rllib_pong.py`: RLlib's own Atari
+  pipeline at 84x84x4, the Nature conv net, 2 env runners of 8 envs, the learner in the
+  driver, CPU only, RLlib's defaults otherwise. Its frames are agent steps x 4 as well.
+
+The peers are optional, each in its own virtual environment, never easyrl's (Sample Factory
+needs gymnasium<1; both need torch):
 
     python -m venv /tmp/peers-venv
     /tmp/peers-venv/bin/pip install "torch==2.13.0+cpu" sample-factory==2.1.1 \\
         gymnasium==0.29.1 ale-py==0.9.1 "numpy<2"
-    python benchmarks/bench_pong_peers.py --peers-python /tmp/peers-venv/bin/python --write
+    python -m venv /tmp/rllib-venv
+    /tmp/rllib-venv/bin/pip install "torch==2.13.0+cpu" "ray[rllib]==2.60.0" ale-py \\
+        opencv-python-headless
+    python benchmarks/bench_pong_peers.py --peers-python /tmp/peers-venv/bin/python \\
+        --rllib-python /tmp/rllib-venv/bin/python --write
 """
 
 import argparse
@@ -116,9 +125,36 @@ def sample_factory(python: str, window: float, cores: int, *extra: str) -> dict:
     }
 
 
+def rllib(python: str, window: float, cores: int) -> dict:
+    """One RLlib IMPALA run of `window` seconds (its JSON progress lines parsed)."""
+    command = [python, str(REPO / "benchmarks" / "peers" / "rllib_pong.py"), "IMPALA"]
+    start = time.monotonic()
+    # It stops itself after its first training iteration past the window; the outer
+    # limit only guards against a hang.
+    done = subprocess.run(
+        ["timeout", "-k", "20", str(int(window) + 300), *pinned([*command, str(window)], cores)],
+        capture_output=True,
+        text=True,
+    )
+    records = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+    moving = [r for r in records if r["env_steps"] > 0]
+    if len(moving) < 2:
+        raise RuntimeError(f"RLlib reported no progress:\n{done.stderr[-3000:]}")
+    first, last = moving[0], moving[-1]
+    returns = [r["return_mean"] for r in records if r["return_mean"] is not None]
+    return {
+        "steady": 4 * (last["env_steps"] - first["env_steps"]) / (last["time_s"] - first["time_s"]),
+        "whole": 4 * last["env_steps"] / last["time_s"],
+        "frames": 4 * last["env_steps"],
+        "return": returns[-1] if returns else None,
+        "wall": time.monotonic() - start,
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--peers-python", help="Python of the venv with sample-factory")
+    parser.add_argument("--rllib-python", help="Python of the venv with ray[rllib]")
     parser.add_argument("--window", type=float, default=300.0, help="seconds each contender trains")
     parser.add_argument("--cores", type=int, default=os.cpu_count() or 2)
     args = parse_args(parser, tuned_malloc=False)
@@ -146,6 +182,14 @@ def main() -> None:
                 lambda: sample_factory(python, args.window, args.cores, "--num_epochs=1"),
             ),
         ]
+    if args.rllib_python:
+        rllib_python = args.rllib_python
+        contenders.append(
+            (
+                "RLlib 2.60 IMPALA, 84x84x4, Nature conv net (its defaults otherwise)",
+                lambda: rllib(rllib_python, args.window, args.cores),
+            )
+        )
     for name, run in contenders:
         result = run()
         print(name, result, flush=True)
@@ -161,6 +205,8 @@ def main() -> None:
         )
     if not args.peers_python:
         rows.append(("Sample Factory 2.1.1 APPO", "not installed", "", "", ""))
+    if not args.rllib_python:
+        rows.append(("RLlib 2.60 IMPALA", "not installed", "", "", ""))
     table = markdown_table(
         ["contender", "frames/s (steady)", "frames/s (whole window)", "frames", "return reached"],
         rows,
@@ -171,7 +217,8 @@ def main() -> None:
         "Steady: between the first progress report and the end; whole window: from "
         "process start (imports included).\n\n" + table
     )
-    text = section_text("Pong throughput vs Sample Factory (issue 16)", started, load_before, body)
+    title = "Pong throughput vs Sample Factory and RLlib (issue 16)"
+    text = section_text(title, started, load_before, body)
     print(text)
     if args.write:
         write_section("pong-peers", text)

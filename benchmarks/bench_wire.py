@@ -42,6 +42,7 @@ import common  # noqa: E402
 import grpc  # noqa: E402
 import numpy as np  # noqa: E402
 
+from easyrl.replay import item_bytes  # noqa: E402
 from easyrl.transport import rpc  # noqa: E402
 from easyrl.transport.clients import MemoryClient, ParameterClient  # noqa: E402
 
@@ -187,7 +188,7 @@ def bench_sample_pair(cluster: common.Cluster, raw: RawClient, args) -> dict:
         batch = bench_memory.random_batch(spec, SAMPLE_BATCH, rng)
         client.insert(batch, priorities=rng.random(SAMPLE_BATCH) + 0.1)
     # keys (int64) and importance weights (float32 or float64) travel with the items
-    size = SAMPLE_BATCH * bench_memory.item_bytes(spec)
+    size = SAMPLE_BATCH * item_bytes(spec)
 
     def sample():
         taken = client.sample(SAMPLE_BATCH, timeout_s=10.0)

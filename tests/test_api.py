@@ -370,7 +370,7 @@ def test_custom_algorithm_module_by_name(algorithms_on_path, name):
         ("no_such_pkg_xyz.algo", "cannot import module 'no_such_pkg_xyz.algo' of algorithm.name"),
         ("half_algo", "module 'half_algo' is not an algorithm module: it lacks Params, optimizer"),
         ("bogus_flow_algo", "has FLOW 'magic'; expected one of async_replay, sync_rounds"),
-        ("ppg", "unknown algorithm 'ppg'; known algorithms: a3c, .*dqn, .*td3 \\(or the name of"),
+        ("ppg", "unknown algorithm 'ppg'; known algorithms: a2c, a3c, .*dqn, .*td3 \\(or the name"),
     ],
 )
 def test_bad_algorithm_names(algorithms_on_path, name, message):

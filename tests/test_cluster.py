@@ -466,6 +466,11 @@ ROUNDS = {
             "stop.max_env_steps=1500",
         ),
     ),
+    # A2C: 2 actors x 4 envs x 16 steps = 128 steps a round, one gradient step each.
+    "a2c": (
+        ROOT / "configs" / "cartpole_a2c.yaml",
+        ("algorithm.rollout_length=16", "stop.max_env_steps=1500"),
+    ),
     # ES: 8 perturbation pairs a round, episodes cut at 40 steps.
     "es": (
         ROOT / "configs" / "cartpole_es.yaml",

@@ -252,7 +252,7 @@ def test_algorithm_name_required():
 
 def test_unknown_algorithm_lists_known():
     with pytest.raises(
-        ConfigError, match=r"unknown algorithm 'ppg'; known algorithms: a3c, .*ppo, sac, td3"
+        ConfigError, match=r"unknown algorithm 'ppg'; known algorithms: a2c, a3c, .*pg, ppo, sac"
     ):
         load({"algorithm": {"name": "ppg"}})
 

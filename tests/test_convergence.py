@@ -26,6 +26,8 @@ RUNS = {
         ("cluster.memory=2", "cluster.learner=2"),
     ),
     "a3c": ("cartpole_a3c.yaml", ()),
+    "a2c": ("cartpole_a2c.yaml", ()),
+    "pg": ("cartpole_pg.yaml", ()),
     "sac": ("pendulum_sac.yaml", ()),
     "td3": ("pendulum_td3.yaml", ()),
     "apex-ddpg": ("pendulum_apex_ddpg.yaml", ()),

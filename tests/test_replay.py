@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from easyrl.errors import ReplayError
-from easyrl.replay import PrioritizedTable, SampleBatch, UniformTable, validate_batch
+from easyrl.replay import PrioritizedTable, SampleBatch, UniformTable, item_bytes, validate_batch
 from easyrl.replay.tables import TableSpec
 
 SPEC: TableSpec = {
@@ -95,6 +95,17 @@ BAD_BATCHES: dict[str, tuple[Callable[[dict[str, np.ndarray]], None], str]] = {
     "not_an_array": (_not_an_array, "column 'action': expected a numpy array"),
     "empty": (_empty, "at least one item"),
 }
+
+
+def test_item_bytes_counts_every_column_whole() -> None:
+    atari = {
+        "obs": ((42, 42, 4), "uint8"),
+        "action": ((), "int64"),
+        "reward": ((), np.float32),
+        "next_obs": ((42, 42, 4), np.dtype("uint8")),
+    }
+    assert item_bytes(atari) == 2 * 42 * 42 * 4 + 8 + 4  # stacks whole: 14,124
+    assert item_bytes({"x": ((0, 5), "float64")}) == 0
 
 
 def test_validate_batch_returns_n() -> None:

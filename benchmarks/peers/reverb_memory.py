@@ -1,6 +1,6 @@
 """DeepMind Reverb 0.14 throughput, run by `bench_memory.py --reverb-python` in Reverb's venv.
 
-    python reverb_memory.py --items cartpole,atari --duration 1.5 --capacity 100000 \\
+    python reverb_memory.py --specs JSON --duration 1.5 --capacity 100000 \\
         --min-size 1000 [--insert-batches 1,64,512] [--sample-batch 512]
 
 The same measurements as `bench_memory.py` makes of easyrl's memory shard, with the same
@@ -26,15 +26,16 @@ over loopback. A fresh server per kind of item.
   easyrl's shard does from its prefetch queue. `Client.sample` made a fifth of the rounds
   or fewer in trials.
 
-Items: "cartpole" (obs float32[4], action int64, reward float32, next_obs float32[4],
-discount float32; 48 bytes) and "atari" (obs and next_obs uint8[42,42,4], whole stacks,
-14,128 bytes; the sliding stacks of one stream of random frames that `bench_memory.py`
-sends, 8 batches in rotation). The table is filled to --min-size first (not measured).
-Each measurement runs --duration seconds after 0.2 s of unmeasured calls.
+Items: --specs, `bench_memory.py`'s ITEM_SPECS as JSON ({kind: {column: [shape, dtype]}}:
+"cartpole" = obs float32[4], action int64, reward float32, next_obs float32[4], discount
+float32; "atari" = the same with obs and next_obs uint8[42,42,4], whole stacks). Items
+whose obs are uint8 stacks get the sliding stacks of one stream of random frames that
+`bench_memory.py` sends, 8 batches in rotation. The table is filled to --min-size first
+(not measured). Each measurement runs --duration seconds after 0.2 s of unmeasured calls.
 
 Prints a line per measurement, then one JSON object on the last line:
-{"reverb_version", "tensorflow_version", "cartpole": {"item_bytes", "insert_items_per_s":
-{"1", "64", "512"}, "sample_rounds_per_s"}, "atari": {...}}. Imports no easyrl.
+{"reverb_version", "tensorflow_version", "cartpole": {"insert_items_per_s": {"1", "64",
+"512"}, "sample_rounds_per_s"}, "atari": {...}}. Imports no easyrl.
 """
 
 import argparse
@@ -50,39 +51,19 @@ import tensorflow as tf
 
 TABLE = "replay"
 
-ITEM_SPECS = {
-    "cartpole": {
-        "obs": ((4,), "float32"),
-        "action": ((), "int64"),
-        "reward": ((), "float32"),
-        "next_obs": ((4,), "float32"),
-        "discount": ((), "float32"),
-    },
-    "atari": {
-        "obs": ((42, 42, 4), "uint8"),
-        "action": ((), "int64"),
-        "reward": ((), "float32"),
-        "next_obs": ((42, 42, 4), "uint8"),
-        "discount": ((), "float32"),
-    },
-}
-
-
-def item_bytes(spec: dict) -> int:
-    return sum(int(np.prod(shape)) * np.dtype(dtype).itemsize for shape, dtype in spec.values())
-
 
 def make_batch(spec: dict, n: int, rng: np.random.Generator) -> list[dict[str, np.ndarray]]:
     """n items as steps ({column: array}); obs and next_obs of Atari items are the sliding
-    4-frame stacks of one stream of random 42x42 frames, as `bench_memory.stack_batch`."""
+    4-frame stacks of one stream of random frames, as `bench_memory.stack_batch`."""
     batch = {}
     for name, (shape, dtype) in spec.items():
         if np.dtype(dtype).kind == "i":
             batch[name] = rng.integers(0, 2, size=(n, *shape)).astype(dtype)
         else:
             batch[name] = rng.standard_normal((n, *shape)).astype(dtype)
-    if spec["obs"][1] == "uint8":
-        frames = rng.integers(0, 256, size=(n + 6, 42, 42), dtype=np.uint8)
+    if spec["obs"][1] == "uint8":  # frame stacks
+        height, width, _ = spec["obs"][0]
+        frames = rng.integers(0, 256, size=(n + 6, height, width), dtype=np.uint8)
         stacks = np.stack([frames[j : j + n] for j in range(7)], axis=-1)
         batch["obs"], batch["next_obs"] = stacks[..., :4].copy(), stacks[..., 3:].copy()
     return [{name: column[i] for name, column in batch.items()} for i in range(n)]
@@ -125,9 +106,9 @@ def measure(fn, duration_s: float, warmup_s: float = 0.2, min_calls: int = 3) ->
             return {"calls_per_s": calls / seconds, "items_per_s": units / seconds}
 
 
-def bench_items(items: str, args) -> dict:
-    """Starts a server for `items`, measures inserts and sample+update rounds, stops it."""
-    spec = ITEM_SPECS[items]
+def bench_items(items: str, spec: dict, args) -> dict:
+    """Starts a server for `spec` (items of kind `items`), measures inserts and
+    sample+update rounds, stops it."""
     context = multiprocessing.get_context("spawn")
     parent, child = context.Pipe()
     process = context.Process(target=serve, args=(spec, args.capacity, args.min_size, child))
@@ -136,7 +117,8 @@ def bench_items(items: str, args) -> dict:
     address = f"localhost:{parent.recv()}"
     client = reverb.Client(address)
     rng = np.random.default_rng(0)
-    result = {"item_bytes": item_bytes(spec), "insert_items_per_s": {}}
+    result = {"insert_items_per_s": {}}
+    stacks = spec["obs"][1] == "uint8"  # frame stacks: several batches in rotation
     try:
         with client.trajectory_writer(num_keep_alive_refs=1) as writer:
 
@@ -152,7 +134,7 @@ def bench_items(items: str, args) -> dict:
             while client.server_info()[TABLE].current_size < args.min_size:
                 insert(fill, rng.random(512).tolist())
             for n in args.insert_batches:
-                batches = [make_batch(spec, n, rng) for _ in range(8 if items == "atari" else 1)]
+                batches = [make_batch(spec, n, rng) for _ in range(8 if stacks else 1)]
                 turns, priorities = itertools.cycle(batches), rng.random(n).tolist()
                 rate = measure(lambda t=turns, p=priorities: insert(next(t), p), args.duration)
                 result["insert_items_per_s"][str(n)] = rate["items_per_s"]
@@ -192,7 +174,7 @@ def bench_items(items: str, args) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--items", default="cartpole,atari", help="comma list: cartpole,atari")
+    parser.add_argument("--specs", required=True, help="JSON {kind: {column: [shape, dtype]}}")
     parser.add_argument("--duration", type=float, default=1.5, help="seconds per measurement")
     parser.add_argument("--insert-batches", default="1,64,512", help="comma list of sizes")
     parser.add_argument("--sample-batch", type=int, default=512)
@@ -204,11 +186,10 @@ def main() -> None:
         "reverb_version": metadata.version("dm-reverb"),
         "tensorflow_version": tf.__version__,
     }
-    for items in [x for x in args.items.split(",") if x]:
-        if items not in ITEM_SPECS:
-            parser.error(f"unknown --items {items!r}; known: {', '.join(ITEM_SPECS)}")
+    for items, columns in json.loads(args.specs).items():
+        spec = {name: (tuple(shape), dtype) for name, (shape, dtype) in columns.items()}
         print(f"reverb {items}:", flush=True)
-        out[items] = bench_items(items, args)
+        out[items] = bench_items(items, spec, args)
     print(json.dumps(out), flush=True)
 
 

@@ -29,6 +29,7 @@ from easyrl.errors import ConfigError
 from easyrl.imports import import_module
 
 _MODULES = {
+    "a2c": "easyrl.algorithms.a2c",
     "a3c": "easyrl.algorithms.a3c",
     "bc": "easyrl.algorithms.bc",
     "bcq": "easyrl.algorithms.bcq",
@@ -38,6 +39,7 @@ _MODULES = {
     "impala": "easyrl.algorithms.impala",
     "linucb": "easyrl.algorithms.linucb",
     "marwil": "easyrl.algorithms.marwil",
+    "pg": "easyrl.algorithms.pg",
     "ppo": "easyrl.algorithms.ppo",
     "sac": "easyrl.algorithms.sac",
     "td3": "easyrl.algorithms.td3",

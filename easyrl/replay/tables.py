@@ -18,6 +18,7 @@ section. Inserts, samples and priority updates are vectorized over the batch; no
 loop runs per item.
 """
 
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 import numpy as np
@@ -80,6 +81,15 @@ def validate_spec(spec: TableSpec) -> TableSpec:
             raise ReplayError(f"column {name!r}: object dtypes are not supported")
         normalised[name] = (tuple(int(d) for d in shape), np_dtype)
     return normalised
+
+
+def item_bytes(spec: Mapping[str, tuple[Sequence[int], Any]]) -> int:
+    """Bytes of one item of `spec` ({column: (shape, dtype)}, dtypes as ``np.dtype``
+    takes them) as the columns hold it (frame stacks whole)."""
+    return sum(
+        int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
+        for shape, dtype in spec.values()
+    )
 
 
 def validate_batch(spec: TableSpec, batch: dict[str, np.ndarray]) -> int:

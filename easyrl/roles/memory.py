@@ -45,6 +45,7 @@ from easyrl.replay import (
     RateLimiter,
     Table,
     UniformTable,
+    item_bytes,
     make_limiter,
     make_table,
     validate_batch,
@@ -590,10 +591,7 @@ def largest_message(cfg, spec: dict, memory: MemoryServer) -> int:
     items = max(cfg.env.num_envs * cfg.actor.send_every, memory.batch_size)
     if isinstance(memory.table, AggregateTable):
         items = max(items, memory.table.round_size)
-    item_bytes = sum(
-        int(np.prod(shape)) * np.dtype(dtype).itemsize for shape, dtype in spec.values()
-    )
-    return items * item_bytes
+    return items * item_bytes(spec)
 
 
 def run(ctx) -> int:

@@ -111,22 +111,23 @@ def round_share(params: Params, num_envs: int, actor_index: int, num_actors: int
     return params.rollout_length * num_envs
 
 
-def check_spaces(obs_space, action_space) -> None:
-    """Checks that PPO with an MLP can handle these spaces.
+def check_spaces(obs_space, action_space, name: str = "ppo") -> None:
+    """Checks that PPO (or `name`, an algorithm on PPO's agent) with an MLP can handle
+    these spaces.
 
     Raises:
         ConfigError: the observation is not a flat Box, or the action space is neither
             Discrete nor a flat bounded Box.
     """
     if not isinstance(obs_space, gym.spaces.Box) or len(obs_space.shape) != 1:
-        raise ConfigError(f"ppo with an mlp needs a flat Box observation, got {obs_space}")
+        raise ConfigError(f"{name} with an mlp needs a flat Box observation, got {obs_space}")
     if isinstance(action_space, gym.spaces.Discrete):
         return
     if isinstance(action_space, gym.spaces.Box) and len(action_space.shape) == 1:
         if not (np.all(np.isfinite(action_space.low)) and np.all(np.isfinite(action_space.high))):
-            raise ConfigError(f"ppo needs finite Box action bounds, got {action_space}")
+            raise ConfigError(f"{name} needs finite Box action bounds, got {action_space}")
         return
-    raise ConfigError(f"ppo needs a Discrete or a flat Box action space, got {action_space}")
+    raise ConfigError(f"{name} needs a Discrete or a flat Box action space, got {action_space}")
 
 
 def replay_spec(params: Params, obs_space, action_space) -> dict:

@@ -1,0 +1,158 @@
+"""A2C (Mnih et al. 2016, the synchronous variant of A3C): advantage actor-critic in rounds.
+
+Flow "sync_rounds": each round the actors collect `rollout_length` steps per env with the
+weights of that round; the one learner takes a single gradient step on the whole round and
+publishes the next. The agent is `easyrl.algorithms.ppo.agent.PPO` run for one epoch of one
+minibatch: that gradient is taken at the very weights the actors acted with, so the
+probability ratio is 1 and the clipped surrogate's gradient is the policy gradient itself,
+    loss = -mean(A_t * log pi(a_t|s_t)) + vf_coef * 0.5 * mean((V(s_t) - Vt_t)^2)
+           - ent_coef * entropy,
+with A_t the GAE(lam) advantage computed on the actor (lam = 1: the bootstrapped n-step
+return minus V(s_t), the paper's estimator; episode ends handled as in PPO) and
+Vt_t = A_t + V(s_t).
+
+`easyrl.algorithms.pg` (REINFORCE with a baseline) is the same agent with lam fixed at 1;
+this module holds what both share.
+"""
+
+from dataclasses import dataclass
+from typing import ClassVar, Literal
+
+import numpy as np
+
+from easyrl.algorithms import ppo
+from easyrl.algorithms.contract import Flow, ReplayKind, RoundsAgent
+from easyrl.errors import ConfigError, check_ranges
+
+FLOW: Flow = "sync_rounds"
+"""Execution flow: actors collect a round under one weight round; one learner steps on it."""
+REPLAY_KINDS: tuple[ReplayKind, ...] = ("aggregate",)
+"""Replay tables A2C works with: whole rounds of steps."""
+
+
+@dataclass(frozen=True)
+class Params:
+    """Hyper-parameters of A2C (one advantage actor-critic step per synchronous round)."""
+
+    ALGORITHM: ClassVar[str] = "a2c"
+
+    gamma: float = 0.99
+    """Discount factor."""
+    lam: float = 1.0
+    """GAE lambda of the advantages (1: n-step bootstrapped returns minus the value)."""
+    rollout_length: int = 5
+    """n: vector steps each actor collects per round (one gradient step per round)."""
+    vf_coef: float = 0.5
+    """Weight of the value loss."""
+    ent_coef: float = 0.01
+    """Weight of the entropy bonus."""
+    normalize_advantages: bool = False
+    """Normalize the round's advantages: (A - mean) / (std + 1e-8)."""
+    optimizer: Literal["adam", "rmsprop", "sgd"] = "adam"
+    """Optimizer the PS shards apply gradients with."""
+    lr: float = 7e-4
+    """Learning rate."""
+    lr_decay_rate: float = 1.0
+    """Multiply the learning rate by this every `lr_decay_steps` updates (1.0: constant)."""
+    lr_decay_steps: int = 1000
+    """Updates between learning-rate decays."""
+    grad_clip: float = 0.5
+    """Global-norm gradient clip (0 disables)."""
+    max_staleness: int = 1_000_000
+    """PS shards drop gradients older than this many updates (rounds are synchronous, so
+    effectively off)."""
+    log_std_init: float = 0.0
+    """Initial log standard deviation of the Gaussian policy (Box actions only)."""
+    normalize_observations: bool = False
+    """Feed the networks (obs - mean) / std, clipped to +-obs_clip, with running statistics
+    kept on the PS (as PPO's)."""
+    obs_clip: float = 10.0
+    """Clip of the normalized observations."""
+
+    def __post_init__(self):
+        # (holds, valid range); written so that NaN fails every check.
+        check_ranges(self.ALGORITHM, self, shared_checks(self))
+
+    def ppo_params(self) -> ppo.Params:
+        """These settings as PPO's: one epoch of one minibatch (the whole round)."""
+        return one_step_ppo_params(self, lam=self.lam)
+
+
+def shared_checks(params) -> dict[str, tuple[bool, str]]:
+    """Range checks of the keys A2C and PG share, for `check_ranges`."""
+    return {
+        "gamma": (0.0 <= params.gamma <= 1.0, "in [0, 1]"),
+        "lam": (0.0 <= getattr(params, "lam", 1.0) <= 1.0, "in [0, 1]"),
+        "rollout_length": (params.rollout_length >= 1, ">= 1"),
+        "vf_coef": (params.vf_coef >= 0.0, ">= 0"),
+        "ent_coef": (params.ent_coef >= 0.0, ">= 0"),
+        "lr": (params.lr > 0.0 and bool(np.isfinite(params.lr)), "finite and > 0"),
+        "lr_decay_rate": (0.0 < params.lr_decay_rate <= 1.0, "in (0, 1]"),
+        "lr_decay_steps": (params.lr_decay_steps >= 1, ">= 1"),
+        "grad_clip": (params.grad_clip >= 0.0, ">= 0"),
+        "max_staleness": (params.max_staleness >= 0, ">= 0"),
+        "log_std_init": (bool(np.isfinite(params.log_std_init)), "finite"),
+        "obs_clip": (params.obs_clip > 0.0, "> 0"),
+    }
+
+
+def one_step_ppo_params(params, lam: float) -> ppo.Params:
+    """PPO's settings for one gradient step per round on the whole round: one epoch, one
+    minibatch, no value clipping, no KL early stop (the ratio is 1 at that step, so the
+    surrogate's clip never acts)."""
+    return ppo.Params(
+        gamma=params.gamma,
+        lam=lam,
+        rollout_length=params.rollout_length,
+        num_epochs=1,
+        minibatch_size=2**62,  # ceil(n / size) = 1: the whole round
+        value_clip=0.0,
+        vf_coef=params.vf_coef,
+        ent_coef=params.ent_coef,
+        normalize_advantages=params.normalize_advantages,
+        kl_target=0.0,
+        optimizer=params.optimizer,
+        lr=params.lr,
+        lr_decay_rate=params.lr_decay_rate,
+        lr_decay_steps=params.lr_decay_steps,
+        grad_clip=params.grad_clip,
+        max_staleness=params.max_staleness,
+        log_std_init=params.log_std_init,
+        normalize_observations=params.normalize_observations,
+        obs_clip=params.obs_clip,
+    )
+
+
+def optimizer(params):
+    """The optimizer the PS shards apply the gradients with (`optimizer`, `lr`, staircase
+    decay)."""
+    return ppo.optimizer(params.ppo_params())
+
+
+def round_share(params, num_envs: int, actor_index: int, num_actors: int) -> int:
+    """Items one actor ships per round: `rollout_length * num_envs` env steps."""
+    return ppo.round_share(params.ppo_params(), num_envs, actor_index, num_actors)
+
+
+def replay_spec(params, obs_space, action_space) -> dict:
+    """Columns of one env step of a round: PPO's (see `ppo.replay_spec`).
+
+    Raises:
+        ConfigError: unsupported spaces.
+    """
+    ppo.check_spaces(obs_space, action_space, params.ALGORITHM)
+    return ppo.replay_spec(params.ppo_params(), obs_space, action_space)
+
+
+def build(
+    params, obs_space, action_space, model, seed: int = 0, learner: bool = False
+) -> RoundsAgent:
+    """Builds the TF side: PPO's agent with `params.ppo_params()` (imports TensorFlow).
+
+    Raises:
+        ConfigError: `model.kind` is not "mlp", or the spaces are unsupported.
+    """
+    if model.kind != "mlp":
+        raise ConfigError(f"{params.ALGORITHM} supports model.kind 'mlp' only, got {model.kind!r}")
+    ppo.check_spaces(obs_space, action_space, params.ALGORITHM)
+    return ppo.build(params.ppo_params(), obs_space, action_space, model, seed, learner)
