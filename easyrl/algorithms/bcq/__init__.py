@@ -51,6 +51,9 @@ class Params(dqn.Params):
             "threshold": (0.0 <= self.threshold < 1.0, "in [0, 1)"),
             "bc_weight": (self.bc_weight >= 0.0 and bool(np.isfinite(self.bc_weight)), ">= 0"),
             "logit_reg": (self.logit_reg >= 0.0 and bool(np.isfinite(self.logit_reg)), ">= 0"),
+            # DQN's Rainbow switches: BCQ's constraint acts on Q values, with no noise
+            "num_atoms": (self.num_atoms == 1, "1 (no C51 in BCQ)"),
+            "noisy_sigma": (self.noisy_sigma == 0.0, "0 (no noisy heads in BCQ)"),
         }
         check_ranges("bcq", self, checks)
 

@@ -1,4 +1,6 @@
-"""DQN and Ape-X DQN: double Q, dueling heads, n-step returns, prioritized replay."""
+"""DQN and Ape-X DQN: double Q, dueling heads, n-step returns, prioritized replay, and the
+rest of Rainbow (Hessel et al. 2018) as switches: a C51 distributional head (`num_atoms`,
+`v_min`, `v_max`) and NoisyNet heads (`noisy_sigma`). All six on = Rainbow."""
 
 from dataclasses import dataclass
 from typing import Literal
@@ -54,6 +56,18 @@ class Params:
     """Initial exploration rate, annealed linearly to the actor's own rate."""
     epsilon_anneal_steps: int = 0
     """Env steps (per actor) over which epsilon is annealed; 0 means no annealing."""
+    num_atoms: int = 1
+    """1: Q values (DQN); >= 2: C51, a distribution of the return over this many atoms
+    evenly spaced on [v_min, v_max], learned by cross-entropy to the projected n-step target
+    (which is also the new priority)."""
+    v_min: float = -10.0
+    """Lowest atom of the C51 support (used when num_atoms >= 2)."""
+    v_max: float = 10.0
+    """Highest atom of the C51 support (used when num_atoms >= 2)."""
+    noisy_sigma: float = 0.0
+    """> 0: NoisyNet heads (factorized Gaussian noise, sigma initialized to this / sqrt(fan
+    in), fresh noise every network call) that explore by themselves: set epsilon to 0.
+    Greedy evaluation and exported policies use the noise-free means."""
 
     def __post_init__(self):
         # (holds, valid range); written so that NaN fails every check.
@@ -73,6 +87,10 @@ class Params:
             "epsilon_alpha": (self.epsilon_alpha >= 0.0, ">= 0"),
             "epsilon_start": (0.0 <= self.epsilon_start <= 1.0, "in [0, 1]"),
             "epsilon_anneal_steps": (self.epsilon_anneal_steps >= 0, ">= 0"),
+            "num_atoms": (self.num_atoms >= 1, ">= 1"),
+            "v_min": (bool(np.isfinite(self.v_min)), "finite"),
+            "v_max": (self.v_max > self.v_min and bool(np.isfinite(self.v_max)), "> v_min"),
+            "noisy_sigma": (0.0 <= self.noisy_sigma < float("inf"), "finite and >= 0"),
         }
         check_ranges("dqn", self, checks)
 

@@ -4,6 +4,11 @@ Loss (double DQN, n-step, prioritized):
     a* = argmax_a Q(s', a)                      (online net when double_q, else target)
     y  = R + discount * Q_target(s', a*)         (discount = gamma^m, 0 at termination)
     td = y - Q(s, a);  loss = mean(w * huber(td));  new priority = |td|
+
+With C51 (`num_atoms` N >= 2, atoms z_j evenly spaced on [v_min, v_max], Q = sum_j p_j z_j):
+    m  = the target distribution p_target(s', a*) moved to R + discount * z, clipped to
+         [v_min, v_max] and projected back onto the atoms (`categorical_projection`)
+    ce = -sum_j m_j log p_j(s, a);  loss = mean(w * ce);  new priority = ce
 """
 
 import gymnasium as gym
@@ -18,26 +23,111 @@ from easyrl.errors import ConfigError, EasyRLError
 from easyrl.models import Dense, FlatVariables, build_torso, named_variables
 
 
+def _scaled_noise(size: int) -> tf.Tensor:
+    """f(eps) = sign(eps) * sqrt(|eps|), eps ~ N(0, 1): a factor of factorized noise."""
+    eps = tf.random.normal([size])
+    return tf.sign(eps) * tf.sqrt(tf.abs(eps))
+
+
+class NoisyDense(tf.Module):
+    """A NoisyNet layer with factorized Gaussian noise (Fortunato et al. 2018):
+    y = x @ (w + w_sigma * f(e_in) f(e_out)^T) + b + b_sigma * f(e_out), fresh noise at every
+    call; `noisy=False` gives the means (evaluation). w, b ~ U(+-1/sqrt(in)); the sigmas start
+    at sigma0 / sqrt(in)."""
+
+    def __init__(self, in_dim: int, out_dim: int, name: str, rng: np.random.Generator, sigma0):
+        super().__init__(name=None)
+        bound = 1.0 / np.sqrt(in_dim)
+        uniform = rng.uniform(-bound, bound, size=(in_dim + 1, out_dim)).astype(np.float32)
+        self.w = tf.Variable(uniform[:-1], name=f"{name}/w")
+        self.b = tf.Variable(uniform[-1], name=f"{name}/b")
+        sigma = np.float32(sigma0 * bound)
+        self.w_sigma = tf.Variable(tf.fill([in_dim, out_dim], sigma), name=f"{name}/w_sigma")
+        self.b_sigma = tf.Variable(tf.fill([out_dim], sigma), name=f"{name}/b_sigma")
+
+    def __call__(self, x: tf.Tensor, noisy: bool = True) -> tf.Tensor:
+        mean = tf.matmul(x, self.w) + self.b  # [B, out]
+        if not noisy:
+            return mean
+        e_in, e_out = _scaled_noise(self.w.shape[0]), _scaled_noise(self.w.shape[1])
+        # x @ (w_sigma * outer(e_in, e_out)) = ((x * e_in) @ w_sigma) * e_out
+        return mean + (tf.matmul(x * e_in, self.w_sigma) + self.b_sigma) * e_out
+
+
 class QNetwork(tf.Module):
     """Q(s, .) from the configured torso (MLP, or conv on frames), with dueling
-    value/advantage heads when asked: Q = V + A - mean(A)."""
+    value/advantage heads when asked (Q = V + A - mean(A), per atom with C51), C51's
+    distribution over `atoms` atoms of `support` when atoms >= 2, and NoisyNet heads when
+    `noisy_sigma` > 0."""
 
-    def __init__(self, obs_shape, num_actions, model, dueling, seed, name):
+    def __init__(
+        self,
+        obs_shape,
+        num_actions,
+        model,
+        dueling,
+        seed,
+        name,
+        support: np.ndarray | None = None,
+        noisy_sigma: float = 0.0,
+    ):
         super().__init__(name=None)
         rng = np.random.default_rng(seed)
         self.torso = build_torso(model, obs_shape, f"{name}/torso", rng)
         width = self.torso.out_dim
         self.dueling = dueling
-        self.advantage = Dense(width, num_actions, f"{name}/advantage", rng, scale=0.1)
-        if dueling:
-            self.value = Dense(width, 1, f"{name}/value", rng, scale=0.1)
+        self.num_actions = num_actions
+        self.support = None if support is None else tf.constant(support, tf.float32)  # [N]
+        self.atoms = 1 if support is None else len(support)
+        outputs = num_actions * self.atoms
+        if noisy_sigma > 0:
+            self.advantage = NoisyDense(width, outputs, f"{name}/advantage", rng, noisy_sigma)
+        else:
+            self.advantage = Dense(width, outputs, f"{name}/advantage", rng, scale=0.1)
+        if dueling and noisy_sigma > 0:
+            self.value = NoisyDense(width, self.atoms, f"{name}/value", rng, noisy_sigma)
+        elif dueling:
+            self.value = Dense(width, self.atoms, f"{name}/value", rng, scale=0.1)
 
-    def __call__(self, obs):
+    def logits(self, obs, noisy: bool = True):
+        """`[B, A, N]`: the C51 logits of every action (N = 1 without C51: Q itself)."""
         h = self.torso(obs)  # [B, H]
-        adv = self.advantage(h)  # [B, A]
+        adv = tf.reshape(_head(self.advantage, h, noisy), [-1, self.num_actions, self.atoms])
         if not self.dueling:
             return adv
-        return self.value(h) + adv - tf.reduce_mean(adv, axis=1, keepdims=True)
+        value = tf.reshape(_head(self.value, h, noisy), [-1, 1, self.atoms])
+        return value + adv - tf.reduce_mean(adv, axis=1, keepdims=True)
+
+    def __call__(self, obs, noisy: bool = True):
+        """Q(s, .) `[B, A]`: the expected return under C51's distribution."""
+        out = self.logits(obs, noisy)  # [B, A, N]
+        if self.support is None:
+            return out[:, :, 0]
+        return tf.reduce_sum(tf.nn.softmax(out, axis=2) * self.support, axis=2)
+
+
+def _head(layer, h, noisy: bool):
+    return layer(h, noisy) if isinstance(layer, NoisyDense) else layer(h)
+
+
+def categorical_projection(reward, discount, probs, support):
+    """C51's target (Bellemare et al. 2017, algorithm 1): the distribution `probs` `[B, N]`
+    on the atoms `support` `[N]` moved to reward + discount * z, clipped to [z_0, z_N-1], and
+    projected back onto the atoms, each shifted atom's mass split between its two
+    neighbours in proportion to closeness: m_j = sum_i p_i clip(1 - |Tz_i - z_j| / dz, 0, 1).
+
+    Args:
+        reward: `[B]`; discount: `[B]` (gamma^n, 0 at termination).
+
+    Returns:
+        m `[B, N]`, rows summing to 1 where `probs` rows do.
+    """
+    dz = support[1] - support[0]
+    shifted = reward[:, None] + discount[:, None] * support[None, :]  # [B, N]
+    shifted = tf.clip_by_value(shifted, support[0], support[-1])
+    # weight[b, i, j]: the share of shifted atom i that lands on atom j
+    weight = tf.clip_by_value(1.0 - tf.abs(shifted[:, :, None] - support) / dz, 0.0, 1.0)
+    return tf.reduce_sum(probs[:, :, None] * weight, axis=1)  # [B, N]
 
 
 class DQN(CompiledGreedy):
@@ -63,11 +153,14 @@ class DQN(CompiledGreedy):
         self.obs_shape = tuple(obs_space.shape)
         self.num_actions = int(action_space.n)
         self.obs_dtype = np.dtype(obs_space.dtype)
+        self.support = None  # C51's atoms
+        if params.num_atoms > 1:
+            self.support = np.linspace(params.v_min, params.v_max, params.num_atoms)
+        heads = {"support": self.support, "noisy_sigma": params.noisy_sigma}
         try:
-            self.q = QNetwork(self.obs_shape, self.num_actions, model, params.dueling, seed, "q")
-            self.target = QNetwork(
-                self.obs_shape, self.num_actions, model, params.dueling, seed, "target"
-            )
+            shape, actions = self.obs_shape, self.num_actions
+            self.q = QNetwork(shape, actions, model, params.dueling, seed, "q", **heads)
+            self.target = QNetwork(shape, actions, model, params.dueling, seed, "target", **heads)
         except ValueError as err:
             raise ConfigError(f"model: {err}") from err
         self.variables = named_variables(self.q)
@@ -79,6 +172,8 @@ class DQN(CompiledGreedy):
         vec = tf.TensorSpec([None], tf.float32)
         act = tf.TensorSpec([None], tf.int64)
         self._greedy = compiled(self._greedy_fn, obs)
+        # Acting explores through the heads' noise when they are noisy (evaluation does not).
+        self._act_greedy = compiled(self._noisy_greedy_fn, obs) if params.noisy_sigma else None
         self._td_abs = compiled(self._td_abs_fn, obs, act, vec, obs, vec)
         self._step = compiled(self._step_fn, obs, act, vec, obs, vec, vec)
         self.sync_target()
@@ -103,7 +198,8 @@ class DQN(CompiledGreedy):
         """Epsilon-greedy actions `[N]` and their log-probabilities `[N]` float32 under the
         epsilon-greedy policy: log((1 - eps) + eps / A) for the greedy action, log(eps / A)
         for any other."""
-        greedy = self._greedy(np.asarray(obs, self.obs_dtype)).numpy()
+        acting = self._act_greedy or self._greedy
+        greedy = acting(np.asarray(obs, self.obs_dtype)).numpy()
         explore = rng.random(len(obs)) < epsilon
         actions = np.where(explore, rng.integers(self.num_actions, size=len(obs)), greedy)
         uniform = epsilon / self.num_actions
@@ -146,7 +242,26 @@ class DQN(CompiledGreedy):
         self._target_flat.assign(self._q_flat.read())
 
     def _greedy_fn(self, obs):
+        return tf.argmax(self.q(obs, noisy=False), axis=1)  # [N]
+
+    def _noisy_greedy_fn(self, obs):
         return tf.argmax(self.q(obs), axis=1)  # [N]
+
+    def _distribution_terms(self, obs, action, reward, next_obs, discount, target):
+        """C51: (cross-entropy `[B]` of p(s, a) to the projected target distribution of
+        `target` (a QNetwork) at a*, Q(s, a) `[B]`); a* from the online net when double_q."""
+        support = self.q.support
+        next_probs = tf.nn.softmax(target.logits(next_obs), axis=2)  # [B, A, N]
+        if self.params.double_q or target is self.q:
+            best = tf.argmax(self.q(next_obs), axis=1)  # [B]
+        else:
+            best = tf.argmax(tf.reduce_sum(next_probs * support, axis=2), axis=1)
+        next_probs = tf.gather(next_probs, best, axis=1, batch_dims=1)  # [B, N]
+        m = tf.stop_gradient(categorical_projection(reward, discount, next_probs, support))
+        logits_sa = tf.gather(self.q.logits(obs), action, axis=1, batch_dims=1)  # [B, N]
+        cross_entropy = -tf.reduce_sum(m * tf.nn.log_softmax(logits_sa), axis=1)  # [B]
+        q_sa = tf.reduce_sum(tf.nn.softmax(logits_sa) * support, axis=1)  # [B]
+        return cross_entropy, q_sa
 
     def _targets(self, reward, next_obs, discount):
         next_target = self.target(next_obs)  # [B, A]
@@ -158,13 +273,20 @@ class DQN(CompiledGreedy):
         return reward + discount * bootstrap
 
     def _td_abs_fn(self, obs, action, reward, next_obs, discount):
+        if self.support is not None:  # C51: the loss the learner's priorities are
+            return self._distribution_terms(obs, action, reward, next_obs, discount, self.q)[0]
         q_next = tf.reduce_max(self.q(next_obs), axis=1)  # [B]
         q_sa = tf.gather(self.q(obs), action, axis=1, batch_dims=1)
         return tf.abs(reward + discount * q_next - q_sa)
 
     def loss(self, obs, action, reward, next_obs, discount, weights):
         """The loss on a batch (see the module docstring), with ({"q_mean": mean Q(s, a)}, the
-        new priorities |td| `[B]`)."""
+        new priorities |td| `[B]`; with C51 the cross-entropy, see the module docstring)."""
+        if self.support is not None:
+            args = (obs, action, reward, next_obs, discount, self.target)
+            cross_entropy, q_sa = self._distribution_terms(*args)
+            stats = {"q_mean": tf.reduce_mean(q_sa)}
+            return tf.reduce_mean(weights * cross_entropy), (stats, cross_entropy)
         y = tf.stop_gradient(self._targets(reward, next_obs, discount))  # [B]
         q_sa = tf.gather(self.q(obs), action, axis=1, batch_dims=1)  # [B]
         td = y - q_sa
