@@ -4,10 +4,11 @@ import threading
 import time
 from pathlib import Path
 
+import numpy as np
 from conftest import RoleServers
 
 from easyrl import config as config_lib
-from easyrl.roles.common import StopSignal
+from easyrl.roles.common import StopSignal, guarded
 from easyrl.roles.learner import Learner
 
 CONFIG = Path(__file__).resolve().parents[1] / "configs" / "cartpole_apex.yaml"
@@ -37,3 +38,49 @@ def test_a_learner_starved_of_samples_still_learns_that_the_run_is_stopping(role
     finally:
         stop.set()
         thread.join(timeout=10)
+
+
+def test_a_priority_update_past_its_deadline_is_dropped_and_the_learner_goes_on(role_servers):
+    """A memory shard whose table thread is busy for longer than the RPC deadline (it copies
+    a snapshot of a large Atari table, on 2 starved cores: a real Ape-X Pong run's learner
+    died of this) costs those items their new priorities, not the learner."""
+    cfg = config_lib.load(CONFIG, ["env.num_envs=1", "run.rpc_timeout_s=0.5"])
+    shards = role_servers.start(cfg, token="learner-test-token")
+    stop = StopSignal()
+    learner = Learner(shards.ctx, shards.ctx.build_algorithm(learner=True), stop)
+    busy, run_op = threading.Event(), shards.memory._try
+    busy.set()
+
+    def slow(op):
+        if op.kind == "update" and busy.is_set():
+            time.sleep(1.5)
+        return run_op(op)
+
+    shards.memory._try = slow  # the table thread looks it up for every operation
+    spec = shards.memory.table.spec
+    assert learner.memories[0].insert(RoleServers.items(spec, 0, 4))  # keys 0-3 issued
+    thread = threading.Thread(target=guarded, args=(learner.priority_loop, stop), daemon=True)
+    thread.start()
+    try:
+        keys, priorities = np.arange(4, dtype=np.int64), np.full(4, 2.0)
+        learner.priorities.put((0, keys, priorities))
+        deadline = time.monotonic() + 10
+        while learner.counters["dropped_priority_updates"] < 1:
+            assert time.monotonic() < deadline and not stop.is_set(), stop.error
+            time.sleep(0.05)
+        # The shard still applies it when its table thread gets to it: the learner just
+        # did not wait. Then the shard answers in time again, and updates go through.
+        while shards.memory.counters["priority_updates"] < 4:
+            assert time.monotonic() < deadline and not stop.is_set(), stop.error
+            time.sleep(0.05)
+        busy.clear()
+        learner.priorities.put((0, keys, priorities))
+        while shards.memory.counters["priority_updates"] < 8:
+            assert time.monotonic() < deadline and not stop.is_set(), stop.error
+            time.sleep(0.05)
+        assert thread.is_alive() and not stop.is_set()
+        assert learner.counters["dropped_priority_updates"] == 1
+    finally:
+        stop.set()
+        thread.join(timeout=10)
+        shards.memory._try = run_op

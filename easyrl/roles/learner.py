@@ -11,10 +11,12 @@ import queue
 import time
 from concurrent.futures import ThreadPoolExecutor
 
+import grpc
 import numpy as np
 import tensorflow as tf
 
 from easyrl.algorithms.contract import Agent
+from easyrl.errors import TransportError
 from easyrl.flows import async_replay, sync_rounds
 from easyrl.roles.common import (
     RoleContext,
@@ -71,7 +73,12 @@ class Learner:
         self.updates = 0
         self._reported = 0
         self._last_report = time.monotonic()
-        self.counters = {"dropped_stale": 0, "dropped_nonfinite": 0, "abandoned_rounds": 0}
+        self.counters = {
+            "dropped_stale": 0,
+            "dropped_nonfinite": 0,
+            "abandoned_rounds": 0,
+            "dropped_priority_updates": 0,
+        }
 
     def prefetch(self, shard: int) -> None:
         """A prefetch thread: Sample from memory shard `shard` -> the batch queue."""
@@ -94,7 +101,11 @@ class Learner:
 
     def priority_loop(self) -> None:
         """The priority thread: new priorities -> the memory shard that issued the keys,
-        one call per shard for what queued up."""
+        one call per shard for what queued up. An update that outlives its deadline (a
+        shard whose table thread is busy, e.g. copying a large snapshot on starved cores)
+        is counted (`dropped_priority_updates`) and not waited for: the shard applies it
+        when it gets to it, or those items keep their old priorities; the learner goes on.
+        Any other transport failure stops the learner (see `guarded`)."""
         while not self.stop.is_set():
             try:
                 pending = [self.priorities.get(timeout=0.1)]
@@ -105,7 +116,13 @@ class Learner:
             for shard in sorted({item[0] for item in pending}):
                 items = [item for item in pending if item[0] == shard]
                 keys, priorities = (np.concatenate([i[k] for i in items]) for k in (1, 2))
-                self.memories[shard].update_priorities(keys, priorities)
+                try:
+                    self.memories[shard].update_priorities(keys, priorities)
+                except TransportError as err:
+                    if err.code != grpc.StatusCode.DEADLINE_EXCEEDED:
+                        raise
+                    self.counters["dropped_priority_updates"] += 1
+                    log.warning("memory shard %d: priority update dropped: %s", shard, err)
 
     def report(self, stats: dict) -> None:
         """Reports the updates since the last report and `stats` to PS shard 0; stops
