@@ -38,9 +38,10 @@ class NoisyDense(tf.Module):
     def __init__(self, in_dim: int, out_dim: int, name: str, rng: np.random.Generator, sigma0):
         super().__init__(name=None)
         bound = 1.0 / np.sqrt(in_dim)
-        uniform = rng.uniform(-bound, bound, size=(in_dim + 1, out_dim)).astype(np.float32)
+        uniform = tf.constant(rng.uniform(-bound, bound, size=(in_dim + 1, out_dim)), tf.float32)
         self.w = tf.Variable(uniform[:-1], name=f"{name}/w")
         self.b = tf.Variable(uniform[-1], name=f"{name}/b")
+        self.in_dim, self.out_dim = in_dim, out_dim
         sigma = np.float32(sigma0 * bound)
         self.w_sigma = tf.Variable(tf.fill([in_dim, out_dim], sigma), name=f"{name}/w_sigma")
         self.b_sigma = tf.Variable(tf.fill([out_dim], sigma), name=f"{name}/b_sigma")
@@ -49,7 +50,7 @@ class NoisyDense(tf.Module):
         mean = tf.matmul(x, self.w) + self.b  # [B, out]
         if not noisy:
             return mean
-        e_in, e_out = _scaled_noise(self.w.shape[0]), _scaled_noise(self.w.shape[1])
+        e_in, e_out = _scaled_noise(self.in_dim), _scaled_noise(self.out_dim)
         # x @ (w_sigma * outer(e_in, e_out)) = ((x * e_in) @ w_sigma) * e_out
         return mean + (tf.matmul(x * e_in, self.w_sigma) + self.b_sigma) * e_out
 
@@ -251,6 +252,7 @@ class DQN(CompiledGreedy):
         """C51: (cross-entropy `[B]` of p(s, a) to the projected target distribution of
         `target` (a QNetwork) at a*, Q(s, a) `[B]`); a* from the online net when double_q."""
         support = self.q.support
+        assert support is not None, "C51 terms of a network without atoms"
         next_probs = tf.nn.softmax(target.logits(next_obs), axis=2)  # [B, A, N]
         if self.params.double_q or target is self.q:
             best = tf.argmax(self.q(next_obs), axis=1)  # [B]
