@@ -28,6 +28,7 @@ RUNS = {
     "a3c": ("cartpole_a3c.yaml", ()),
     "a2c": ("cartpole_a2c.yaml", ()),
     "pg": ("cartpole_pg.yaml", ()),
+    "rainbow": ("cartpole_rainbow.yaml", ()),
     "sac": ("pendulum_sac.yaml", ()),
     "td3": ("pendulum_td3.yaml", ()),
     "apex-ddpg": ("pendulum_apex_ddpg.yaml", ()),
