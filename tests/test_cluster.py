@@ -501,8 +501,10 @@ def test_synchronous_rounds_two_shards_each(launch, algorithm):
     ps0, ps1 = _counters(summary, "ps/0"), _counters(summary, "ps/1")
     rounds = ps0["ps/0/round"]
     assert rounds >= 3, ps0
-    # The learner publishes every round on every shard, after that round's pushes.
-    assert ps1["ps/1/round"] == rounds
+    # The learner publishes every round on every shard (in parallel), after that round's
+    # pushes; the stop can land between the two publishes of the last round.
+    assert abs(ps1["ps/1/round"] - rounds) <= 1, (ps0, ps1)
+    rounds = min(rounds, ps1["ps/1/round"])
     assert ps0["ps/0/applied"] >= rounds - 1 and ps1["ps/1/applied"] >= rounds - 1
     assert ps0["learner/0/updates"] > 0
     for shard in (0, 1):
