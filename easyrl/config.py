@@ -28,6 +28,7 @@ from typing import Any, ClassVar, Literal, Union, get_args, get_origin, get_type
 import yaml
 
 from easyrl.algorithms import registry
+from easyrl.algorithms.contract import check_model_kind
 from easyrl.errors import ConfigError
 from easyrl.imports import load_object
 
@@ -117,7 +118,8 @@ class ModelConfig(_Section):
 
     kind: str = "mlp"
     """Network family: mlp (flat observations), conv (image frames [H, W, C], e.g. Atari), or
-    the `package.module:Class` path of a custom torso (see easyrl.models.build_torso)."""
+    the `package.module:Class` path of a custom torso, a `tf.Module` or a Keras 3 layer/model
+    (see easyrl.models.build_torso; every algorithm takes one)."""
     hidden: tuple[int, ...] = (64, 64)
     """Units of each hidden dense layer (for conv: the dense layers after the convolutions)."""
     activation: Literal["relu", "tanh", "elu"] = "relu"
@@ -128,6 +130,10 @@ class ModelConfig(_Section):
     [[32, 3, 2], [32, 3, 2], [32, 3, 2], [32, 3, 2]] with same padding and hidden [256]."""
     padding: Literal["valid", "same"] = "valid"
     """conv only: padding of the convolutions."""
+    lstm: int = 0
+    """Units of an LSTM core between the torso and the heads (0: none, a feed-forward policy).
+    IMPALA and A3C: actors carry the state per env, reset it at episode starts and ship each
+    unroll's initial state; learners unroll the core from it."""
 
 
 @dataclass(frozen=True)
@@ -751,11 +757,14 @@ def _resolve(cfg: Config) -> Config:
         raise ConfigError(f"replay.kind: {cfg.algorithm.name} {works}, got {kind!r}")
     if ":" in cfg.model.kind and not callable(load_object(cfg.model.kind, "model.kind")):
         raise ConfigError(f"model.kind: {cfg.model.kind!r} is not a class or function")
-    model_kinds = getattr(module, "MODEL_KINDS", ("mlp",))
-    if ("custom" if ":" in cfg.model.kind else cfg.model.kind) not in model_kinds:
+    check_model_kind(cfg.algorithm.name, cfg.model, getattr(module, "MODEL_KINDS", ("mlp",)))
+    if cfg.model.lstm < 0:
+        raise ConfigError(f"model.lstm: units must be >= 0 (0: no LSTM), got {cfg.model.lstm}")
+    if cfg.model.lstm and not getattr(module, "RECURRENT", False):
+        recurrent = [n for n in registry.known() if getattr(registry.module(n), "RECURRENT", 0)]
         raise ConfigError(
-            f"model.kind: {cfg.algorithm.name} builds its networks from model.kind "
-            f"{' or '.join(model_kinds)} ('custom' = a module:Class torso), got {cfg.model.kind!r}"
+            f"model.lstm: {cfg.algorithm.name} has no recurrent policy (algorithms with one: "
+            f"{', '.join(recurrent)}); set model.lstm: 0"
         )
     if cfg.stop.eval_return_mean is not None and not cfg.cluster.evaluator:
         raise ConfigError("stop.eval_return_mean needs an evaluator: set cluster.evaluator: 1")

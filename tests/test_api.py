@@ -438,9 +438,11 @@ def test_child_pythonpath_carries_the_launchers_own_directories(tmp_path, monkey
         ("dqn", "my_nets:ResidualMLP", True),
         ("impala", "my_nets:ResidualMLP", True),
         ("a3c", "my_nets:ResidualMLP", True),
-        ("ppo", "my_nets:ResidualMLP", False),
-        ("sac", "my_nets:ResidualMLP", False),
+        ("ppo", "my_nets:ResidualMLP", True),
+        ("sac", "my_nets:ResidualMLP", True),
+        ("es", "my_nets:ResidualMLP", True),
         ("ppo", "conv", False),
+        ("td3", "conv", False),
     ],
 )
 def test_model_kind_must_suit_the_algorithm_at_load(example_on_path, name, kind, accepted):

@@ -528,7 +528,8 @@ def test_synchronous_rounds_two_shards_each(launch, algorithm):
 
 
 @pytest.mark.timeout(180)
-def test_impala_two_learners_two_memories(launch):
+def test_impala_lstm_two_learners_two_memories(launch):
+    """IMPALA with an LSTM policy (the state travels with the unrolls) on 2 of each role."""
     run = launch(
         "stop.max_env_steps=20000",
         "stop.max_seconds=90",
@@ -538,7 +539,7 @@ def test_impala_two_learners_two_memories(launch):
         "cluster.memory=2",
         "cluster.learner=2",
         "cluster.actor=2",
-        config=ROOT / "configs" / "cartpole_impala.yaml",
+        config=ROOT / "configs" / "stateless_cartpole_impala_lstm.yaml",
         base=("stop.episode_return_mean=null", "run.log_interval_s=0.5"),
     )
     code = run.wait(150)
@@ -554,10 +555,12 @@ def test_impala_two_learners_two_memories(launch):
         inserted, sampled = memory[f"memory/{shard}/inserts"], memory[f"memory/{shard}/samples"]
         assert 0 < sampled <= inserted, memory
         assert sampled % 4 == 0, memory
-    # The learners saw unrolls: [batch, T + 1, obs] observations, one action per step.
+    # The learners saw unrolls: [batch, T + 1, obs] observations, one action per step, and
+    # the LSTM state (64 units: c and h) each unroll starts from, episode starts per step.
     logs = "".join((run.run_dir / "logs" / f"learner-{i}.log").read_text() for i in (0, 1))
     assert logs.count("first batch: action int64[4, 20], discount float32[4, 20]") == 2, logs
-    assert "obs float32[4, 21, 4]" in logs
+    assert "obs float32[4, 21, 2]" in logs
+    assert "state float32[4, 128]" in logs and "first float32[4, 21]" in logs
     _assert_no_processes_left(run.run_dir)
 
 

@@ -29,6 +29,7 @@ RUNS = {
     "a2c": ("cartpole_a2c.yaml", ()),
     "pg": ("cartpole_pg.yaml", ()),
     "rainbow": ("cartpole_rainbow.yaml", ()),
+    "impala-lstm-stateless": ("stateless_cartpole_impala_lstm.yaml", ()),
     "sac": ("pendulum_sac.yaml", ()),
     "td3": ("pendulum_td3.yaml", ()),
     "apex-ddpg": ("pendulum_apex_ddpg.yaml", ()),

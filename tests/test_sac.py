@@ -448,7 +448,7 @@ def test_params_are_checked(change):
         (OBS_SPACE, gym.spaces.Discrete(3), MODEL, "flat Box action"),
         (OBS_SPACE, gym.spaces.Box(-np.inf, np.inf, shape=(2,)), MODEL, "finite Box action"),
         (gym.spaces.Box(0, 255, (8, 8, 3), np.uint8), ACTION_SPACE, MODEL, "flat Box obs"),
-        (OBS_SPACE, ACTION_SPACE, ModelConfig(kind="conv"), "model.kind 'mlp' only"),
+        (OBS_SPACE, ACTION_SPACE, ModelConfig(kind="conv"), "model.kind mlp or custom"),
     ],
     ids=["discrete", "unbounded", "image", "conv"],
 )

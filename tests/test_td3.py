@@ -525,7 +525,7 @@ def test_params_are_checked(algo, change):
         (OBS_SPACE, gym.spaces.Box(-1.0, 1.0, shape=(2, 2)), MODEL, "flat Box action"),
         (gym.spaces.Box(0, 255, (8, 8, 3), np.uint8), ACTION_SPACE, MODEL, "flat Box obs"),
         (gym.spaces.Discrete(4), ACTION_SPACE, MODEL, "flat Box obs"),
-        (OBS_SPACE, ACTION_SPACE, ModelConfig(kind="conv"), "model.kind 'mlp' only"),
+        (OBS_SPACE, ACTION_SPACE, ModelConfig(kind="conv"), "model.kind mlp or custom"),
     ],
     ids=["discrete", "unbounded", "matrix-action", "image", "discrete-obs", "conv"],
 )

@@ -22,6 +22,8 @@ from typing import Any, Literal, NamedTuple, Protocol
 
 import numpy as np
 
+from easyrl.errors import ConfigError
+
 Flow = Literal["async_replay", "sync_rounds", "actor_gradients"]
 """The loop an algorithm's actor and learner run."""
 FLOWS: tuple[Flow, ...] = ("async_replay", "sync_rounds", "actor_gradients")
@@ -238,3 +240,17 @@ class AlgorithmModule(Protocol):
     ) -> Agent:
         """The TF side (imports TensorFlow)."""
         ...
+
+
+def check_model_kind(name: str, model: Any, kinds: tuple[str, ...]) -> None:
+    """Checks `model.kind` against an algorithm's `MODEL_KINDS` ("custom": any
+    `package.module:Class` torso), as loading a config does, for a direct `build` call.
+
+    Raises:
+        ConfigError: algorithm `name` cannot build its networks from `model.kind`.
+    """
+    if ("custom" if ":" in model.kind else model.kind) not in kinds:
+        raise ConfigError(
+            f"model.kind: {name} builds its networks from model.kind {' or '.join(kinds)} "
+            f"('custom' = a module:Class torso), got {model.kind!r}"
+        )

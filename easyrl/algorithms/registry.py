@@ -107,3 +107,12 @@ def _check_contract(found: ModuleType, name: str) -> None:
 def params_class(name: str) -> type:
     """Returns the hyper-parameter dataclass of algorithm `name` (see `module`)."""
     return module(name).Params
+
+
+def replay_spec(cfg, obs_space, action_space) -> dict:
+    """The replay columns of one item of the run `cfg` describes: the algorithm's
+    `replay_spec`, given `model.lstm` when it is set (only a `RECURRENT` algorithm accepts
+    it; the config refuses it for the others)."""
+    found = module(cfg.algorithm.name)
+    extra = {"lstm": cfg.model.lstm} if cfg.model.lstm else {}
+    return found.replay_spec(cfg.algorithm.params, obs_space, action_space, **extra)

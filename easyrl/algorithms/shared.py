@@ -21,7 +21,7 @@ import tensorflow as tf
 from easyrl.algorithms.nstep import NStepAccumulator
 from easyrl.algorithms.td3 import check_spaces, scale_actions
 from easyrl.errors import EasyRLError
-from easyrl.models import MLP, Compiled, Dense
+from easyrl.models import Compiled, Dense, build_torso
 
 _LOG_2PI = math.log(2.0 * math.pi)
 
@@ -91,6 +91,44 @@ class CompiledGreedy:
         return self._greedy
 
 
+def greedy_policy(algo) -> Callable[[np.ndarray], np.ndarray]:
+    """The deterministic policy evaluation plays on a vector of envs: `algo.greedy`, or for a
+    recurrent agent (`algo.state_size` > 0) a fresh `RecurrentGreedy` (zero state)."""
+    if getattr(algo, "state_size", 0):
+        return RecurrentGreedy(algo)
+    return algo.greedy
+
+
+class RecurrentGreedy:
+    """A recurrent agent's greedy policy over one vector of envs, its state carried per env.
+
+    Call it with the envs' observations; `end_episodes(done)` after each env step tells it
+    which envs' episodes ended (same-step autoreset: their next observation starts a new
+    episode, whose step starts from the zero state).
+
+    Args:
+        algo: an agent with `state_size` and `greedy_step(obs, state, first)`.
+    """
+
+    def __init__(self, algo):
+        self.algo = algo
+        self._state: np.ndarray | None = None
+        self._first: np.ndarray | None = None
+
+    def __call__(self, obs: np.ndarray) -> np.ndarray:
+        if self._state is None or self._first is None or len(self._state) != len(obs):
+            self._state = np.zeros((len(obs), self.algo.state_size), np.float32)
+            self._first = np.ones(len(obs), np.float32)
+        action, self._state = self.algo.greedy_step(obs, self._state, self._first)
+        self._first = np.zeros(len(obs), np.float32)
+        return action
+
+    def end_episodes(self, done: np.ndarray) -> None:
+        """Marks the envs whose episode ended on the last step: their state restarts."""
+        if self._first is not None:
+            self._first = np.maximum(self._first, np.asarray(done, np.float32).reshape(-1))
+
+
 class NoTargetNetwork:
     """Base of a replay agent without a target network (IMPALA/A3C, LinUCB, MARWIL/BC): its
     `target_update_period` is 0, so the learner never syncs, and `sync_target` has nothing to
@@ -137,13 +175,13 @@ def transition_columns(batch: dict) -> tuple[np.ndarray, ...]:
 
 
 class Critic(tf.Module):
-    """Q(s, a): an MLP on concat(obs, action) and a linear output, `[B]`."""
+    """Q(s, a): the model's torso (`{name}/torso`, on inputs of shape `(obs + A,)`) on
+    concat(obs, action) and a linear output, `[B]`."""
 
     def __init__(self, obs_dim: int, action_dim: int, model, name: str, rng):
         super().__init__(name=None)
-        in_dim = obs_dim + action_dim
-        self.torso = MLP(in_dim, model.hidden, model.activation, f"{name}/torso", rng)
-        self.out = Dense(model.hidden[-1] if model.hidden else in_dim, 1, f"{name}/out", rng)
+        self.torso = build_torso(model, (obs_dim + action_dim,), f"{name}/torso", rng)
+        self.out = Dense(self.torso.out_dim, 1, f"{name}/out", rng)
 
     def __call__(self, obs: tf.Tensor, action: tf.Tensor) -> tf.Tensor:
         """Q(s, a) `[B]` for `obs` `[B, obs]` and normalized `action` `[B, A]`."""
@@ -246,7 +284,7 @@ class PolyakActorCritic:
         name: the algorithm name, for error messages.
         obs_space: a flat Box.
         action_space: a flat Box with finite bounds.
-        model: the config's `model` section (mlp: `hidden`, `activation`).
+        model: the config's `model` section (an mlp or a custom torso).
 
     Raises:
         ConfigError: unsupported spaces or model.
@@ -419,15 +457,16 @@ class ObsNorm(tf.Module):
 
 
 class PolicyNet(tf.Module):
-    """pi(.|s): an MLP torso and a linear head giving logits (Discrete) or the Gaussian mean
-    (Box, with a state-independent `pi/log_std`), on normalized observations."""
+    """pi(.|s): the model's torso (`pi/torso`) and a linear head giving logits (Discrete) or
+    the Gaussian mean (Box, with a state-independent `pi/log_std`), on normalized
+    observations."""
 
     def __init__(self, obs_dim, action_space, model, log_std_init, rng, norm):
         super().__init__(name=None)
         self.norm = norm
         self.discrete = isinstance(action_space, gym.spaces.Discrete)
-        self.torso = MLP(obs_dim, model.hidden, model.activation, "pi/torso", rng)
-        width = model.hidden[-1] if model.hidden else obs_dim
+        self.torso = build_torso(model, (obs_dim,), "pi/torso", rng)
+        width = self.torso.out_dim
         if self.discrete:
             # Small output scale: the initial policy is close to uniform / zero-mean.
             self.head = Dense(width, int(action_space.n), "pi/logits", rng, scale=0.01)
@@ -468,14 +507,13 @@ class PolicyNet(tf.Module):
 
 
 class ValueNet(tf.Module):
-    """V(s): an MLP torso and a linear head, on normalized observations."""
+    """V(s): the model's torso (`vf/torso`) and a linear head, on normalized observations."""
 
     def __init__(self, obs_dim, model, rng, norm):
         super().__init__(name=None)
         self.norm = norm
-        self.torso = MLP(obs_dim, model.hidden, model.activation, "vf/torso", rng)
-        width = model.hidden[-1] if model.hidden else obs_dim
-        self.head = Dense(width, 1, "vf/out", rng, scale=1.0)
+        self.torso = build_torso(model, (obs_dim,), "vf/torso", rng)
+        self.head = Dense(self.torso.out_dim, 1, "vf/out", rng, scale=1.0)
 
     def __call__(self, obs):
         return self.head(self.torso(self.norm(obs)))[:, 0]  # [B]

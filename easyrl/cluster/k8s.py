@@ -179,8 +179,7 @@ def replay_bytes(cfg: config_lib.Config) -> int:
     from easyrl.envs import env_options, env_spaces
 
     obs_space, action_space = env_spaces(cfg.env.id, **env_options(cfg.env))
-    module = registry.module(cfg.algorithm.name)
-    spec = module.replay_spec(cfg.algorithm.params, obs_space, action_space)
+    spec = registry.replay_spec(cfg, obs_space, action_space)
     item = sum(math.prod(shape) * np.dtype(dtype).itemsize for shape, dtype in spec.values())
     return cfg.replay.capacity * item
 

@@ -164,7 +164,8 @@ def play_episodes(
     env, policy, episodes: int, seed: int, stop=None, on_episode=None
 ) -> tuple[list[float], list[int]]:
     """Plays `episodes` whole episodes on a same-step-autoreset vector env with
-    `policy(obs) -> actions`.
+    `policy(obs) -> actions`; a policy with an `end_episodes(done)` method (a recurrent one,
+    `easyrl.algorithms.shared.RecurrentGreedy`) hears after each step which episodes ended.
 
     Sub-env i starts from a reset with seed `seed + i`; an env stops counting once every
     episode still to play has been handed out, so exactly `episodes` episodes come back
@@ -189,6 +190,8 @@ def play_episodes(
         returns += rewards
         lengths += 1
         done = np.asarray(terminated | truncated)
+        if hasattr(policy, "end_episodes"):
+            policy.end_episodes(done)
         for i in np.flatnonzero(done & running):
             done_returns.append(float(returns[i]))
             done_lengths.append(int(lengths[i]))
@@ -369,8 +372,10 @@ def final_observations(obs: np.ndarray, infos: dict, done: np.ndarray) -> np.nda
     return out
 
 
-# easyrl's own environments (`easyrl/LinearBandit-v0`, see `easyrl.envs.bandit`) are registered
-# with gymnasium on import, so that every process that creates environments knows them.
-from easyrl.envs import bandit  # noqa: E402
+# easyrl's own environments (`easyrl/LinearBandit-v0`, see `easyrl.envs.bandit`;
+# `easyrl/StatelessCartPole-v1`, see `easyrl.envs.stateless`) are registered with gymnasium on
+# import, so that every process that creates environments knows them.
+from easyrl.envs import bandit, stateless  # noqa: E402
 
 bandit.register()
+stateless.register()

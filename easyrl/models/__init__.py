@@ -1,11 +1,12 @@
-"""Networks built from the config's `model` section, as plain `tf.Module`s.
+"""Networks built from the config's `model` section, as plain `tf.Module`s (a custom torso
+may be a Keras 3 model, which `KerasTorso` adapts).
 
 Every variable has a stable, explicit name (e.g. "q/torso/0/w") so that all
 roles agree on the PS shard assignment and the wire names.
 """
 
 from collections.abc import Sequence
-from typing import Literal
+from typing import Literal, Protocol, cast
 
 import numpy as np
 import tensorflow as tf
@@ -127,7 +128,19 @@ class FlatTorso(tf.Module):
         return self.mlp(tf.cast(obs, tf.float32))  # [B, out_dim]
 
 
-def build_torso(model, obs_shape: tuple[int, ...], name: str, rng: np.random.Generator):
+class Torso(Protocol):
+    """What `build_torso` returns: a `tf.Module` mapping inputs `[B, *obs_shape]` to float32
+    features `[B, out_dim]`."""
+
+    out_dim: int
+    """The width of the features."""
+
+    def __call__(self, obs: tf.Tensor) -> tf.Tensor:
+        """Features `[B, out_dim]` of inputs `[B, *obs_shape]`."""
+        ...
+
+
+def build_torso(model, obs_shape: tuple[int, ...], name: str, rng: np.random.Generator) -> Torso:
     """The torso the config's `model` section describes, for observations of `obs_shape`.
 
     `model.kind` "mlp" and "conv" are built in. Any other kind is a `package.module:Torso`
@@ -135,35 +148,74 @@ def build_torso(model, obs_shape: tuple[int, ...], name: str, rng: np.random.Gen
     with the same arguments as here:
 
         model      the config's `model` section (read `hidden`, `activation`, ... as you like);
-        obs_shape  the shape of one observation, e.g. (4,) or (84, 84, 4);
+        obs_shape  the shape of one input row, e.g. (4,) or (84, 84, 4) (see the table);
         name       the prefix of every variable name, e.g. "q/torso";
         rng        a numpy Generator to draw initial values from (not TF's random ops), so
                    that every process of a run builds the same initial network.
 
-    It returns a `tf.Module` whose call maps observations `[B, *obs_shape]` (the observation
-    space's dtype: cast them yourself) to float32 features `[B, out_dim]`, traceable by a
-    `tf.function(autograph=False)`; its `out_dim` attribute is that width, and each of its
-    variables is created with an explicit unique name under `name/` (e.g. f"{name}/0/w";
-    `Dense` and `MLP` do this). The algorithm adds its heads on top.
+    It returns either a `tf.Module` or a Keras 3 layer/model (below). A `tf.Module`'s call maps
+    inputs `[B, *obs_shape]` (the observation space's dtype: cast them yourself) to float32
+    features `[B, out_dim]`, traceable by a `tf.function(autograph=False)`; its `out_dim`
+    attribute is that width, and each of its variables is created with an explicit unique
+    name under `name/` (e.g. f"{name}/0/w"; `Dense` and `MLP` do this). The algorithm adds its
+    heads on top.
+
+    A `keras.Layer` or `keras.Model` (a subclass, or a function returning one; Keras 3, TF
+    backend) is wrapped in a `KerasTorso`: it is called once on a batch of zeros
+    `[2, *obs_shape]` to build it, then always with float32 inputs and `training=False`. Its
+    output must be one float tensor `[B, out_dim]`. Its trainable variables are named
+    f"{name}/{i}/{variable}" (i: the index of the layer owning them, in the order of the
+    model's `trainable_weights`; e.g. "pi/torso/0/kernel"); the variable objects are Keras's
+    own, so the algorithm's updates are what the Keras model computes with. Keras draws the
+    initial values with its own initializers, different in every process: that is harmless,
+    because every role loads the PS's values (written once by the chief) before it acts or
+    learns, and local target networks copy the online ones after that. Non-trainable Keras
+    state (a frozen layer, BatchNormalization's moving statistics) is not on the PS and stays
+    as each process built it: keep it deterministic. Do not pass `name` on to Keras (it
+    refuses "/" in layer names).
+
+    What each algorithm calls it with (`obs`, `act`: the sizes of a flat Box observation and
+    action; the algorithms given (obs,) refuse other observation spaces). Local target
+    networks build their own torsos, named like the online ones under their own prefix
+    ("target/torso", "target_actor/torso", "target_critic/q1/torso"):
+
+        dqn, bcq        "q/torso" (bcq also "bc/torso")    the observation's shape
+        impala, a3c     "net/torso"                        the observation's shape
+        ppo, a2c, pg    "pi/torso", "vf/torso"             (obs,), float32, normalized when
+                                                           normalize_observations is on
+        marwil, bc      "pi/torso" (marwil "vf/torso")     (obs,), float32
+        es              "policy" (head "policy/out")       (obs,), float32
+        td3, ddpg, sac  "actor/torso"                      (obs,), float32
+                        "critic/q1/torso", "critic/q2/torso" (ddpg: q1 only)
+                                                           (obs + act,): concat(obs,
+                                                           action normalized to [-1, 1])
 
     Returns:
         A module mapping `[B, *obs_shape]` to features `[B, out_dim]` (its `out_dim`).
 
     Raises:
-        ValueError: an mlp on non-flat observations, a conv on non-image ones, or a custom
-            torso that breaks the contract above.
+        ValueError: an unknown kind, an mlp on non-flat observations, a conv on non-image
+            ones, or a custom torso that breaks the contract above (the message names the
+            path and what is wrong).
         ConfigError: a custom torso's path cannot be imported.
     """
     if ":" in model.kind:
         from easyrl.imports import load_object
 
         torso = load_object(model.kind, "model.kind")(model, tuple(obs_shape), name, rng)
+        if not isinstance(torso, tf.Module):
+            import keras
+
+            if isinstance(torso, keras.Layer):
+                torso = KerasTorso(torso, tuple(obs_shape), name, model.kind)
         _check_torso(torso, model.kind, name)
-        return torso
+        return cast(Torso, torso)
     if model.kind == "conv":
         return ConvTorso(
             obs_shape, model.conv, model.hidden, model.activation, name, rng, model.padding
         )
+    if model.kind != "mlp":
+        raise ValueError(f"model.kind must be mlp, conv or module:Class, got {model.kind!r}")
     if len(obs_shape) != 1:
         raise ValueError(
             f"model.kind 'mlp' needs flat observations, got shape {obs_shape}; "
@@ -172,14 +224,71 @@ def build_torso(model, obs_shape: tuple[int, ...], name: str, rng: np.random.Gen
     return FlatTorso(obs_shape[0], model.hidden, model.activation, name, rng)
 
 
+class KerasTorso(tf.Module):
+    """A Keras 3 layer or model as a torso (see `build_torso`): built on a dummy batch,
+    called with float32 inputs in inference mode, its trainable variables named under `name/`.
+
+    Keras's variables wrap tf.Variables (`.value`), which the Keras layer reads when called:
+    the adapter hands out those very tf.Variables (`named_weights`, found by
+    `trainable_variables` and `named_variables`), so that assigning them (FlatVariables,
+    PS pulls) changes what the layer computes and a GradientTape differentiates them.
+
+    Args:
+        layer: the Keras layer or model.
+        obs_shape: the shape of one input row.
+        name: the variable name prefix.
+        kind: the `model.kind` path, for error messages.
+
+    Raises:
+        ValueError: the layer fails on a batch of zeros, or its output is not one float
+            tensor `[B, out_dim]`.
+    """
+
+    def __init__(self, layer, obs_shape: tuple[int, ...], name: str, kind: str):
+        super().__init__(name=None)
+        self.layer = layer
+        try:
+            out = layer(tf.zeros([2, *obs_shape], tf.float32), training=False)
+        except Exception as err:  # the user's model: any failure is a contract violation
+            raise ValueError(
+                f"{kind}: the Keras model fails on a batch of zeros [2, *{obs_shape}]: {err}"
+            ) from err
+        if not isinstance(out, tf.Tensor):
+            raise ValueError(f"{kind}: the Keras model returned {type(out).__name__}, not a tensor")
+        shape = tuple(out.shape)
+        width = shape[1] if len(shape) == 2 and shape[0] == 2 else None
+        if not width:
+            raise ValueError(
+                f"{kind}: the Keras model must map [B, *{obs_shape}] to features [B, out_dim], "
+                f"got shape {shape} for B = 2"
+            )
+        if not out.dtype.is_floating:
+            raise ValueError(f"{kind}: the Keras model's output is {out.dtype.name}, not float")
+        self.out_dim = int(width)
+        layers: dict[str, int] = {}  # the owning layer's path -> its index
+        self.named_weights: dict[str, tf.Variable] = {}
+        for weight in layer.trainable_weights:
+            index = layers.setdefault(weight.path.rpartition("/")[0], len(layers))
+            explicit = f"{name}/{index}/{weight.name}"
+            if explicit in self.named_weights:
+                raise ValueError(f"{kind}: two variables of one Keras layer are named {explicit!r}")
+            self.named_weights[explicit] = weight.value
+
+    def __call__(self, obs: tf.Tensor) -> tf.Tensor:
+        out = self.layer(tf.cast(obs, tf.float32), training=False)  # [B, out_dim]
+        return tf.cast(out, tf.float32)
+
+
 def _check_torso(torso, kind: str, name: str) -> None:
     """Raises ValueError when a custom torso breaks the contract of `build_torso`."""
     if not isinstance(torso, tf.Module):
-        raise ValueError(f"{kind} returned {type(torso).__name__}, not a tf.Module")
+        raise ValueError(
+            f"{kind} returned {type(torso).__name__}, not a tf.Module or a Keras layer"
+        )
     out_dim = getattr(torso, "out_dim", None)
     if isinstance(out_dim, bool) or not isinstance(out_dim, int | np.integer) or out_dim < 1:
         raise ValueError(f"{kind}: out_dim must be a positive int, got {out_dim!r}")
-    names = [v.name.removesuffix(":0") for v in torso.trainable_variables]
+    names = [n for n, _ in _named(torso)]
     strays = [n for n in names if not n.startswith(f"{name}/")]
     if strays or len(set(names)) != len(names):
         raise ValueError(
@@ -188,9 +297,24 @@ def _check_torso(torso, kind: str, name: str) -> None:
         )
 
 
+def _named(module: tf.Module) -> list[tuple[str, tf.Variable]]:
+    """(name, variable) for every trainable variable of `module`: the variable's own name,
+    or the name a `KerasTorso` inside gave it."""
+    adapters = [m for m in (module, *module.submodules) if isinstance(m, KerasTorso)]
+    given = {v.ref(): n for adapter in adapters for n, v in adapter.named_weights.items()}
+    return [(given.get(v.ref(), v.name.removesuffix(":0")), v) for v in module.trainable_variables]
+
+
 def named_variables(module: tf.Module) -> dict[str, tf.Variable]:
-    """Returns {explicit name: variable} for every variable of `module`, sorted by name."""
-    found = {v.name.removesuffix(":0"): v for v in module.trainable_variables}
+    """Returns {explicit name: variable} for every variable of `module`, sorted by name.
+
+    Raises:
+        ValueError: two different variables have the same name.
+    """
+    found: dict[str, tf.Variable] = {}
+    for name, variable in _named(module):
+        if found.setdefault(name, variable) is not variable:
+            raise ValueError(f"two variables are named {name!r}: names must be unique")
     return dict(sorted(found.items()))
 
 

@@ -21,6 +21,7 @@ from typing import cast
 import grpc
 import numpy as np
 
+from easyrl.algorithms import registry
 from easyrl.algorithms.contract import (
     Agent,
     Collector,
@@ -96,8 +97,7 @@ class Actor:
         self.memory = ctx.client("memory", ctx.task % memories) if memories else None
         self.frames = None  # frame stacks ship as distinct frames + indexes (replay.frames)
         if memories and ctx.cfg.env.atari is not None:
-            module, params = ctx.algorithm_module(), ctx.cfg.algorithm.params
-            self.frames = layout_for(ctx.cfg, module.replay_spec(params, *ctx.spaces()))
+            self.frames = layout_for(ctx.cfg, registry.replay_spec(ctx.cfg, *ctx.spaces()))
         self.outbox: queue.Queue = queue.Queue(maxsize=ctx.cfg.actor.queue_size)
         self.sync_requested = threading.Event()
         self.counters = {

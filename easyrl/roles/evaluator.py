@@ -60,6 +60,8 @@ class BestCheckpoint:
 
 def evaluate_forever(ctx: RoleContext, algo, stop: threading.Event) -> None:
     """The evaluator's loop (see the module docstring)."""
+    from easyrl.algorithms.shared import greedy_policy
+
     cfg = ctx.cfg
     weights = ShardedWeights(ctx.clients("ps"), algo.variables)
     if not ctx.wait_for_peers(weights.clients, stop):
@@ -82,7 +84,7 @@ def evaluate_forever(ctx: RoleContext, algo, stop: threading.Event) -> None:
             versions = list(weights.local_versions)
             returns, _ = play_episodes(
                 env,
-                algo.greedy,
+                greedy_policy(algo),  # a recurrent one restarts from zero state
                 cfg.eval.episodes,
                 derive_seed(cfg.run.seed, "evaluator", ctx.task, evaluation),
                 stop,

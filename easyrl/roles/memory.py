@@ -596,13 +596,14 @@ def largest_message(cfg, spec: dict, memory: MemoryServer) -> int:
 
 def run(ctx) -> int:
     """Runs memory shard `ctx.task` until Shutdown or SIGTERM."""
+    from easyrl.algorithms import registry
     from easyrl.metrics import prometheus
     from easyrl.roles.common import stop_event_on_signals
     from easyrl.transport.rpc import add_servicer, make_server
 
     stop = stop_event_on_signals()
     obs_space, action_space = ctx.spaces()
-    spec = ctx.algorithm_module().replay_spec(ctx.cfg.algorithm.params, obs_space, action_space)
+    spec = registry.replay_spec(ctx.cfg, obs_space, action_space)
     path = ctx.run_dir / "checkpoints" / f"memory-{ctx.task}.npz"
     marker = path.with_suffix(".started")  # left by an earlier process of this shard
     restarted = marker.exists()

@@ -11,6 +11,15 @@ the env's bounds). `DIR/easyrl_export.json` describes both for humans.
 
 The exported function is the agent's own compiled greedy function (`agent.greedy_fn`, the
 one `agent.greedy` calls), so the SavedModel computes the same actions as `easyrl rollout`.
+
+A recurrent policy (`model.lstm` > 0) carries its state, as TF-Agents' policy saver does:
+
+    state = policy.signatures["get_initial_state"](batch_size=tf.constant(N))["state"]
+    out = policy.signatures["action"](obs=tf.constant(obs_batch), state=state)
+    actions, state = out["action"], out["state"]
+
+The caller passes the initial (zero) state for an env whose episode starts, and the returned
+state otherwise.
 """
 
 from __future__ import annotations
@@ -54,10 +63,15 @@ def _bounds(values: np.ndarray) -> list:
 
 def _policy_module(greedy_fn, variables: list):
     """A `tf.Module` that tracks `variables` (so the SavedModel stores them) and serves
-    `greedy_fn` as `action(obs) -> {"action": actions}`."""
+    `greedy_fn` as `action(obs) -> {"action": actions}`; a recurrent one (`greedy_fn(obs,
+    state, first)`) as `action(obs, state) -> {"action", "state"}`, with
+    `get_initial_state(batch_size) -> {"state"}`."""
     import tensorflow as tf
 
     spec = greedy_fn.input_signature[0]
+    if len(greedy_fn.input_signature) == 3:
+        state_spec = greedy_fn.input_signature[1]
+        return _recurrent_module(greedy_fn, variables, spec, int(state_spec.shape[1]))
 
     class Policy(tf.Module):
         """The greedy policy of an easyrl run (see `easyrl.tools.export`)."""
@@ -72,6 +86,37 @@ def _policy_module(greedy_fn, variables: list):
             return {SIGNATURE: greedy_fn(obs)}
 
     return Policy()
+
+
+def _recurrent_module(greedy_fn, variables: list, spec, state_size: int):
+    """`_policy_module` of a recurrent greedy function (see the module docstring)."""
+    import tensorflow as tf
+
+    class RecurrentPolicy(tf.Module):
+        """The greedy recurrent policy of an easyrl run (see `easyrl.tools.export`)."""
+
+        def __init__(self):
+            super().__init__(name="easyrl_policy")
+            self.policy_variables = variables
+
+        @tf.function(input_signature=[tf.TensorSpec([], tf.int32, name="batch_size")])
+        def get_initial_state(self, batch_size):
+            """The state of envs whose episode starts: zeros `[batch_size, state]`."""
+            return {"state": tf.zeros([batch_size, state_size], tf.float32)}
+
+        @tf.function(
+            input_signature=[
+                tf.TensorSpec(spec.shape, spec.dtype, name="obs"),
+                tf.TensorSpec([None, state_size], tf.float32, name="state"),
+            ]
+        )
+        def action(self, obs, state):
+            """Greedy actions and the next state for a batch of observations and states."""
+            first = tf.zeros([tf.shape(obs)[0]], tf.float32)  # the caller resets the state
+            actions, state = greedy_fn(obs, state, first)
+            return {SIGNATURE: actions, "state": state}
+
+    return RecurrentPolicy()
 
 
 def _check_out(out: Path) -> None:
@@ -116,7 +161,11 @@ def export(run_dir: str | Path, out: str | Path, checkpoint: str | None = None) 
     variables += [v for v in captured if id(v) not in known]
     with tf.device("/CPU:0"):
         module = _policy_module(greedy_fn, variables)
-        tf.saved_model.save(module, str(out), signatures={SIGNATURE: module.action})
+        signatures: dict = {SIGNATURE: module.action}
+        initial_state = getattr(module, "get_initial_state", None)  # a recurrent policy's
+        if initial_state is not None:
+            signatures["get_initial_state"] = initial_state
+        tf.saved_model.save(module, str(out), signatures=signatures)
     spec = greedy_fn.input_signature[0]
     info = {
         "algorithm": cfg.algorithm.name,
@@ -134,6 +183,15 @@ def export(run_dir: str | Path, out: str | Path, checkpoint: str | None = None) 
             f"[{SIGNATURE!r}]"
         ),
     }
+    if len(greedy_fn.input_signature) == 3:
+        state = greedy_fn.input_signature[1].shape.as_list()
+        info["state"] = {"name": "state", "shape": state, "dtype": "float32"}
+        info["usage"] = (
+            "state = policy.signatures['get_initial_state'](batch_size=tf.constant(N))"
+            f"['state']; out = policy.signatures[{SIGNATURE!r}](obs=tf.constant(batch), "
+            f"state=state); out[{SIGNATURE!r}], out['state'] (policy = "
+            "tf.saved_model.load(DIR); pass the initial state where an episode starts)"
+        )
     (out / EXPORT_INFO).write_text(json.dumps(info, indent=2, allow_nan=False) + "\n")
     return out
 

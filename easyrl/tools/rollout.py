@@ -287,6 +287,8 @@ def rollout(
         raise EasyRLError(f"episodes must be a positive int, got {episodes!r}")
     if video_dir is not None:
         _require_moviepy()
+    from easyrl.algorithms.shared import greedy_policy  # imports TensorFlow
+
     loaded = load_policy(run_dir, checkpoint)
     cfg = loaded.cfg
     out = None if quiet else sys.stdout
@@ -310,7 +312,9 @@ def rollout(
             file=out,
         )
     try:
-        returns, lengths = play_episodes(env, loaded.algo.greedy, episodes, seed, on_episode=report)
+        returns, lengths = play_episodes(
+            env, greedy_policy(loaded.algo), episodes, seed, on_episode=report
+        )
     except gymnasium.error.DependencyNotInstalled as err:  # rendering for --video
         raise EasyRLError(f"{cfg.env.id} needs a package that is not installed: {err}") from err
     finally:

@@ -21,13 +21,15 @@ from typing import ClassVar, Literal
 import numpy as np
 
 from easyrl.algorithms import ppo
-from easyrl.algorithms.contract import Flow, ReplayKind, RoundsAgent
-from easyrl.errors import ConfigError, check_ranges
+from easyrl.algorithms.contract import Flow, ReplayKind, RoundsAgent, check_model_kind
+from easyrl.errors import check_ranges
 
 FLOW: Flow = "sync_rounds"
 """Execution flow: actors collect a round under one weight round; one learner steps on it."""
 REPLAY_KINDS: tuple[ReplayKind, ...] = ("aggregate",)
 """Replay tables A2C works with: whole rounds of steps."""
+MODEL_KINDS = ppo.MODEL_KINDS
+"""Network kinds: PPO's (an MLP or a custom torso)."""
 
 
 @dataclass(frozen=True)
@@ -150,9 +152,8 @@ def build(
     """Builds the TF side: PPO's agent with `params.ppo_params()` (imports TensorFlow).
 
     Raises:
-        ConfigError: `model.kind` is not "mlp", or the spaces are unsupported.
+        ConfigError: `model.kind` is not one of `MODEL_KINDS`, or the spaces are unsupported.
     """
-    if model.kind != "mlp":
-        raise ConfigError(f"{params.ALGORITHM} supports model.kind 'mlp' only, got {model.kind!r}")
+    check_model_kind(params.ALGORITHM, model, MODEL_KINDS)
     ppo.check_spaces(obs_space, action_space, params.ALGORITHM)
     return ppo.build(params.ppo_params(), obs_space, action_space, model, seed, learner)

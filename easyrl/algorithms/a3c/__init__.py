@@ -28,6 +28,8 @@ REPLAY_KINDS: tuple[ReplayKind, ...] = ()
 """A3C uses no replay table."""
 MODEL_KINDS = impala.MODEL_KINDS
 """Network kinds: IMPALA's."""
+RECURRENT = True
+"""`model.lstm` works, as in IMPALA (the same agent)."""
 
 
 @dataclass(frozen=True)
@@ -88,16 +90,16 @@ def optimizer(params: Params):
     return impala.optimizer(params)
 
 
-def replay_spec(params: Params, obs_space, action_space) -> dict:
-    """Columns of one unroll of one env, as IMPALA's (see `impala.unroll_spec`): the actor
-    builds the same unroll dicts and computes its gradients on them.
+def replay_spec(params: Params, obs_space, action_space, lstm: int = 0) -> dict:
+    """Columns of one unroll of one env, as IMPALA's (see `impala.unroll_spec`; `lstm` is
+    `model.lstm`): the actor builds the same unroll dicts and computes its gradients on them.
 
     Raises:
         ConfigError: the action space is not Discrete.
     """
     if not isinstance(action_space, gym.spaces.Discrete):
         raise ConfigError(f"a3c needs a Discrete action space, got {action_space}")
-    return impala.unroll_spec(params.unroll_length, obs_space, action_space)
+    return impala.unroll_spec(params.unroll_length, obs_space, action_space, lstm)
 
 
 def build(

@@ -18,6 +18,8 @@ REPLAY_KINDS = marwil.REPLAY_KINDS
 """Replay tables BC works with: the dataset's steps, sampled uniformly."""
 OFFLINE_ONLY = marwil.OFFLINE_ONLY
 """Trains from `input.dir` only: the config refuses a run without it."""
+MODEL_KINDS = marwil.MODEL_KINDS
+"""Network kinds: MARWIL's (an MLP or a custom torso)."""
 
 
 @dataclass(frozen=True)

@@ -16,6 +16,8 @@ FLOW = td3.FLOW
 """Execution flow: actors ship transitions, learners sample asynchronously."""
 REPLAY_KINDS = td3.REPLAY_KINDS
 """Replay tables DDPG works with; the first is the default."""
+MODEL_KINDS = td3.MODEL_KINDS
+"""Network kinds: TD3's (an MLP or a custom torso)."""
 
 
 @dataclass(frozen=True)
@@ -54,6 +56,6 @@ def build(
     """Builds the TF side (a `td3.agent.TD3` with these params).
 
     Raises:
-        ConfigError: `model.kind` is not "mlp", or the spaces are unsupported.
+        ConfigError: `model.kind` is not one of `MODEL_KINDS`, or the spaces are unsupported.
     """
     return td3.build(params, obs_space, action_space, model, seed, learner, name="ddpg")

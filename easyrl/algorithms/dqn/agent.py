@@ -254,9 +254,9 @@ class DQN(CompiledGreedy):
         support = self.q.support
         assert support is not None, "C51 terms of a network without atoms"
         next_probs = tf.nn.softmax(target.logits(next_obs), axis=2)  # [B, A, N]
-        if self.params.double_q or target is self.q:
+        if self.params.double_q and target is not self.q:
             best = tf.argmax(self.q(next_obs), axis=1)  # [B]
-        else:
+        else:  # the target's own means: one pass (and one noise draw) when it is the online net
             best = tf.argmax(tf.reduce_sum(next_probs * support, axis=2), axis=1)
         next_probs = tf.gather(next_probs, best, axis=1, batch_dims=1)  # [B, N]
         m = tf.stop_gradient(categorical_projection(reward, discount, next_probs, support))

@@ -18,6 +18,8 @@ FLOW: Flow = "sync_rounds"
 """Execution flow: actors evaluate a round of perturbations of one weight round."""
 REPLAY_KINDS: tuple[ReplayKind, ...] = ("aggregate",)
 """Replay tables ES works with: rounds of (seed, returns) records."""
+MODEL_KINDS = ("mlp", "custom")
+"""Network kinds: an MLP or a custom torso (`policy`) on flat observations."""
 
 
 @dataclass(frozen=True)
@@ -176,8 +178,9 @@ def build(
     same policy, whatever `learner` says.
 
     Raises:
-        ConfigError: the model is not an mlp, the observation is not a flat Box, or the action
-            space is neither Discrete nor a flat Box with finite bounds.
+        ConfigError: `model.kind` is not one of `MODEL_KINDS`, the observation is not a flat
+            Box, the action space is neither Discrete nor a flat Box with finite bounds, or a
+            custom torso breaks the contract of `easyrl.models.build_torso`.
     """
     from easyrl.algorithms.es.agent import ES
 

@@ -2,8 +2,10 @@
 
 Actor: every env i of the vector runs its own parameters theta + sign_i * sigma * eps_i; the
 N parameter vectors sit in one `[N, P]` variable and one compiled call does the N forwards
-(per-layer `[N, in, out]` weights, `einsum`). Learner: `es_gradient` over the round's records.
-Policy: MLP torso -> linear head; Discrete: argmax, Box: low + (tanh(out) + 1) / 2 * (high - low).
+(an mlp: per-layer `[N, in, out]` weights, `einsum`; a custom torso: env by env, each env's
+parameters assigned to a scratch copy of the policy). Learner: `es_gradient` over the round's
+records. Policy: torso -> linear head; Discrete: argmax, Box: low + (tanh(out) + 1) / 2 *
+(high - low).
 """
 
 from collections.abc import Iterator
@@ -12,28 +14,26 @@ import gymnasium as gym
 import numpy as np
 import tensorflow as tf
 
-from easyrl.algorithms.contract import Flow, LearnStep
-from easyrl.algorithms.es import FLOW, Params, es_gradient, noise
+from easyrl.algorithms.contract import Flow, LearnStep, check_model_kind
+from easyrl.algorithms.es import FLOW, MODEL_KINDS, Params, es_gradient, noise
 from easyrl.algorithms.shared import CompiledGreedy, compiled
 from easyrl.errors import ConfigError
-from easyrl.models import ACTIVATIONS, MLP, Dense, FlatVariables, named_variables
+from easyrl.models import ACTIVATIONS, Dense, FlatVariables, build_torso, named_variables
 
 _SEED_HIGH = 2**31
 """Perturbation seeds are drawn uniformly from [0, _SEED_HIGH)."""
 
 
 class Policy(tf.Module):
-    """theta's network: an MLP torso (activation after every hidden layer) and a linear head
-    with small initial weights, so that the initial policy is close to uniform / centred."""
+    """theta's network: the model's torso (`policy`; an mlp has an activation after every
+    hidden layer) and a linear head (`policy/out`) with small initial weights, so that the
+    initial policy is close to uniform / centred."""
 
     def __init__(self, obs_dim: int, out_dim: int, model, seed: int):
         super().__init__(name=None)
         rng = np.random.default_rng(seed)
-        self.torso = MLP(obs_dim, model.hidden, model.activation, "policy", rng)
-        width = model.hidden[-1] if model.hidden else obs_dim
-        self.head = Dense(width, out_dim, "policy/out", rng, scale=0.1)
-        # Layer names in forward order (variables are stored sorted by name, not in this order).
-        self.layer_names = [f"policy/{i}" for i in range(len(model.hidden))] + ["policy/out"]
+        self.torso = build_torso(model, (obs_dim,), "policy", rng)
+        self.head = Dense(self.torso.out_dim, out_dim, "policy/out", rng, scale=0.1)
 
     def __call__(self, obs: tf.Tensor) -> tf.Tensor:
         return self.head(self.torso(obs))  # [N, out]
@@ -46,20 +46,20 @@ class ES(CompiledGreedy):
         params: hyper-parameters.
         obs_space: a flat gymnasium Box observation space.
         action_space: a Discrete space, or a flat Box with finite bounds.
-        model: the config's `model` section (an mlp).
+        model: the config's `model` section (an mlp or a custom torso).
         seed: initialisation seed (every role builds identical initial values).
 
     Raises:
-        ConfigError: unsupported model kind, observation or action space.
+        ConfigError: unsupported model kind, observation or action space, or a custom torso
+            that breaks its contract.
     """
 
     flow: Flow = FLOW
 
     def __init__(self, params: Params, obs_space, action_space, model, seed: int = 0):
-        if model.kind != "mlp":
-            raise ConfigError(f"es supports model.kind 'mlp' only, got {model.kind!r}")
+        check_model_kind("es", model, MODEL_KINDS)
         if not isinstance(obs_space, gym.spaces.Box) or len(obs_space.shape) != 1:
-            raise ConfigError(f"es with an mlp needs a flat Box observation, got {obs_space}")
+            raise ConfigError(f"es needs a flat Box observation, got {obs_space}")
         self.params = params
         self.obs_dim = int(obs_space.shape[0])
         self.discrete = isinstance(action_space, gym.spaces.Discrete)
@@ -75,21 +75,32 @@ class ES(CompiledGreedy):
             self._half_range = tf.constant(0.5 * (high - low), tf.float32)  # [A]
         else:
             raise ConfigError(f"es needs a Discrete or flat Box action space, got {action_space}")
-        self.policy = Policy(self.obs_dim, out_dim, model, seed)
+        try:
+            self.policy = Policy(self.obs_dim, out_dim, model, seed)
+            # A custom torso's per-env forwards run in a scratch copy (see `per_env_outputs`).
+            custom = model.kind != "mlp"
+            scratch = Policy(self.obs_dim, out_dim, model, seed) if custom else None
+        except ValueError as err:
+            raise ConfigError(f"model: {err}") from err
         self.variables = named_variables(self.policy)
         self.flat = FlatVariables(list(self.variables.values()))
         self.num_params = int(self.flat.offsets[-1])
         self._activation = ACTIVATIONS[model.activation]
-        # Per layer, in forward order: (w start, w end, w shape, b start, b end) in the flat
-        # vector, whose order is that of `self.variables`.
+        self._scratch = scratch
+        self._scratch_flat = (
+            None if scratch is None else FlatVariables(list(named_variables(scratch).values()))
+        )
+        # An mlp, per layer in forward order: (w start, w end, w shape, b start, b end) in the
+        # flat vector, whose order is that of `self.variables` (sorted by name).
         names = list(self.variables)
         spans = {
             n: (int(self.flat.offsets[k]), int(self.flat.offsets[k + 1]))
             for k, n in enumerate(names)
         }
+        layers = [f"policy/{i}" for i in range(len(model.hidden))] + ["policy/out"]
         self._layout = [
             (*spans[f"{n}/w"], tuple(self.variables[f"{n}/w"].shape), *spans[f"{n}/b"])
-            for n in self.policy.layer_names
+            for n in (layers if scratch is None else [])
         ]
         obs = tf.TensorSpec([None, self.obs_dim], tf.float32)
         flat = tf.TensorSpec([None, self.num_params], tf.float32)
@@ -149,6 +160,8 @@ class ES(CompiledGreedy):
 
     def per_env_outputs(self, obs: tf.Tensor, flat: tf.Tensor) -> tf.Tensor:
         """Policy outputs `[N, out]` with per-env flat parameters `flat` `[N, P]` (TF code)."""
+        if self._scratch is not None:
+            return self._each_env_outputs(obs, flat)
         x = obs  # [N, in]
         last = len(self._layout) - 1
         for k, (w0, w1, w_shape, b0, b1) in enumerate(self._layout):
@@ -157,6 +170,23 @@ class ES(CompiledGreedy):
             if k < last:
                 x = self._activation(x)
         return x
+
+    def _each_env_outputs(self, obs: tf.Tensor, flat: tf.Tensor) -> tf.Tensor:
+        """`per_env_outputs` for any torso: env by env, its parameters assigned to the scratch
+        policy, then its observation forwarded (one env at a time: they share the scratch)."""
+        scratch, scratch_flat = self._scratch, self._scratch_flat
+        assert scratch is not None and scratch_flat is not None, "an mlp uses the einsum path"
+
+        def one_env(args):
+            obs_i, theta = args  # [in], [P]
+            parts = scratch_flat.split_tensor(theta)
+            assigns = [v.assign(p) for v, p in zip(scratch_flat.variables, parts, strict=True)]
+            with tf.control_dependencies(assigns):
+                return scratch(obs_i[None])[0]  # [out]
+
+        return tf.map_fn(
+            one_env, (obs, flat), fn_output_signature=tf.float32, parallel_iterations=1
+        )  # [N, out]
 
     def to_action(self, out: tf.Tensor) -> tf.Tensor:
         """Maps raw outputs `[N, out]` to env actions: `[N]` int64 or `[N, A]` float32."""

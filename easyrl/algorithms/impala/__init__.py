@@ -37,6 +37,8 @@ REPLAY_KINDS: tuple[ReplayKind, ...] = ("trajectory",)
 """Replay tables IMPALA works with: a FIFO table of whole unrolls."""
 MODEL_KINDS = ("mlp", "conv", "custom")
 """Network kinds: MLP, conv torso, or a custom `module:Class` torso."""
+RECURRENT = True
+"""`model.lstm` works: an LSTM core between the torso and the heads (see `agent.LSTMCore`)."""
 
 OPTIMIZERS = ("adam", "rmsprop", "sgd")
 """Optimizer kinds the PS shards know."""
@@ -186,7 +188,7 @@ def check_spaces(obs_space, action_space, model, algorithm: str = "impala") -> N
         )
 
 
-def unroll_spec(unroll_length: int, obs_space, action_space) -> dict:
+def unroll_spec(unroll_length: int, obs_space, action_space, lstm: int = 0) -> dict:
     """Columns of one unroll of T = `unroll_length` steps of one env, as
     {name: (per-item shape, dtype)}:
 
@@ -197,26 +199,38 @@ def unroll_spec(unroll_length: int, obs_space, action_space) -> dict:
         reward    (T,)                 float32
         discount  (T,)                 float32, gamma * (1 - done_t), done = terminated |
                                        truncated (see the module docstring)
+
+    and with an LSTM core of `lstm` > 0 units (`model.lstm`):
+
+        state     (2 * lstm,)          float32, the core's state (c, h) before step 0, as the
+                                       actor held it (before the reset of `first[0]`)
+        first     (T + 1,)             float32, 1 where obs[t] starts an episode: the state
+                                       is reset to zeros before that step
     """
     t = int(unroll_length)
-    return {
+    spec = {
         "obs": ((t + 1, *obs_space.shape), np.dtype(obs_space.dtype)),
         "action": ((t,), np.dtype(np.int64)),
         "logits": ((t, int(action_space.n)), np.dtype(np.float32)),
         "reward": ((t,), np.dtype(np.float32)),
         "discount": ((t,), np.dtype(np.float32)),
     }
+    if lstm:
+        spec["state"] = ((2 * int(lstm),), np.dtype(np.float32))
+        spec["first"] = ((t + 1,), np.dtype(np.float32))
+    return spec
 
 
-def replay_spec(params: Params, obs_space, action_space) -> dict:
-    """Columns of one replay item, one unroll of one env (see `unroll_spec`).
+def replay_spec(params: Params, obs_space, action_space, lstm: int = 0) -> dict:
+    """Columns of one replay item, one unroll of one env (see `unroll_spec`; `lstm` is
+    `model.lstm`).
 
     Raises:
         ConfigError: the action space is not Discrete.
     """
     if not isinstance(action_space, gym.spaces.Discrete):
         raise ConfigError(f"impala needs a Discrete action space, got {action_space}")
-    return unroll_spec(params.unroll_length, obs_space, action_space)
+    return unroll_spec(params.unroll_length, obs_space, action_space, lstm)
 
 
 def build(

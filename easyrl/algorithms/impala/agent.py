@@ -7,6 +7,11 @@ Loss to minimize on a batch of B unrolls of T steps (means over all T * B steps)
     entropy       = mean_{t,b}(H(pi(.|x_t))),  H(p) = -sum_a p_a log p_a
     loss          = policy_loss + baseline_cost * baseline_loss - entropy_cost * entropy
 with vs_t and pg_advantage_t the V-trace targets (see `vtrace`), held constant.
+
+With `model.lstm` > 0 an LSTM core (`easyrl.models.lstm.LSTMCore`) sits between the torso and
+the heads: actors carry its state per env (zeros at an episode start) and ship each unroll's
+initial state and episode-start flags; the learner runs the core over the unroll from that
+state, resetting where an episode starts, as the actor did.
 """
 
 import numpy as np
@@ -23,6 +28,7 @@ from easyrl.algorithms.shared import (
 )
 from easyrl.errors import EasyRLError
 from easyrl.models import Dense, FlatVariables, build_torso, named_variables
+from easyrl.models.lstm import LSTMCore
 
 STAT_NAMES: tuple[str, ...] = ("policy_loss", "baseline_loss", "entropy", "rho_mean", "value_mean")
 """Keys of the stats `IMPALA.learn` returns."""
@@ -83,19 +89,43 @@ def vtrace(
 
 
 class ActorCritic(tf.Module):
-    """A shared torso (`net/torso`, mlp or conv as the model section says) with two linear
-    heads: policy logits `net/logits` (small init: a near-uniform first policy) and the value
-    `net/value`."""
+    """A shared torso (`net/torso`, mlp or conv as the model section says), an LSTM core
+    `net/lstm` when `model.lstm` > 0, and two linear heads: policy logits `net/logits` (small
+    init: a near-uniform first policy) and the value `net/value`."""
 
     def __init__(self, obs_shape, num_actions, model, rng):
         super().__init__(name=None)
+        self.obs_shape = tuple(obs_shape)
         self.torso = build_torso(model, obs_shape, "net/torso", rng)
-        self.logits = Dense(self.torso.out_dim, num_actions, "net/logits", rng, scale=0.01)
-        self.value = Dense(self.torso.out_dim, 1, "net/value", rng, scale=1.0)
+        width = self.torso.out_dim
+        self.core = LSTMCore(width, model.lstm, "net/lstm", rng) if model.lstm else None
+        width = model.lstm or width
+        self.logits = Dense(width, num_actions, "net/logits", rng, scale=0.01)
+        self.value = Dense(width, 1, "net/value", rng, scale=1.0)
+        self.state_size = self.core.state_size if self.core is not None else 0
 
     def __call__(self, obs):
+        """Feed-forward: observations `[N, ...]` to (logits `[N, A]`, values `[N]`)."""
         h = self.torso(obs)  # [N, H]
         return self.logits(h), self.value(h)[:, 0]  # [N, A], [N]
+
+    def step(self, obs, state, first):
+        """Recurrent, one step of N envs: (logits `[N, A]`, values `[N]`, state `[N, 2U]`)."""
+        assert self.core is not None
+        h, state = self.core.step(self.torso(obs), state, first)  # [N, U], [N, 2U]
+        return self.logits(h), self.value(h)[:, 0], state
+
+    def unroll(self, obs, state, first):
+        """Recurrent, B unrolls: obs `[B, T + 1, ...]`, state `[B, 2U]` before step 0,
+        first `[B, T + 1]`; returns (logits `[B, T + 1, A]`, values `[B, T + 1]`)."""
+        assert self.core is not None
+        b, steps = tf.shape(obs)[0], tf.shape(obs)[1]
+        h = self.torso(tf.reshape(obs, [-1, *self.obs_shape]))  # [B * (T+1), H]
+        h = tf.transpose(tf.reshape(h, [b, steps, self.torso.out_dim]), [1, 0, 2])  # [T+1, B, H]
+        hs = self.core.unroll(h, state, tf.transpose(first))  # [T+1, B, U]
+        hs = tf.reshape(tf.transpose(hs, [1, 0, 2]), [-1, self.core.units])  # [B * (T+1), U]
+        logits = tf.reshape(self.logits(hs), [b, steps, -1])  # [B, T+1, A]
+        return logits, tf.reshape(self.value(hs), [b, steps])  # [B, T+1]
 
 
 class IMPALA(CompiledGreedy, NoTargetNetwork):
@@ -123,15 +153,15 @@ class IMPALA(CompiledGreedy, NoTargetNetwork):
         self.obs_shape = tuple(int(d) for d in obs_space.shape)
         self.obs_dtype = np.dtype(obs_space.dtype)
         self.num_actions = int(action_space.n)
-        self.spec = unroll_spec(params.unroll_length, obs_space, action_space)
         self.net = ActorCritic(self.obs_shape, self.num_actions, model, np.random.default_rng(seed))
+        self.state_size = self.net.state_size
+        """Width of the recurrent state per env (0: a feed-forward policy)."""
+        self.spec = unroll_spec(params.unroll_length, obs_space, action_space, model.lstm)
         self.variables = named_variables(self.net)
         self._flat = FlatVariables(list(self.variables.values()))
         # Fixed input signatures: no retracing, and AutoGraph stays off.
         obs_tf_dtype = tf.as_dtype(self.obs_dtype)
         obs = tf.TensorSpec([None, *self.obs_shape], obs_tf_dtype)
-        self._forward = compiled(self.net.__call__, obs)
-        self._greedy = compiled(self._greedy_fn, obs)  # argmax of the logits
         t = params.unroll_length
         batch_signature = [
             tf.TensorSpec([None, t + 1, *self.obs_shape], obs_tf_dtype),  # obs
@@ -140,6 +170,15 @@ class IMPALA(CompiledGreedy, NoTargetNetwork):
             tf.TensorSpec([None, t], tf.float32),  # reward
             tf.TensorSpec([None, t], tf.float32),  # discount
         ]
+        if self.state_size:
+            state = tf.TensorSpec([None, self.state_size], tf.float32)
+            first = tf.TensorSpec([None], tf.float32)
+            self._forward = compiled(self.net.step, obs, state, first)
+            self._greedy = compiled(self._greedy_step_fn, obs, state, first)
+            batch_signature += [state, tf.TensorSpec([None, t + 1], tf.float32)]
+        else:
+            self._forward = compiled(self.net.__call__, obs)
+            self._greedy = compiled(self._greedy_fn, obs)  # argmax of the logits
         self._step = compiled(self._step_fn, *batch_signature)
 
     def collector(
@@ -151,9 +190,40 @@ class IMPALA(CompiledGreedy, NoTargetNetwork):
         return UnrollCollector(self, num_envs, seed)
 
     def evaluate(self, obs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """The network on a batch `[N, *obs_shape]`: (logits `[N, A]`, values `[N]`)."""
-        logits, values = self._forward(np.asarray(obs, self.obs_dtype))
+        """The network on a batch `[N, *obs_shape]`: (logits `[N, A]`, values `[N]`); a
+        recurrent one from the zero state of an episode start."""
+        obs = np.asarray(obs, self.obs_dtype)
+        if self.state_size:
+            state = np.zeros((len(obs), self.state_size), np.float32)
+            logits, values, _ = self._forward(obs, state, np.ones(len(obs), np.float32))
+        else:
+            logits, values = self._forward(obs)
         return logits.numpy(), values.numpy()
+
+    def greedy(self, obs: np.ndarray) -> np.ndarray:
+        """Greedy actions for a batch of observations (a feed-forward policy only).
+
+        Raises:
+            EasyRLError: the policy is recurrent: it acts with a state, through
+                `easyrl.algorithms.shared.greedy_policy(algo)`.
+        """
+        if self.state_size:
+            raise EasyRLError(
+                f"{self.params.name} with model.lstm acts with a recurrent state: play it "
+                "through easyrl.algorithms.shared.greedy_policy(algo)"
+            )
+        return super().greedy(obs)
+
+    def greedy_step(self, obs: np.ndarray, state: np.ndarray, first: np.ndarray) -> tuple:
+        """A recurrent policy's greedy step: (actions `[N]`, next state `[N, 2U]`) for `obs`
+        `[N, ...]`, the state `[N, 2U]` and episode-start flags `first` `[N]`."""
+        obs, state, first = (
+            np.asarray(obs, self.obs_dtype),
+            np.asarray(state, np.float32),
+            np.asarray(first, np.float32),
+        )
+        action, next_state = self._greedy(obs, state, first)
+        return action.numpy(), next_state.numpy()
 
     def learn(self, batch: dict, weights=None) -> LearnStep:
         """One gradient computation on a batch of unrolls.
@@ -181,9 +251,14 @@ class IMPALA(CompiledGreedy, NoTargetNetwork):
         logits, _ = self.net(obs)  # [N, A]
         return tf.argmax(logits, axis=1)  # [N]
 
-    def loss(self, obs, action, behaviour_logits, reward, discount):
+    def _greedy_step_fn(self, obs, state, first):
+        logits, _, state = self.net.step(obs, state, first)  # [N, A], [N, 2U]
+        return tf.argmax(logits, axis=1), state  # [N], [N, 2U]
+
+    def loss(self, obs, action, behaviour_logits, reward, discount, state=None, first=None):
         """The loss on a batch of unrolls (see the module docstring), with its stats `[5]`
-        (the `STAT_NAMES`)."""
+        (the `STAT_NAMES`); a recurrent network takes the unrolls' `state` `[B, 2U]` and
+        `first` `[B, T + 1]` too."""
         p = self.params
         t, a = p.unroll_length, self.num_actions
         b = tf.shape(obs)[0]
@@ -193,10 +268,12 @@ class IMPALA(CompiledGreedy, NoTargetNetwork):
         discount_tm = tf.transpose(discount)  # [T, B]
         behaviour_log_pi = tf.nn.log_softmax(tf.transpose(behaviour_logits, [1, 0, 2]))
         behaviour_logp = tf.gather(behaviour_log_pi, action_tm, axis=2, batch_dims=2)  # [T, B]
-        # All B * (T + 1) observations through the network at once.
-        logits, values = self.net(tf.reshape(obs, [-1, *self.obs_shape]))
-        logits = tf.reshape(logits, [b, t + 1, a])  # [B, T+1, A]
-        values = tf.reshape(values, [b, t + 1])  # [B, T+1]
+        if self.state_size:
+            logits, values = self.net.unroll(obs, state, first)  # [B, T+1, A], [B, T+1]
+        else:  # all B * (T + 1) observations through the network at once
+            logits, values = self.net(tf.reshape(obs, [-1, *self.obs_shape]))
+            logits = tf.reshape(logits, [b, t + 1, a])  # [B, T+1, A]
+            values = tf.reshape(values, [b, t + 1])  # [B, T+1]
         log_pi = tf.nn.log_softmax(tf.transpose(logits[:, :t], [1, 0, 2]))  # [T, B, A]
         values_tm = tf.transpose(values[:, :t])  # [T, B]
         bootstrap_value = values[:, t]  # [B]
@@ -233,7 +310,9 @@ class UnrollCollector:
     Protocol: `act(obs, rng)`, then `observe(...)`, repeated; every T-th `observe` returns
     the N unrolls. Unrolls continue episodes across their boundaries (`resets_envs = False`):
     the bootstrap observation obs[:, T] of one unroll is the first observation obs[:, 0] of
-    the next one.
+    the next one. A recurrent policy's state is carried per env from zeros (every env starts
+    an episode at the first step) and reset where an episode starts; each unroll carries its
+    state before step 0 and its episode-start flags.
 
     Args:
         algo: the actor's IMPALA (its variables hold the current weights).
@@ -264,6 +343,11 @@ class UnrollCollector:
         self._t = 0
         self._acted = False
         self._unrolls = 0
+        # The recurrent state per env, and whether the next step starts an episode.
+        self._state = np.zeros((n, algo.state_size), np.float32)
+        self._first = np.ones(n, np.float32)
+        self._initial_state = self._state.copy()  # of the unroll being collected
+        self._firsts = np.zeros((t + 1, n), np.float32)
         # None: the unrolls carry the behaviour logits instead.
         self.last_action_logp: np.ndarray | None = None
 
@@ -288,11 +372,18 @@ class UnrollCollector:
                 f"obs must be {[self.num_envs, *self.algo.obs_shape]}, got {list(obs.shape)}"
             )
         rng = self._rng if rng is None else rng
-        logits, _ = self.algo._forward(obs)
+        t = self._t
+        if self.algo.state_size:
+            if t == 0:
+                self._initial_state = self._state
+            self._firsts[t] = self._first
+            logits, _, state = self.algo._forward(obs, self._state, self._first)
+            self._state = state.numpy()
+        else:
+            logits, _ = self.algo._forward(obs)
         logits = logits.numpy()  # [N, A]
         noise = rng.gumbel(size=logits.shape)  # [N, A]
         action = np.argmax(logits + noise, axis=1).astype(np.int64)  # [N]
-        t = self._t
         self._obs[t] = obs
         self._action[t] = action
         self._logits[t] = logits
@@ -322,7 +413,8 @@ class UnrollCollector:
         Returns:
             None, or the `replay_spec` columns batch-major: obs `[N, T + 1, ...]` (the
             space's dtype), action `[N, T]` int64, logits `[N, T, A]`, reward and discount
-            `[N, T]` float32, discount = gamma * (1 - (terminated | truncated)).
+            `[N, T]` float32, discount = gamma * (1 - (terminated | truncated)); a
+            recurrent policy's also state `[N, 2U]` and first `[N, T + 1]` float32.
 
         Raises:
             EasyRLError: no `act` preceded this call, or an argument has a wrong shape.
@@ -341,6 +433,7 @@ class UnrollCollector:
             )
         self._reward[t] = rewards
         self._discount[t] = self.algo.params.gamma * (1.0 - done.astype(np.float32))
+        self._first = done.astype(np.float32)  # next_obs starts an episode where done
         self._acted = False
         self._t += 1
         if self._t < self.unroll_length:
@@ -353,6 +446,10 @@ class UnrollCollector:
             "reward": self._reward.T.copy(),  # [N, T]
             "discount": self._discount.T.copy(),  # [N, T]
         }
+        if self.algo.state_size:
+            self._firsts[self.unroll_length] = self._first
+            batch["state"] = self._initial_state.copy()  # [N, 2U]
+            batch["first"] = self._firsts.T.copy()  # [N, T+1]
         self._t = 0
         self._unrolls += 1
         return batch

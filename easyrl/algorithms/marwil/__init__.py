@@ -26,7 +26,7 @@ from typing import Literal
 import gymnasium as gym
 import numpy as np
 
-from easyrl.algorithms.contract import Flow, ReplayKind, ReplayLearner
+from easyrl.algorithms.contract import Flow, ReplayKind, ReplayLearner, check_model_kind
 from easyrl.errors import ConfigError, check_ranges
 from easyrl.offline.dataset import episode_bounds
 
@@ -36,6 +36,8 @@ REPLAY_KINDS: tuple[ReplayKind, ...] = ("uniform",)
 """Replay tables MARWIL works with: the dataset's steps, sampled uniformly."""
 OFFLINE_ONLY = True
 """Trains from `input.dir` only: the config refuses a run without it."""
+MODEL_KINDS = ("mlp", "custom")
+"""Network kinds: an MLP or a custom torso (`pi/torso`, `vf/torso`) on flat observations."""
 
 
 @dataclass(frozen=True)
@@ -102,7 +104,7 @@ def check_spaces(obs_space, action_space, name: str = "marwil") -> None:
     """Raises ConfigError unless the observation is a flat Box and the action space is
     Discrete or a flat Box."""
     if not isinstance(obs_space, gym.spaces.Box) or len(obs_space.shape) != 1:
-        raise ConfigError(f"{name} with an mlp needs a flat Box observation, got {obs_space}")
+        raise ConfigError(f"{name} needs a flat Box observation, got {obs_space}")
     if isinstance(action_space, gym.spaces.Discrete):
         return
     if not (isinstance(action_space, gym.spaces.Box) and len(action_space.shape) == 1):
@@ -162,10 +164,10 @@ def build(
     """Builds the TF side (see `agent.MARWIL`); every role builds the same networks.
 
     Raises:
-        ConfigError: `model.kind` is not "mlp", or the spaces are unsupported.
+        ConfigError: `model.kind` is not one of `MODEL_KINDS`, the spaces are unsupported,
+            or a custom torso breaks the contract of `easyrl.models.build_torso`.
     """
-    if model.kind != "mlp":
-        raise ConfigError(f"marwil supports model.kind 'mlp' only, got {model.kind!r}")
+    check_model_kind("marwil", model, MODEL_KINDS)
     check_spaces(obs_space, action_space)
     from easyrl.algorithms.marwil.agent import MARWIL
 

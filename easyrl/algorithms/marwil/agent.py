@@ -1,4 +1,4 @@
-"""The TensorFlow side of MARWIL and BC: policy (and, for beta > 0, value) MLPs, the
+"""The TensorFlow side of MARWIL and BC: policy (and, for beta > 0, value) networks, the
 greedy policy, the behaviour log-probabilities for off-policy evaluation, and the loss
 (see `easyrl.algorithms.marwil` for the equations).
 
@@ -23,6 +23,7 @@ from easyrl.algorithms.shared import (
     compiled,
     flat_gradients,
 )
+from easyrl.errors import ConfigError
 from easyrl.models import FlatVariables, named_variables
 
 STAT_NAMES: tuple[str, ...] = ("loss", "policy_loss", "value_loss", "adv_sq_mean")
@@ -37,8 +38,11 @@ class MARWIL(CompiledGreedy, NoTargetNetwork):
         params: hyper-parameters.
         obs_space: a flat gymnasium Box observation space.
         action_space: a Discrete or flat Box action space.
-        model: the config's `model` section.
+        model: the config's `model` section (an mlp or a custom torso).
         seed: initialisation seed (every role builds identical initial values).
+
+    Raises:
+        ConfigError: a custom torso breaks its contract.
     """
 
     flow: Flow = FLOW
@@ -49,11 +53,14 @@ class MARWIL(CompiledGreedy, NoTargetNetwork):
         obs_dim = int(obs_space.shape[0])
         rng = np.random.default_rng(seed)
         identity = ObsNorm(obs_dim, None)
-        self.pi = PolicyNet(obs_dim, action_space, model, params.log_std_init, rng, identity)
+        try:
+            self.pi = PolicyNet(obs_dim, action_space, model, params.log_std_init, rng, identity)
+            # beta = 0 (BC) never uses a value
+            self.vf = ValueNet(obs_dim, model, rng, identity) if params.beta > 0 else None
+        except ValueError as err:
+            raise ConfigError(f"model: {err}") from err
         self.variables = named_variables(self.pi)
-        self.vf = None
-        if params.beta > 0:  # beta = 0 (BC) never uses a value
-            self.vf = ValueNet(obs_dim, model, rng, identity)
+        if self.vf is not None:
             self.variables = {**self.variables, **named_variables(self.vf)}
         self._flat = FlatVariables(list(self.variables.values()))
         # TF's stub types `initial_value` as a Tensor; tf.Variable takes any tensor-like value.

@@ -15,10 +15,27 @@ from dataclasses import dataclass
 from typing import ClassVar, Literal
 
 from easyrl.algorithms import a2c, ppo
-from easyrl.algorithms.a2c import FLOW, REPLAY_KINDS, build, optimizer, replay_spec, round_share
+from easyrl.algorithms.a2c import (
+    FLOW,
+    MODEL_KINDS,
+    REPLAY_KINDS,
+    build,
+    optimizer,
+    replay_spec,
+    round_share,
+)
 from easyrl.errors import check_ranges
 
-__all__ = ["FLOW", "REPLAY_KINDS", "Params", "build", "optimizer", "replay_spec", "round_share"]
+__all__ = [
+    "FLOW",
+    "MODEL_KINDS",
+    "REPLAY_KINDS",
+    "Params",
+    "build",
+    "optimizer",
+    "replay_spec",
+    "round_share",
+]
 
 
 @dataclass(frozen=True)

@@ -18,13 +18,15 @@ from typing import Literal
 import gymnasium as gym
 import numpy as np
 
-from easyrl.algorithms.contract import Flow, ReplayKind, RoundsAgent
+from easyrl.algorithms.contract import Flow, ReplayKind, RoundsAgent, check_model_kind
 from easyrl.errors import ConfigError, check_ranges
 
 FLOW: Flow = "sync_rounds"
 """Execution flow: actors collect a round under one weight round; one learner trains on it."""
 REPLAY_KINDS: tuple[ReplayKind, ...] = ("aggregate",)
 """Replay tables PPO works with: whole rounds of steps."""
+MODEL_KINDS = ("mlp", "custom")
+"""Network kinds: an MLP or a custom torso (`pi/torso`, `vf/torso`) on flat observations."""
 
 
 @dataclass(frozen=True)
@@ -112,15 +114,14 @@ def round_share(params: Params, num_envs: int, actor_index: int, num_actors: int
 
 
 def check_spaces(obs_space, action_space, name: str = "ppo") -> None:
-    """Checks that PPO (or `name`, an algorithm on PPO's agent) with an MLP can handle
-    these spaces.
+    """Checks that PPO (or `name`, an algorithm on PPO's agent) can handle these spaces.
 
     Raises:
         ConfigError: the observation is not a flat Box, or the action space is neither
             Discrete nor a flat bounded Box.
     """
     if not isinstance(obs_space, gym.spaces.Box) or len(obs_space.shape) != 1:
-        raise ConfigError(f"{name} with an mlp needs a flat Box observation, got {obs_space}")
+        raise ConfigError(f"{name} needs a flat Box observation, got {obs_space}")
     if isinstance(action_space, gym.spaces.Discrete):
         return
     if isinstance(action_space, gym.spaces.Box) and len(action_space.shape) == 1:
@@ -213,10 +214,10 @@ def build(
     (`learner=True`) splits minibatches over several GPUs; actors never do.
 
     Raises:
-        ConfigError: `model.kind` is not "mlp", or the spaces are unsupported.
+        ConfigError: `model.kind` is not one of `MODEL_KINDS`, the spaces are unsupported,
+            or a custom torso breaks the contract of `easyrl.models.build_torso`.
     """
-    if model.kind != "mlp":
-        raise ConfigError(f"ppo supports model.kind 'mlp' only, got {model.kind!r}")
+    check_model_kind("ppo", model, MODEL_KINDS)
     check_spaces(obs_space, action_space)
     from easyrl.algorithms.ppo.agent import PPO
 

@@ -28,7 +28,7 @@ from easyrl.algorithms.shared import (
     flatten,
     gradients,
 )
-from easyrl.errors import EasyRLError
+from easyrl.errors import ConfigError, EasyRLError
 from easyrl.models import FlatVariables, named_variables
 
 STAT_NAMES: tuple[str, ...] = ("policy_loss", "value_loss", "entropy", "approx_kl", "clip_frac")
@@ -51,13 +51,13 @@ class PPO(CompiledGreedy):
         params: hyper-parameters.
         obs_space: a flat gymnasium Box observation space.
         action_space: a Discrete or flat bounded Box action space.
-        model: the config's `model` section (an MLP).
+        model: the config's `model` section (an mlp or a custom torso).
         seed: initialisation seed (every role builds identical initial values).
         devices: force a MirroredStrategy over these devices (each minibatch is split over
             them); None: one over all GPUs when `params.multi_gpu` and >1 GPU is visible.
 
     Raises:
-        ConfigError: unsupported spaces.
+        ConfigError: unsupported spaces, or a custom torso that breaks its contract.
     """
 
     flow: Flow = FLOW
@@ -83,10 +83,13 @@ class PPO(CompiledGreedy):
             rng = np.random.default_rng(seed)  # policy first, then value: one fixed stream
             clip = params.obs_clip if params.normalize_observations else None
             self.obs_norm = ObsNorm(self.obs_dim, clip)
-            self.pi = PolicyNet(
-                self.obs_dim, action_space, model, params.log_std_init, rng, self.obs_norm
-            )
-            self.vf = ValueNet(self.obs_dim, model, rng, self.obs_norm)
+            try:
+                self.pi = PolicyNet(
+                    self.obs_dim, action_space, model, params.log_std_init, rng, self.obs_norm
+                )
+                self.vf = ValueNet(self.obs_dim, model, rng, self.obs_norm)
+            except ValueError as err:
+                raise ConfigError(f"model: {err}") from err
         self.variables = dict(
             sorted({**named_variables(self.pi), **named_variables(self.vf)}.items())
         )

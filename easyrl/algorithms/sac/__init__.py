@@ -25,6 +25,9 @@ FLOW: Flow = "async_replay"
 """Execution flow: actors ship transitions, learners sample asynchronously."""
 REPLAY_KINDS: tuple[ReplayKind, ...] = ("uniform", "prioritized")
 """Replay tables SAC works with; the first is the default."""
+MODEL_KINDS = td3.MODEL_KINDS
+"""Network kinds: TD3's (an MLP or a custom torso on flat observations; the critics'
+torsos take concat(obs, normalized action))."""
 
 
 @dataclass(frozen=True)
@@ -114,7 +117,7 @@ def build(
     same networks, whatever `learner` says.
 
     Raises:
-        ConfigError: `model.kind` is not "mlp", or the spaces are unsupported.
+        ConfigError: `model.kind` is not one of `MODEL_KINDS`, or the spaces are unsupported.
     """
     from easyrl.algorithms.sac.agent import SAC
 

@@ -26,7 +26,7 @@ from easyrl.algorithms import shared
 from easyrl.algorithms.contract import Flow, LearnStep
 from easyrl.algorithms.sac import FLOW, Params
 from easyrl.errors import ConfigError
-from easyrl.models import MLP, Dense, FlatVariables, named_variables
+from easyrl.models import Dense, FlatVariables, build_torso, named_variables
 
 LOG_STD_MIN = -5.0
 """Lower end of the policy's log standard deviation."""
@@ -52,13 +52,14 @@ def squashed_log_prob(u: tf.Tensor, mean: tf.Tensor, log_std: tf.Tensor) -> tf.T
 
 
 class GaussianActor(tf.Module):
-    """The squashed-Gaussian policy: an MLP torso, linear `mean` and `log_std` heads (both
-    started small, scale 0.1: actions near 0, log_std near the middle of its range)."""
+    """The squashed-Gaussian policy: the model's torso (`{name}/torso`), linear `mean` and
+    `log_std` heads (both started small, scale 0.1: actions near 0, log_std near the middle of
+    its range)."""
 
     def __init__(self, obs_dim: int, action_dim: int, model, name: str, rng):
         super().__init__(name=None)
-        self.torso = MLP(obs_dim, model.hidden, model.activation, f"{name}/torso", rng)
-        width = model.hidden[-1] if model.hidden else obs_dim
+        self.torso = build_torso(model, (obs_dim,), f"{name}/torso", rng)
+        width = self.torso.out_dim
         self.mean = Dense(width, action_dim, f"{name}/mean", rng, scale=0.1)
         self.log_std = Dense(width, action_dim, f"{name}/log_std", rng, scale=0.1)
 
@@ -87,7 +88,7 @@ class SAC(shared.PolyakActorCritic):
         params: hyper-parameters.
         obs_space: a flat gymnasium Box.
         action_space: a flat gymnasium Box with finite bounds.
-        model: the config's `model` section (mlp: `hidden`, `activation`).
+        model: the config's `model` section (an mlp or a custom torso).
         seed: initialisation seed (every role builds identical initial values); also seeds
             the sampling noise `learn` and `initial_priorities` draw when given none.
 

@@ -20,13 +20,16 @@ from typing import Literal
 import gymnasium as gym
 import numpy as np
 
-from easyrl.algorithms.contract import Flow, PrioritizedAgent, ReplayKind
+from easyrl.algorithms.contract import Flow, PrioritizedAgent, ReplayKind, check_model_kind
 from easyrl.errors import ConfigError, check_ranges
 
 FLOW: Flow = "async_replay"
 """Execution flow: actors ship transitions, learners sample asynchronously."""
 REPLAY_KINDS: tuple[ReplayKind, ...] = ("uniform", "prioritized")
 """Replay tables TD3 works with; the first is the default."""
+MODEL_KINDS = ("mlp", "custom")
+"""Network kinds: an MLP or a custom torso on flat observations (`actor/torso`; the critics'
+`critic/q1/torso`, `critic/q2/torso` take concat(obs, normalized action))."""
 
 
 @dataclass(frozen=True)
@@ -133,14 +136,14 @@ def actor_noise_scale(params: Params, actor_index: int, num_actors: int) -> floa
 
 
 def check_spaces(name: str, obs_space, action_space, model=None) -> None:
-    """Checks that an MLP actor-critic can handle these spaces (and this model).
+    """Checks that the actor-critic can handle these spaces (and this model).
 
     Raises:
-        ConfigError: `model.kind` is not "mlp", the observation is not a flat Box, or the
-            action space is not a flat Box with finite bounds, low < high.
+        ConfigError: `model.kind` is not one of `MODEL_KINDS`, the observation is not a flat
+            Box, or the action space is not a flat Box with finite bounds, low < high.
     """
-    if model is not None and model.kind != "mlp":
-        raise ConfigError(f"{name} supports model.kind 'mlp' only, got {model.kind!r}")
+    if model is not None:
+        check_model_kind(name, model, MODEL_KINDS)
     if not isinstance(obs_space, gym.spaces.Box) or len(obs_space.shape) != 1:
         raise ConfigError(f"{name} needs a flat Box observation space, got {obs_space}")
     if not isinstance(action_space, gym.spaces.Box) or len(action_space.shape) != 1:
@@ -194,7 +197,7 @@ def build(
     same networks, whatever `learner` says. `name` prefixes the error messages.
 
     Raises:
-        ConfigError: `model.kind` is not "mlp", or the spaces are unsupported.
+        ConfigError: `model.kind` is not one of `MODEL_KINDS`, or the spaces are unsupported.
     """
     from easyrl.algorithms.td3.agent import TD3
 

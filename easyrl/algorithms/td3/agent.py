@@ -18,18 +18,18 @@ from easyrl.algorithms import shared
 from easyrl.algorithms.contract import Flow, LearnStep
 from easyrl.algorithms.td3 import FLOW, actor_noise_scale
 from easyrl.errors import ConfigError
-from easyrl.models import MLP, Dense, FlatVariables, named_variables
+from easyrl.models import Dense, FlatVariables, build_torso, named_variables
 
 
 class DeterministicActor(tf.Module):
-    """mu(s) = tanh(MLP(s)) in [-1, 1]^A. The output layer starts small (scale 0.1) so the
-    first actions sit mid-range, away from the saturated tanh."""
+    """mu(s) = tanh(out(torso(s))) in [-1, 1]^A, the torso the model's (`{name}/torso`). The
+    output layer starts small (scale 0.1) so the first actions sit mid-range, away from the
+    saturated tanh."""
 
     def __init__(self, obs_dim: int, action_dim: int, model, name: str, rng):
         super().__init__(name=None)
-        self.torso = MLP(obs_dim, model.hidden, model.activation, f"{name}/torso", rng)
-        width = model.hidden[-1] if model.hidden else obs_dim
-        self.out = Dense(width, action_dim, f"{name}/out", rng, scale=0.1)
+        self.torso = build_torso(model, (obs_dim,), f"{name}/torso", rng)
+        self.out = Dense(self.torso.out_dim, action_dim, f"{name}/out", rng, scale=0.1)
 
     def __call__(self, obs: tf.Tensor) -> tf.Tensor:
         """mu(s) `[B, A]` for `obs` `[B, obs]`."""
@@ -47,7 +47,7 @@ class TD3(shared.PolyakActorCritic):
         params: TD3's or DDPG's hyper-parameters (the same fields).
         obs_space: a flat gymnasium Box.
         action_space: a flat gymnasium Box with finite bounds.
-        model: the config's `model` section (mlp: `hidden`, `activation`).
+        model: the config's `model` section (an mlp or a custom torso).
         seed: initialisation seed (every role builds identical initial values); also seeds
             the target-smoothing noise `learn` draws when it is given none.
         name: algorithm name for error messages.

@@ -1,0 +1,56 @@
+"""An LSTM core for recurrent policies, as a plain `tf.Module` with explicit variable names.
+
+State: one float32 vector `[N, 2 * units]` per env, c then h (one array travels and is stored
+as one replay column). One step (Hochreiter & Schmidhuber 1997, gates i, f, g, o):
+
+    z = [x, h] @ w + b,   i, f, g, o = split(z, 4)
+    c' = sigmoid(f + 1) * c + sigmoid(i) * tanh(g)        (forget bias 1, as TF's LSTMCell)
+    h' = sigmoid(o) * tanh(c')
+
+`first` resets: a row whose `first` is 1 starts an episode, and its state is zeroed before the
+step, so actors and learners reset at exactly the same places.
+"""
+
+import numpy as np
+import tensorflow as tf
+
+from easyrl.models import _glorot
+
+
+class LSTMCore(tf.Module):
+    """One LSTM layer of `units` units on inputs of width `in_dim`; variables `{name}/w`
+    `[in_dim + units, 4 * units]` (Glorot) and `{name}/b` `[4 * units]` (zeros)."""
+
+    def __init__(self, in_dim: int, units: int, name: str, rng: np.random.Generator):
+        super().__init__(name=None)
+        self.units = int(units)
+        w = tf.constant(_glorot((in_dim + self.units, 4 * self.units), rng))
+        self.w = tf.Variable(w, name=f"{name}/w")
+        self.b = tf.Variable(tf.zeros([4 * self.units]), name=f"{name}/b")
+        self.state_size = 2 * self.units
+
+    def step(self, x: tf.Tensor, state: tf.Tensor, first: tf.Tensor) -> tuple:
+        """One step: `x` `[N, in_dim]`, `state` `[N, 2U]`, `first` `[N]` (1: reset before).
+
+        Returns:
+            (h' `[N, U]`, new state `[N, 2U]`).
+        """
+        state = state * (1.0 - first)[:, None]  # [N, 2U]
+        c, h = tf.split(state, 2, axis=1)  # [N, U] each
+        z = tf.matmul(tf.concat([x, h], axis=1), self.w) + self.b  # [N, 4U]
+        i, f, g, o = tf.split(z, 4, axis=1)
+        c = tf.sigmoid(f + 1.0) * c + tf.sigmoid(i) * tf.tanh(g)
+        h = tf.sigmoid(o) * tf.tanh(c)
+        return h, tf.concat([c, h], axis=1)
+
+    def unroll(self, xs: tf.Tensor, state: tf.Tensor, firsts: tf.Tensor) -> tf.Tensor:
+        """The core over a sequence, time-major: `xs` `[T, N, in_dim]`, `state` `[N, 2U]`
+        (before step 0), `firsts` `[T, N]`. Returns the outputs h `[T, N, U]`."""
+
+        def body(carry, inputs):
+            _, state = carry
+            return self.step(inputs[0], state, inputs[1])
+
+        initial = (tf.zeros([tf.shape(state)[0], self.units]), state)
+        hs, _ = tf.scan(body, (xs, firsts), initializer=initial)
+        return hs
