@@ -466,6 +466,19 @@ ROUNDS = {
             "stop.max_env_steps=1500",
         ),
     ),
+    # PPO with LSTM networks: a round is 2 actors x 4 envs = 8 sequences of 16 steps, each
+    # with the cores' states before its first step; observation statistics on.
+    "ppo-lstm": (
+        ROOT / "configs" / "stateless_cartpole_ppo_lstm.yaml",
+        (
+            "algorithm.rollout_length=16",
+            "algorithm.num_epochs=2",
+            "algorithm.minibatch_size=64",
+            "algorithm.normalize_observations=true",
+            "model.lstm=8",
+            "stop.max_env_steps=1500",
+        ),
+    ),
     # A2C: 2 actors x 4 envs x 16 steps = 128 steps a round, one gradient step each.
     "a2c": (
         ROOT / "configs" / "cartpole_a2c.yaml",
@@ -517,7 +530,7 @@ def test_synchronous_rounds_two_shards_each(launch, algorithm):
         assert memory[f"memory/{shard}/round"] == released, memory
         assert memory[f"memory/{shard}/samples"] > 0
         assert memory.get(f"memory/{shard}/refused_stale", 0) == 0, memory
-    if algorithm == "ppo":
+    if algorithm.startswith("ppo"):
         with (
             np.load(run.run_dir / "checkpoints" / "ps-0.npz") as data0,
             np.load(run.run_dir / "checkpoints" / "ps-1.npz") as data1,

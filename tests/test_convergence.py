@@ -30,6 +30,7 @@ RUNS = {
     "pg": ("cartpole_pg.yaml", ()),
     "rainbow": ("cartpole_rainbow.yaml", ()),
     "impala-lstm-stateless": ("stateless_cartpole_impala_lstm.yaml", ()),
+    "ppo-lstm-stateless": ("stateless_cartpole_ppo_lstm.yaml", ()),
     "sac": ("pendulum_sac.yaml", ()),
     "td3": ("pendulum_td3.yaml", ()),
     "apex-ddpg": ("pendulum_apex_ddpg.yaml", ()),

@@ -1,6 +1,7 @@
-"""Recurrent policies: the LSTM core, IMPALA/A3C with `model.lstm`, their replay columns,
-greedy play with state, and the recurrent SavedModel of `easyrl export`."""
+"""Recurrent policies: the LSTM core, IMPALA/A3C and PPO with `model.lstm`, their replay
+columns, greedy play with state, and the recurrent SavedModel of `easyrl export`."""
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -12,12 +13,12 @@ import pytest
 import tensorflow as tf
 
 from easyrl import config as config_lib
-from easyrl.algorithms import a3c, registry
+from easyrl.algorithms import a3c, ppo, registry
 from easyrl.algorithms.impala import Params, agent_params
 from easyrl.algorithms.impala.agent import IMPALA
 from easyrl.algorithms.shared import RecurrentGreedy, greedy_policy
 from easyrl.config import ModelConfig
-from easyrl.envs import make_vector_env, play_episodes
+from easyrl.envs import final_observations, make_vector_env, play_episodes
 from easyrl.envs.stateless import ENV_ID
 from easyrl.errors import ConfigError, EasyRLError
 from easyrl.models.lstm import LSTMCore
@@ -117,6 +118,55 @@ def test_a3c_computes_its_gradients_on_recurrent_unrolls():
     assert np.abs(grads["net/lstm/w"]).max() > 0
 
 
+def ppo_round(algo, num_envs: int, rounds: int, seed=0) -> list[dict]:
+    """The round batches `algo`'s PPO collector builds in `rounds` rounds on the stateless
+    CartPole (the envs go on across rounds, as on an actor)."""
+    env = make_vector_env(ENV_ID, num_envs, seed=seed)
+    collector = algo.collector(num_envs, seed=seed)
+    obs, _ = env.reset(seed=seed)
+    batches = []
+    for _ in range(rounds):
+        collector.start_round(num_envs)  # a recurrent round: one sequence per env
+        batch = None
+        while batch is None:
+            obs_next, reward, terminated, truncated, info = env.step(collector.act(obs))
+            real = final_observations(obs_next, info, terminated | truncated)
+            batch = collector.observe(reward, obs_next, real, terminated, truncated)
+            obs = obs_next
+        batches.append(batch)
+    env.close()
+    return batches
+
+
+def test_ppo_learns_on_sequences_from_the_states_its_actor_held():
+    model = ModelConfig(hidden=(16,), lstm=8, activation="tanh")
+    params = ppo.Params(rollout_length=16, minibatch_size=32, num_epochs=2)
+    algo = ppo.build(params, OBS_SPACE, gym.spaces.Discrete(2), model, learner=True)
+    assert algo.state_size == 32  # policy c, h and value c, h
+    first, second = ppo_round(algo, num_envs=4, rounds=2)
+    assert np.all(first["state"] == 0) and np.all(first["first"][:, 0] == 1)
+    assert np.abs(second["state"]).max() > 1e-3  # the episodes (and states) go on
+    assert second["first"].sum() >= 1  # an episode starts inside the round
+    spec = ppo.replay_spec(params, OBS_SPACE, gym.spaces.Discrete(2), lstm=8)
+    assert {k: v.shape[1:] for k, v in second.items()} == {k: s for k, (s, _) in spec.items()}
+    # At the acting weights the learner's unrolls reproduce the actor's log-probs: the first
+    # minibatch's ratio is exactly 1 (the later ones follow the updates it is given).
+    algo.params = dataclasses.replace(params, num_epochs=1, minibatch_size=64)
+    steps = list(algo.learn_round(second, np.random.default_rng(0)))
+    assert len(steps) == 1 and steps[0].stats["approx_kl"] == pytest.approx(0.0, abs=1e-6)
+    grads = dict(zip(algo.variables, steps[0].grads, strict=True))
+    assert np.abs(grads["pi/lstm/w"]).max() > 0 and np.abs(grads["vf/lstm/w"]).max() > 0
+    # Minibatches are whole sequences: 4 sequences of 16 steps in minibatches of 32 steps.
+    algo.params = params
+    assert len(list(algo.learn_round(second, np.random.default_rng(0)))) == 2 * 2
+    with pytest.raises(EasyRLError, match="recurrent state"):
+        algo.greedy(np.zeros((1, 2), np.float32))
+    env = make_vector_env(ENV_ID, 2, seed=0)
+    returns, _ = play_episodes(env, greedy_policy(algo), 2, seed=0)
+    env.close()
+    assert len(returns) == 2
+
+
 def test_recurrent_replay_columns_follow_model_lstm():
     raw = {"algorithm": {"name": "impala", "unroll_length": 5}, "env": {"id": ENV_ID}}
     plain = registry.replay_spec(config_lib.from_dict(raw), OBS_SPACE, gym.spaces.Discrete(2))
@@ -126,6 +176,13 @@ def test_recurrent_replay_columns_follow_model_lstm():
     assert spec["state"] == ((16,), np.dtype(np.float32))
     assert spec["first"] == ((6,), np.dtype(np.float32))
     assert {k: v for k, v in spec.items() if k not in ("state", "first")} == plain
+    # PPO: a round's item becomes one env's sequence; an actor ships one per env.
+    raw = {"algorithm": {"name": "ppo", "rollout_length": 16}, "env": {"id": ENV_ID}}
+    cfg = config_lib.from_dict({**raw, "model": {"lstm": 8}})
+    spec = registry.replay_spec(cfg, OBS_SPACE, gym.spaces.Discrete(2))
+    assert spec["obs"] == ((16, 2), np.dtype(np.float32)) and spec["state"][0] == (32,)
+    assert registry.round_share(cfg, 0, 2) == cfg.env.num_envs
+    assert registry.round_share(config_lib.from_dict(raw), 0, 2) == 16 * cfg.env.num_envs
 
 
 def test_model_lstm_is_refused_where_no_recurrent_policy_exists():

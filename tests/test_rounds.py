@@ -15,7 +15,7 @@ import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
-from easyrl.algorithms import ppo  # noqa: E402
+from easyrl.algorithms import ppo, registry  # noqa: E402
 from easyrl.algorithms.optimizers import OptimizerSpec  # noqa: E402
 from easyrl.config import from_dict  # noqa: E402
 from easyrl.errors import ConfigError, ReplayError, TransportError  # noqa: E402
@@ -618,19 +618,23 @@ class FakeAlgorithm:
         (3, 3, 1, [1]),
     ],
 )
-def test_round_size_sums_the_shares_of_the_shards_actors(num_actors, num_memory, shard, actors):
+def test_round_size_sums_the_shares_of_the_shards_actors(
+    num_actors, num_memory, shard, actors, monkeypatch
+):
     cfg, module = ppo_cfg(), FakeAlgorithm()
-    size = memory_role.round_size(cfg, module, num_actors, num_memory, shard)
+    # With PPO's own shares: rollout_length * num_envs per actor.
+    assert memory_role.round_size(cfg, num_actors, num_memory, shard) == 16 * len(actors)
+    monkeypatch.setattr(registry, "module", lambda name: module)
+    size = memory_role.round_size(cfg, num_actors, num_memory, shard)
     assert size == sum(16 + i for i in actors)
     assert module.calls == [(i, num_actors) for i in actors]
-    # With PPO's own shares: rollout_length * num_envs per actor.
-    assert memory_role.round_size(cfg, ppo, num_actors, num_memory, shard) == 16 * len(actors)
 
 
 def aggregate_cfg(capacity: int):
     return SimpleNamespace(
         algorithm=SimpleNamespace(name="ppo", params=ppo.Params(rollout_length=8)),
         env=SimpleNamespace(num_envs=2),
+        model=SimpleNamespace(lstm=0),
         replay=SimpleNamespace(kind="aggregate", capacity=capacity),
         run=SimpleNamespace(seed=0),
         input=SimpleNamespace(dir=None),

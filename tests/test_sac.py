@@ -453,5 +453,5 @@ def test_params_are_checked(change):
     ids=["discrete", "unbounded", "image", "conv"],
 )
 def test_build_refuses_unsupported_setups(obs_space, action_space, model, match):
-    with pytest.raises(ConfigError, match=f"^sac .*{match}"):
+    with pytest.raises(ConfigError, match=f"^(model.kind: )?sac .*{match}"):
         sac.build(Params(), obs_space, action_space, model)

@@ -532,7 +532,7 @@ def test_params_are_checked(algo, change):
 @pytest.mark.parametrize("algo", [td3, ddpg], ids=["td3", "ddpg"])
 def test_build_refuses_unsupported_setups(algo, obs_space, action_space, model, match):
     prefix = algo.__name__.split(".")[-1]
-    with pytest.raises(ConfigError, match=f"^{prefix} .*{match}"):
+    with pytest.raises(ConfigError, match=f"^(model.kind: )?{prefix} .*{match}"):
         algo.build(algo.Params(), obs_space, action_space, model)
     if model is MODEL:
         with pytest.raises(ConfigError, match=f"^{prefix} .*{match}"):

@@ -114,5 +114,17 @@ def replay_spec(cfg, obs_space, action_space) -> dict:
     `replay_spec`, given `model.lstm` when it is set (only a `RECURRENT` algorithm accepts
     it; the config refuses it for the others)."""
     found = module(cfg.algorithm.name)
-    extra = {"lstm": cfg.model.lstm} if cfg.model.lstm else {}
-    return found.replay_spec(cfg.algorithm.params, obs_space, action_space, **extra)
+    return found.replay_spec(cfg.algorithm.params, obs_space, action_space, **_lstm(cfg))
+
+
+def round_share(cfg, actor_index: int, num_actors: int) -> int:
+    """The items actor `actor_index` of `num_actors` ships per round (sync_rounds): the
+    algorithm's `round_share`, given `model.lstm` when it is set (as `replay_spec`)."""
+    found = module(cfg.algorithm.name)
+    params, num_envs = cfg.algorithm.params, cfg.env.num_envs
+    return found.round_share(params, num_envs, actor_index, num_actors, **_lstm(cfg))
+
+
+def _lstm(cfg) -> dict:
+    """{"lstm": units} for an algorithm call when `model.lstm` is set, else {}."""
+    return {"lstm": cfg.model.lstm} if cfg.model.lstm else {}

@@ -457,16 +457,17 @@ class ObsNorm(tf.Module):
 
 
 class PolicyNet(tf.Module):
-    """pi(.|s): the model's torso (`pi/torso`) and a linear head giving logits (Discrete) or
-    the Gaussian mean (Box, with a state-independent `pi/log_std`), on normalized
-    observations."""
+    """pi(.|s): the model's torso (`pi/torso`), an LSTM core `pi/lstm` when `model.lstm` > 0,
+    and a linear head giving logits (Discrete) or the Gaussian mean (Box, with a
+    state-independent `pi/log_std`), on normalized observations."""
 
     def __init__(self, obs_dim, action_space, model, log_std_init, rng, norm):
         super().__init__(name=None)
         self.norm = norm
         self.discrete = isinstance(action_space, gym.spaces.Discrete)
         self.torso = build_torso(model, (obs_dim,), "pi/torso", rng)
-        width = self.torso.out_dim
+        self.core = _core(self.torso.out_dim, model, "pi/lstm", rng)
+        width = self.core.units if self.core is not None else self.torso.out_dim
         if self.discrete:
             # Small output scale: the initial policy is close to uniform / zero-mean.
             self.head = Dense(width, int(action_space.n), "pi/logits", rng, scale=0.01)
@@ -481,17 +482,32 @@ class PolicyNet(tf.Module):
     def __call__(self, obs):
         return self.head(self.torso(self.norm(obs)))  # [B, A] logits or means
 
+    def step(self, obs, state, first):
+        """Recurrent, one step: (logits or means `[N, A]`, the core's next state `[N, 2U]`)."""
+        return _step(self, obs, state, first)
+
+    def unroll(self, obs, state, first):
+        """Recurrent, B sequences `[B, T, obs]` from `state` `[B, 2U]`, resets `first` `[B, T]`:
+        logits or means `[B * T, A]` (batch-major)."""
+        return _unroll(self, obs, state, first)
+
     def greedy(self, obs):
         """The most likely actions: argmax of the logits `[N]`, or the Gaussian mean clipped
         to the action bounds `[N, A]`."""
-        out = self(obs)  # [N, A]
+        return self.greedy_from(self(obs))
+
+    def greedy_from(self, out):
+        """`greedy` of the head's output `out` `[N, A]`."""
         if self.discrete:
             return tf.argmax(out, axis=1)  # [N]
         return tf.clip_by_value(out, self.low, self.high)  # [N, A]
 
     def log_prob_entropy(self, obs, action):
         """log pi(action | obs) `[B]` and the policy's entropy `[B]`, exactly."""
-        out = self(obs)  # [B, A]
+        return self.log_prob_entropy_from(self(obs), action)
+
+    def log_prob_entropy_from(self, out, action):
+        """`log_prob_entropy` of the head's output `out` `[B, A]`."""
         if self.discrete:
             log_p = tf.nn.log_softmax(out)  # [B, A]
             logp = tf.gather(log_p, action, axis=1, batch_dims=1)  # [B]
@@ -507,13 +523,48 @@ class PolicyNet(tf.Module):
 
 
 class ValueNet(tf.Module):
-    """V(s): the model's torso (`vf/torso`) and a linear head, on normalized observations."""
+    """V(s): the model's torso (`vf/torso`), an LSTM core `vf/lstm` when `model.lstm` > 0, and
+    a linear head, on normalized observations."""
 
     def __init__(self, obs_dim, model, rng, norm):
         super().__init__(name=None)
         self.norm = norm
         self.torso = build_torso(model, (obs_dim,), "vf/torso", rng)
-        self.head = Dense(self.torso.out_dim, 1, "vf/out", rng, scale=1.0)
+        self.core = _core(self.torso.out_dim, model, "vf/lstm", rng)
+        width = self.core.units if self.core is not None else self.torso.out_dim
+        self.head = Dense(width, 1, "vf/out", rng, scale=1.0)
 
     def __call__(self, obs):
         return self.head(self.torso(self.norm(obs)))[:, 0]  # [B]
+
+    def step(self, obs, state, first):
+        """Recurrent, one step: (values `[N]`, the core's next state `[N, 2U]`)."""
+        out, state = _step(self, obs, state, first)
+        return out[:, 0], state
+
+    def unroll(self, obs, state, first):
+        """Recurrent, B sequences (see `PolicyNet.unroll`): values `[B * T]`."""
+        return _unroll(self, obs, state, first)[:, 0]
+
+
+def _core(width: int, model, name: str, rng):
+    """The LSTM core of `model.lstm` units on features of `width`, or None (no LSTM)."""
+    from easyrl.models.lstm import LSTMCore
+
+    return LSTMCore(width, model.lstm, name, rng) if getattr(model, "lstm", 0) else None
+
+
+def _step(net, obs, state, first):
+    """A recurrent PolicyNet's or ValueNet's step: (head output, next state)."""
+    h, state = net.core.step(net.torso(net.norm(obs)), state, first)
+    return net.head(h), state
+
+
+def _unroll(net, obs, state, first):
+    """A recurrent PolicyNet's or ValueNet's head outputs `[B * T, out]` over B sequences."""
+    b, t = tf.shape(obs)[0], tf.shape(obs)[1]
+    h = net.torso(net.norm(tf.reshape(obs, [b * t, -1])))  # [B * T, H]
+    h = tf.transpose(tf.reshape(h, [b, t, net.torso.out_dim]), [1, 0, 2])  # [T, B, H]
+    hs = net.core.unroll(h, state, tf.transpose(first))  # [T, B, U]
+    hs = tf.reshape(tf.transpose(hs, [1, 0, 2]), [b * t, net.core.units])  # [B * T, U]
+    return net.head(hs)

@@ -14,6 +14,7 @@ from typing import cast
 
 import numpy as np
 
+from easyrl.algorithms import registry
 from easyrl.algorithms.contract import RoundsAgent
 from easyrl.flows import ActorPlumbing, LearnerPlumbing
 from easyrl.roles.common import threads_running
@@ -25,9 +26,7 @@ log = logging.getLogger(__name__)
 def act(actor: ActorPlumbing, env, seed: int) -> None:
     """Collects, ships and waits, round after round, until the run stops."""
     cfg, task = actor.ctx.cfg, actor.ctx.task
-    share = actor.ctx.algorithm_module().round_share(
-        cfg.algorithm.params, cfg.env.num_envs, task, actor.ctx.cluster.actor
-    )
+    share = registry.round_share(cfg, task, actor.ctx.cluster.actor)
     collector = actor.collector(cast(RoundsAgent, actor.algo), seed)
     rng = np.random.default_rng(seed)
     round_, steps = actor.weights.round, 0

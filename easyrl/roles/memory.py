@@ -491,13 +491,13 @@ def restore_stored(path: Path) -> dict[int, tuple[int, int]]:
     return {int(source): (int(sender), int(seq)) for source, sender, seq in rows}
 
 
-def round_size(cfg, module, num_actors: int, num_memory: int, shard: int) -> int:
+def round_size(cfg, num_actors: int, num_memory: int, shard: int) -> int:
     """Items that complete a round on memory `shard`: the shares of the actors that ship
     to it (actor i ships to shard i % num_memory)."""
-    params, num_envs = cfg.algorithm.params, cfg.env.num_envs
+    from easyrl.algorithms import registry
+
     return sum(
-        module.round_share(params, num_envs, i, num_actors)
-        for i in range(shard, num_actors, num_memory)
+        registry.round_share(cfg, i, num_actors) for i in range(shard, num_actors, num_memory)
     )
 
 
@@ -562,12 +562,9 @@ def build(
         memory.counters.update(loaded_items=table.size, loaded_shards=shards)
         return memory
     if r.kind == "aggregate":  # synchronous rounds, sized by the actors shipping here
-        from easyrl.algorithms import registry
-
         if cluster is None:
             raise ReplayError("an aggregate table needs the cluster to size its rounds")
-        module = registry.module(cfg.algorithm.name)
-        size = round_size(cfg, module, cluster.actor, len(cluster.memory), shard)
+        size = round_size(cfg, cluster.actor, len(cluster.memory), shard)
         table = AggregateTable(spec, r.capacity, size, restarted)
         return MemoryServer(table, None, 1, 1, BetaSchedule(0, 0, 0), shard)
     batch_size = cfg.algorithm.params.batch_size

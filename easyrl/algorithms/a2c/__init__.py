@@ -33,15 +33,14 @@ MODEL_KINDS = ppo.MODEL_KINDS
 
 
 @dataclass(frozen=True)
-class Params:
-    """Hyper-parameters of A2C (one advantage actor-critic step per synchronous round)."""
+class OneStepParams:
+    """The hyper-parameters A2C and PG share (one gradient step per synchronous round); their
+    `Params` add or re-default keys."""
 
     ALGORITHM: ClassVar[str] = "a2c"
 
     gamma: float = 0.99
     """Discount factor."""
-    lam: float = 1.0
-    """GAE lambda of the advantages (1: n-step bootstrapped returns minus the value)."""
     rollout_length: int = 5
     """n: vector steps each actor collects per round (one gradient step per round)."""
     vf_coef: float = 0.5
@@ -73,18 +72,37 @@ class Params:
 
     def __post_init__(self):
         # (holds, valid range); written so that NaN fails every check.
-        check_ranges(self.ALGORITHM, self, shared_checks(self))
+        check_ranges(self.ALGORITHM, self, self.checks())
+
+    def checks(self) -> dict[str, tuple[bool, str]]:
+        """Range checks of the keys, for `check_ranges`."""
+        return shared_checks(self)
+
+    def ppo_params(self) -> ppo.Params:
+        """These settings as PPO's: GAE with lam = 1, one epoch of one minibatch."""
+        return one_step_ppo_params(self, lam=1.0)
+
+
+@dataclass(frozen=True)
+class Params(OneStepParams):
+    """Hyper-parameters of A2C (one advantage actor-critic step per synchronous round)."""
+
+    lam: float = 1.0
+    """GAE lambda of the advantages (1: n-step bootstrapped returns minus the value)."""
+
+    def checks(self) -> dict[str, tuple[bool, str]]:
+        """Range checks of the keys, for `check_ranges`."""
+        return {**shared_checks(self), "lam": (0.0 <= self.lam <= 1.0, "in [0, 1]")}
 
     def ppo_params(self) -> ppo.Params:
         """These settings as PPO's: one epoch of one minibatch (the whole round)."""
         return one_step_ppo_params(self, lam=self.lam)
 
 
-def shared_checks(params) -> dict[str, tuple[bool, str]]:
+def shared_checks(params: OneStepParams) -> dict[str, tuple[bool, str]]:
     """Range checks of the keys A2C and PG share, for `check_ranges`."""
     return {
         "gamma": (0.0 <= params.gamma <= 1.0, "in [0, 1]"),
-        "lam": (0.0 <= getattr(params, "lam", 1.0) <= 1.0, "in [0, 1]"),
         "rollout_length": (params.rollout_length >= 1, ">= 1"),
         "vf_coef": (params.vf_coef >= 0.0, ">= 0"),
         "ent_coef": (params.ent_coef >= 0.0, ">= 0"),

@@ -27,6 +27,9 @@ REPLAY_KINDS: tuple[ReplayKind, ...] = ("aggregate",)
 """Replay tables PPO works with: whole rounds of steps."""
 MODEL_KINDS = ("mlp", "custom")
 """Network kinds: an MLP or a custom torso (`pi/torso`, `vf/torso`) on flat observations."""
+RECURRENT = True
+"""`model.lstm` works: the policy and the value network each get an LSTM core (`pi/lstm`,
+`vf/lstm`), and a round's items are whole per-env sequences (see `replay_spec`)."""
 
 
 @dataclass(frozen=True)
@@ -108,9 +111,12 @@ def optimizer(params: Params):
     return staircase_spec(params)
 
 
-def round_share(params: Params, num_envs: int, actor_index: int, num_actors: int) -> int:
-    """Items one actor ships per round: `rollout_length * num_envs` env steps."""
-    return params.rollout_length * num_envs
+def round_share(
+    params: Params, num_envs: int, actor_index: int, num_actors: int, lstm: int = 0
+) -> int:
+    """Items one actor ships per round: `rollout_length * num_envs` env steps, or with an
+    LSTM (`lstm` = `model.lstm` > 0) `num_envs` sequences of `rollout_length` steps."""
+    return num_envs if lstm else params.rollout_length * num_envs
 
 
 def check_spaces(obs_space, action_space, name: str = "ppo") -> None:
@@ -131,11 +137,17 @@ def check_spaces(obs_space, action_space, name: str = "ppo") -> None:
     raise ConfigError(f"{name} needs a Discrete or a flat Box action space, got {action_space}")
 
 
-def replay_spec(params: Params, obs_space, action_space) -> dict:
+def replay_spec(params: Params, obs_space, action_space, lstm: int = 0) -> dict:
     """Columns of one env step of a round, as {name: (per-item shape, dtype)}.
 
     `action` is the int64 index (Discrete) or the unclipped float32 sample (Box) that `logp`
     refers to; `value` is the old value prediction and `value_target = advantage + value`.
+
+    With an LSTM (`lstm` = `model.lstm` > 0) an item is one env's whole round, T =
+    `rollout_length` steps: every column above gets a leading T, and two columns are added:
+    `state` `(4 * lstm,)` float32, the cores' states (policy c, h; value c, h) before step 0
+    as the actor held them, and `first` `(T,)` float32, 1 where step t starts an episode
+    (the states are reset to zeros before it).
 
     Raises:
         ConfigError: unsupported spaces (see `check_spaces`).
@@ -146,7 +158,7 @@ def replay_spec(params: Params, obs_space, action_space) -> dict:
     else:
         action = (tuple(action_space.shape), np.dtype(np.float32))
     scalar = ((), np.dtype(np.float32))
-    return {
+    spec = {
         "obs": (tuple(obs_space.shape), np.dtype(np.float32)),
         "action": action,
         "logp": scalar,
@@ -154,6 +166,13 @@ def replay_spec(params: Params, obs_space, action_space) -> dict:
         "value_target": scalar,
         "value": scalar,
     }
+    if not lstm:
+        return spec
+    t = params.rollout_length
+    spec = {name: ((t, *shape), dtype) for name, (shape, dtype) in spec.items()}
+    spec["state"] = ((4 * int(lstm),), np.dtype(np.float32))
+    spec["first"] = ((t,), np.dtype(np.float32))
+    return spec
 
 
 def gae(

@@ -7,6 +7,11 @@ Loss to minimize on a minibatch (ratio = exp(logp - logp_old), A normalized when
                   V_c = V_old + clip(V - V_old, -c, c)
     loss        = policy_loss + vf_coef * value_loss - ent_coef * entropy
     approx_kl   = mean((ratio - 1) - log(ratio))   (k3 estimator: unbiased, never negative)
+
+With `model.lstm` > 0 the policy and the value network each have an LSTM core; a round's
+items are whole per-env sequences with the cores' states before their first step, and
+minibatches are sets of sequences, each unrolled from its stored state (means over all
+their steps), resetting where the actor did (`first`).
 """
 
 import contextlib
@@ -33,6 +38,8 @@ from easyrl.models import FlatVariables, named_variables
 
 STAT_NAMES: tuple[str, ...] = ("policy_loss", "value_loss", "entropy", "approx_kl", "clip_frac")
 """Keys of the stats `learn_round` yields with every minibatch gradient."""
+COLUMNS = ("obs", "action", "logp", "advantage", "value_target", "value")
+"""The round batch's columns (a recurrent policy's also has `state` and `first`)."""
 
 
 def _strategy(params: Params, devices):
@@ -94,15 +101,27 @@ class PPO(CompiledGreedy):
             sorted({**named_variables(self.pi), **named_variables(self.vf)}.items())
         )
         self._flat = FlatVariables(list(self.variables.values()))
+        self.state_size = 4 * model.lstm
+        """Width of the recurrent state per env: policy c, h then value c, h (0: none)."""
         # Fixed input signatures: no retracing, and AutoGraph stays off.
         obs = tf.TensorSpec([None, self.obs_dim], tf.float32)
         vec = tf.TensorSpec([None], tf.float32)
         act = self.action_spec()
         noise = tf.TensorSpec([None, self.action_dim], tf.float32)
-        self._act = compiled(self._act_fn, obs, noise)
-        self._value = compiled(self._value_fn, obs)
-        self._greedy = compiled(self.pi.greedy, obs)
-        self._step = compiled(self._step_fn, obs, act, vec, vec, vec, vec)
+        if not self.state_size:
+            self._act = compiled(self._act_fn, obs, noise)
+            self._value = compiled(self._value_fn, obs)
+            self._greedy = compiled(self.pi.greedy, obs)
+            self._step = compiled(self._step_fn, obs, act, vec, vec, vec, vec)
+            return
+        state = tf.TensorSpec([None, self.state_size], tf.float32)
+        self._act = compiled(self._act_step_fn, obs, noise, state, vec)
+        self._value = compiled(self._value_step_fn, obs, state)
+        self._greedy = compiled(self._greedy_step_fn, obs, state, vec)
+        seq = tf.TensorSpec([None, params.rollout_length], tf.float32)  # [B, T]
+        seq_obs = tf.TensorSpec([None, params.rollout_length, self.obs_dim], tf.float32)
+        seq_act = tf.TensorSpec([None, params.rollout_length, *act.shape[1:]], act.dtype)
+        self._step = compiled(self._step_fn, seq_obs, seq_act, seq, seq, seq, seq, state, seq)
 
     def action_spec(self) -> tf.TensorSpec:
         """Batched stored action: int64 `[B]` (Discrete) or float32 `[B, A]` (Box)."""
@@ -117,9 +136,31 @@ class PPO(CompiledGreedy):
         every actor collects the same way, whatever its index."""
         return RolloutCollector(self, num_envs, seed)
 
-    def value(self, obs: np.ndarray) -> np.ndarray:
-        """V(obs) for a batch `[N, obs]` -> `[N]` float32."""
+    def value(self, obs: np.ndarray, state: np.ndarray | None = None) -> np.ndarray:
+        """V(obs) for a batch `[N, obs]` -> `[N]` float32; a recurrent network's from
+        `state` `[N, 4U]` (the episodes go on: no reset)."""
+        if self.state_size:
+            return self._value(np.asarray(obs, np.float32), np.asarray(state, np.float32)).numpy()
         return self._value(np.asarray(obs, np.float32)).numpy()
+
+    def greedy(self, obs: np.ndarray) -> np.ndarray:
+        """Greedy actions for a batch of observations (a feed-forward policy only).
+
+        Raises:
+            EasyRLError: the policy is recurrent (see `easyrl.algorithms.shared.greedy_policy`).
+        """
+        if self.state_size:
+            raise EasyRLError(
+                "a policy with model.lstm acts with a recurrent state: play it "
+                "through easyrl.algorithms.shared.greedy_policy(algo)"
+            )
+        return super().greedy(obs)
+
+    def greedy_step(self, obs: np.ndarray, state: np.ndarray, first: np.ndarray) -> tuple:
+        """A recurrent policy's greedy step: (actions, next state `[N, 4U]`)."""
+        obs, state, first = (np.asarray(x, np.float32) for x in (obs, state, first))
+        action, next_state = self._greedy(obs, state, first)
+        return action.numpy(), next_state.numpy()
 
     def learn_minibatch(self, minibatch: dict) -> LearnStep:
         """One gradient computation on a minibatch holding the `replay_spec` columns.
@@ -129,13 +170,11 @@ class PPO(CompiledGreedy):
             the `STAT_NAMES` keys, no priorities. The variables are not changed (the PS
             applies gradients).
         """
+        recurrent = ("state", "first") if self.state_size else ()
         flat_grads, stats = self._step(
             np.asarray(minibatch["obs"], np.float32),
             np.asarray(minibatch["action"], self.action_spec().dtype.as_numpy_dtype),
-            np.asarray(minibatch["logp"], np.float32),
-            np.asarray(minibatch["advantage"], np.float32),
-            np.asarray(minibatch["value_target"], np.float32),
-            np.asarray(minibatch["value"], np.float32),
+            *(np.asarray(minibatch[c], np.float32) for c in (*COLUMNS[2:], *recurrent)),
         )
         stats = dict(zip(STAT_NAMES, stats.numpy().tolist(), strict=True))
         grads: list[np.ndarray | None] = list(self._flat.split(flat_grads.numpy()))
@@ -154,7 +193,7 @@ class PPO(CompiledGreedy):
         Raises:
             EasyRLError: `batch` lacks a column or its columns differ in length.
         """
-        columns = ("obs", "action", "logp", "advantage", "value_target", "value")
+        columns = (*COLUMNS, "state", "first") if self.state_size else COLUMNS
         missing = [c for c in columns if c not in batch]
         if missing:
             raise EasyRLError(f"ppo batch lacks columns {missing}; got {sorted(batch)}")
@@ -162,7 +201,9 @@ class PPO(CompiledGreedy):
         if n == 0 or any(len(batch[c]) != n for c in columns):
             lengths = {c: len(batch[c]) for c in columns}
             raise EasyRLError(f"ppo batch columns must share one non-zero length: {lengths}")
-        num_minibatches = math.ceil(n / self.params.minibatch_size)
+        # An item is a step, or a recurrent policy's sequence of `rollout_length` steps.
+        steps = n * (self.params.rollout_length if self.state_size else 1)
+        num_minibatches = min(n, math.ceil(steps / self.params.minibatch_size))
         for _ in range(self.params.num_epochs):
             kls = []
             for idx in np.array_split(rng.permutation(n), num_minibatches):
@@ -181,23 +222,44 @@ class PPO(CompiledGreedy):
         """
         if not self.params.normalize_observations:
             return []
-        self.obs_norm.update(batch["obs"])
+        self.obs_norm.update(np.reshape(batch["obs"], (-1, self.obs_dim)))
         return [n for n in self.variables if n.startswith("obs_norm/")]
 
     # --- compiled functions ---------------------------------------------------------------
 
     def _act_fn(self, obs, noise):
         out = self.pi(obs)  # [N, A]
-        if self.discrete:
-            # Gumbel-max: argmax(logits + Gumbel noise) ~ softmax(logits).
-            action = tf.argmax(out + noise, axis=1)  # [N]
-        else:
-            action = out + tf.exp(self.pi.log_std) * noise  # [N, A], unclipped
-        logp, _ = self.pi.log_prob_entropy(obs, action)
+        action = self._sample(out, noise)
+        logp, _ = self.pi.log_prob_entropy_from(out, action)
         return action, logp, self.vf(obs)
 
     def _value_fn(self, obs):
         return self.vf(obs)  # [N]
+
+    def _act_step_fn(self, obs, noise, state, first):
+        half = self.state_size // 2
+        out, pi_state = self.pi.step(obs, state[:, :half], first)  # [N, A], [N, 2U]
+        value, vf_state = self.vf.step(obs, state[:, half:], first)  # [N], [N, 2U]
+        action = self._sample(out, noise)
+        logp, _ = self.pi.log_prob_entropy_from(out, action)
+        return action, logp, value, tf.concat([pi_state, vf_state], axis=1)
+
+    def _value_step_fn(self, obs, state):
+        half = self.state_size // 2
+        first = tf.zeros([tf.shape(obs)[0]])  # the episodes go on
+        return self.vf.step(obs, state[:, half:], first)[0]  # [N]
+
+    def _greedy_step_fn(self, obs, state, first):
+        half = self.state_size // 2
+        out, pi_state = self.pi.step(obs, state[:, :half], first)
+        _, vf_state = self.vf.step(obs, state[:, half:], first)
+        return self.pi.greedy_from(out), tf.concat([pi_state, vf_state], axis=1)
+
+    def _sample(self, out, noise):
+        if self.discrete:
+            # Gumbel-max: argmax(logits + Gumbel noise) ~ softmax(logits).
+            return tf.argmax(out + noise, axis=1)  # [N]
+        return out + tf.exp(self.pi.log_std) * noise  # [N, A], unclipped
 
     def _replica_grads(self, inputs, size):
         """Gradients and stat sums of one replica's slice of the minibatch, divided by the
@@ -213,16 +275,40 @@ class PPO(CompiledGreedy):
         grads, _, stats = gradients(lambda: self.loss(*inputs, size=size), self.variables.values())
         return grads, stats
 
-    def loss(self, obs, action, logp_old, advantage, value_target, value_old, size):
+    def loss(
+        self,
+        obs,
+        action,
+        logp_old,
+        advantage,
+        value_target,
+        value_old,
+        state=None,
+        first=None,
+        *,
+        size,
+    ):
         """The loss on (a replica's slice of) a minibatch (see the module docstring), with the
         stats `[5]` (the `STAT_NAMES`); sums over the slice are divided by the whole
-        minibatch's `size` (see `_replica_grads`)."""
+        minibatch's `size` in steps (see `_replica_grads`). A recurrent network's minibatch
+        is B sequences `[B, T, ...]` with their `state` `[B, 4U]` and `first` `[B, T]`."""
         p = self.params
-        logp, entropy = self.pi.log_prob_entropy(obs, action)  # [B], [B]
+        if self.state_size:
+            assert state is not None and first is not None, "a recurrent minibatch's state"
+            half = self.state_size // 2
+            out = self.pi.unroll(obs, state[:, :half], first)  # [B * T, A]
+            value = self.vf.unroll(obs, state[:, half:], first)  # [B * T]
+            flat = [-1, *action.shape[2:]]
+            action = tf.reshape(action, flat)  # [B * T] or [B * T, A]
+            logp_old, advantage, value_target, value_old = (
+                tf.reshape(x, [-1]) for x in (logp_old, advantage, value_target, value_old)
+            )
+        else:
+            out, value = self.pi(obs), self.vf(obs)  # [B, A], [B]
+        logp, entropy = self.pi.log_prob_entropy_from(out, action)  # [B], [B]
         ratio = tf.exp(logp - logp_old)  # [B]
         clipped_ratio = tf.clip_by_value(ratio, 1.0 - p.clip, 1.0 + p.clip)
         surrogate = tf.minimum(ratio * advantage, clipped_ratio * advantage)  # [B]
-        value = self.vf(obs)  # [B]
         value_err = tf.square(value - value_target)  # [B]
         if p.value_clip > 0:
             value_c = value_old + tf.clip_by_value(value - value_old, -p.value_clip, p.value_clip)
@@ -235,13 +321,13 @@ class PPO(CompiledGreedy):
         clip_frac = tf.reduce_sum(tf.cast(tf.abs(ratio - 1.0) > p.clip, tf.float32)) / size
         return loss, tf.stack([policy_loss, value_loss, mean_entropy, approx_kl, clip_frac])
 
-    def _step_fn(self, obs, action, logp_old, advantage, value_target, value_old):
+    def _step_fn(self, obs, action, logp_old, advantage, value_target, value_old, *recurrent):
         if self.params.normalize_advantages:
             # Over the whole minibatch, before any split across replicas.
-            mean, variance = tf.nn.moments(advantage, axes=[0])
-            advantage = (advantage - mean) / (tf.sqrt(variance) + 1e-8)  # [B]
-        inputs = (obs, action, logp_old, advantage, value_target, value_old)
-        size = tf.cast(tf.shape(obs)[0], tf.float32)
+            mean, variance = tf.nn.moments(tf.reshape(advantage, [-1]), axes=[0])
+            advantage = (advantage - mean) / (tf.sqrt(variance) + 1e-8)  # [B] or [B, T]
+        inputs = (obs, action, logp_old, advantage, value_target, value_old, *recurrent)
+        size = tf.cast(tf.size(advantage), tf.float32)  # steps
         if self.strategy is None:
             grads, stats = self._grads(inputs, size)
         else:
@@ -285,6 +371,12 @@ class RolloutCollector:
         self._terminated = np.zeros((t, n), bool)
         self._truncated = np.zeros((t, n), bool)
         self._truncated_value = np.zeros((t, n), np.float32)  # V(final obs) of truncated rows
+        # A recurrent policy's state per env, whether the next step starts an episode, and
+        # the round's initial state and episode starts.
+        self._state = np.zeros((n, algo.state_size), np.float32)
+        self._first = np.ones(n, np.float32)
+        self._initial_state = self._state
+        self._firsts = np.zeros((t, n), np.float32)
         # Behaviour log-probs of the last `act`, for recording.
         self.last_action_logp: np.ndarray | None = None
         self.start_round()
@@ -293,9 +385,10 @@ class RolloutCollector:
         """Starts a new round (after the round's weights were swapped in): clears the buffers,
         dropping any partial round. `share` (items per round) is fixed by `rollout_length`
         for PPO and only checked when given."""
-        expected = self.algo.params.rollout_length * self.num_envs
+        steps = self.algo.params.rollout_length * self.num_envs
+        expected = self.num_envs if self.algo.state_size else steps  # sequences, or steps
         if share is not None and share != expected:
-            raise EasyRLError(f"PPO collects {expected} steps per round, asked for {share}")
+            raise EasyRLError(f"PPO collects {expected} items per round, asked for {share}")
         self._t = 0
         self._acted = False
         for buffer in (self._obs, self._action, self._logp, self._value, self._reward):
@@ -323,8 +416,16 @@ class RolloutCollector:
         rng = self._rng if rng is None else rng
         shape = (self.num_envs, self.algo.action_dim)
         noise = rng.gumbel(size=shape) if self.algo.discrete else rng.standard_normal(shape)
-        action, logp, value = self.algo._act(obs, noise.astype(np.float32))
         t = self._t
+        if self.algo.state_size:
+            if t == 0:
+                self._initial_state = self._state
+            self._firsts[t] = self._first
+            args = (obs, noise.astype(np.float32), self._state, self._first)
+            action, logp, value, state = self.algo._act(*args)
+            self._state = state.numpy()
+        else:
+            action, logp, value = self.algo._act(obs, noise.astype(np.float32))
         self._obs[t] = obs
         self._action[t] = action.numpy()
         self._logp[t] = logp.numpy()
@@ -375,16 +476,20 @@ class RolloutCollector:
         if real_next_obs.shape != (n, self.algo.obs_dim) or np.shape(next_obs)[0] != n:
             raise EasyRLError(f"observations must be [{n}, {self.algo.obs_dim}]")
         self._reward[t], self._terminated[t], self._truncated[t] = rewards, terminated, truncated
+        self._first = (terminated | truncated).astype(np.float32)
         self._acted = False
         self._t += 1
+        state = self._state if self.algo.state_size else None  # after this step, not reset
         if self._t < self.rollout_length:
             rows = np.flatnonzero(truncated & ~terminated)
             if rows.size:
-                self._truncated_value[t, rows] = self.algo.value(real_next_obs[rows])
+                rows_state = state[rows] if state is not None else None
+                self._truncated_value[t, rows] = self.algo.value(real_next_obs[rows], rows_state)
             return None
         # Last step: real_next_obs equals next_obs except on done rows, where it is the
         # needed successor (truncated) or unused (terminated): one value call covers all.
-        next_values = np.concatenate([self._value[1:], self.algo.value(real_next_obs)[None]])
+        last = self.algo.value(real_next_obs, state)
+        next_values = np.concatenate([self._value[1:], last[None]])
         head = self._truncated[:-1]  # [T-1, N]
         next_values[:-1][head] = self._truncated_value[:-1][head]
         advantage, value_target = gae(
@@ -396,8 +501,15 @@ class RolloutCollector:
             self.algo.params.gamma,
             self.algo.params.lam,
         )
+        self._t = 0
+        if self.algo.state_size:  # per-env sequences, batch-major [N, T, ...]
+            columns = (self._obs, self._action, self._logp, advantage, value_target, self._value)
+            batch = {c: np.swapaxes(x, 0, 1).copy() for c, x in zip(COLUMNS, columns, strict=True)}
+            batch["state"] = self._initial_state.copy()  # [N, 4U]
+            batch["first"] = self._firsts.T.copy()  # [N, T]
+            return batch
         size = self.rollout_length * n
-        batch = {
+        return {
             "obs": self._obs.reshape(size, -1).copy(),
             "action": self._action.reshape(size, *self._action.shape[2:]).copy(),
             "logp": self._logp.reshape(size).copy(),
@@ -405,8 +517,6 @@ class RolloutCollector:
             "value_target": value_target.reshape(size),
             "value": self._value.reshape(size).copy(),
         }
-        self._t = 0
-        return batch
 
     def stats(self) -> dict[str, float]:
         """No diagnostics of acting: the round's stats come from the learner."""
