@@ -80,9 +80,29 @@ class CompiledGreedy:
     _greedy: Any  # a `compiled` function
 
     def greedy(self, obs: np.ndarray) -> np.ndarray:
-        """Deterministic actions for a batch of observations (evaluation)."""
-        dtype = self._greedy.input_signature[0].dtype.as_numpy_dtype
-        return self._greedy(np.asarray(obs, dtype)).numpy()
+        """Deterministic actions for a batch of observations (evaluation).
+
+        Raises:
+            EasyRLError: the policy is recurrent (`state_size` > 0): it acts with a state,
+                through `greedy_policy(algo)` (see `greedy_step`).
+        """
+        if getattr(self, "state_size", 0):
+            raise EasyRLError(
+                "a policy with model.lstm acts with a recurrent state: play it "
+                "through easyrl.algorithms.shared.greedy_policy(algo)"
+            )
+        return self._greedy(np.asarray(obs, self._obs_dtype())).numpy()
+
+    def greedy_step(self, obs: np.ndarray, state: np.ndarray, first: np.ndarray) -> tuple:
+        """A recurrent policy's greedy step (its `_greedy` takes obs, state, first):
+        (actions `[N]`, next state) for `obs` `[N, ...]`, the state and the episode-start
+        flags `first` `[N]`."""
+        state, first = np.asarray(state, np.float32), np.asarray(first, np.float32)
+        action, next_state = self._greedy(np.asarray(obs, self._obs_dtype()), state, first)
+        return action.numpy(), next_state.numpy()
+
+    def _obs_dtype(self):
+        return self._greedy.input_signature[0].dtype.as_numpy_dtype
 
     @property
     def greedy_fn(self) -> Compiled:
@@ -564,7 +584,4 @@ def _unroll(net, obs, state, first):
     """A recurrent PolicyNet's or ValueNet's head outputs `[B * T, out]` over B sequences."""
     b, t = tf.shape(obs)[0], tf.shape(obs)[1]
     h = net.torso(net.norm(tf.reshape(obs, [b * t, -1])))  # [B * T, H]
-    h = tf.transpose(tf.reshape(h, [b, t, net.torso.out_dim]), [1, 0, 2])  # [T, B, H]
-    hs = net.core.unroll(h, state, tf.transpose(first))  # [T, B, U]
-    hs = tf.reshape(tf.transpose(hs, [1, 0, 2]), [b * t, net.core.units])  # [B * T, U]
-    return net.head(hs)
+    return net.head(net.core.unroll_batch_major(h, state, first))

@@ -23,7 +23,7 @@ class LSTMCore(tf.Module):
 
     def __init__(self, in_dim: int, units: int, name: str, rng: np.random.Generator):
         super().__init__(name=None)
-        self.units = int(units)
+        self.units, self.in_dim = int(units), int(in_dim)
         w = tf.constant(_glorot((in_dim + self.units, 4 * self.units), rng))
         self.w = tf.Variable(w, name=f"{name}/w")
         self.b = tf.Variable(tf.zeros([4 * self.units]), name=f"{name}/b")
@@ -54,3 +54,12 @@ class LSTMCore(tf.Module):
         initial = (tf.zeros([tf.shape(state)[0], self.units]), state)
         hs, _ = tf.scan(body, (xs, firsts), initializer=initial)
         return hs
+
+    def unroll_batch_major(self, xs: tf.Tensor, state: tf.Tensor, firsts: tf.Tensor) -> tf.Tensor:
+        """`unroll` for B sequences of T steps laid out batch-major and flat: `xs`
+        `[B * T, in_dim]` (row b * T + t), `state` `[B, 2U]`, `firsts` `[B, T]`. Returns h
+        `[B * T, U]` in the same row order."""
+        b, t = tf.shape(firsts)[0], tf.shape(firsts)[1]
+        xs = tf.transpose(tf.reshape(xs, [b, t, self.in_dim]), [1, 0, 2])  # [T, B, in]
+        hs = self.unroll(xs, state, tf.transpose(firsts))  # [T, B, U]
+        return tf.reshape(tf.transpose(hs, [1, 0, 2]), [b * t, self.units])  # [B * T, U]

@@ -121,9 +121,7 @@ class ActorCritic(tf.Module):
         assert self.core is not None
         b, steps = tf.shape(obs)[0], tf.shape(obs)[1]
         h = self.torso(tf.reshape(obs, [-1, *self.obs_shape]))  # [B * (T+1), H]
-        h = tf.transpose(tf.reshape(h, [b, steps, self.torso.out_dim]), [1, 0, 2])  # [T+1, B, H]
-        hs = self.core.unroll(h, state, tf.transpose(first))  # [T+1, B, U]
-        hs = tf.reshape(tf.transpose(hs, [1, 0, 2]), [-1, self.core.units])  # [B * (T+1), U]
+        hs = self.core.unroll_batch_major(h, state, first)  # [B * (T+1), U]
         logits = tf.reshape(self.logits(hs), [b, steps, -1])  # [B, T+1, A]
         return logits, tf.reshape(self.value(hs), [b, steps])  # [B, T+1]
 
@@ -199,31 +197,6 @@ class IMPALA(CompiledGreedy, NoTargetNetwork):
         else:
             logits, values = self._forward(obs)
         return logits.numpy(), values.numpy()
-
-    def greedy(self, obs: np.ndarray) -> np.ndarray:
-        """Greedy actions for a batch of observations (a feed-forward policy only).
-
-        Raises:
-            EasyRLError: the policy is recurrent: it acts with a state, through
-                `easyrl.algorithms.shared.greedy_policy(algo)`.
-        """
-        if self.state_size:
-            raise EasyRLError(
-                f"{self.params.name} with model.lstm acts with a recurrent state: play it "
-                "through easyrl.algorithms.shared.greedy_policy(algo)"
-            )
-        return super().greedy(obs)
-
-    def greedy_step(self, obs: np.ndarray, state: np.ndarray, first: np.ndarray) -> tuple:
-        """A recurrent policy's greedy step: (actions `[N]`, next state `[N, 2U]`) for `obs`
-        `[N, ...]`, the state `[N, 2U]` and episode-start flags `first` `[N]`."""
-        obs, state, first = (
-            np.asarray(obs, self.obs_dtype),
-            np.asarray(state, np.float32),
-            np.asarray(first, np.float32),
-        )
-        action, next_state = self._greedy(obs, state, first)
-        return action.numpy(), next_state.numpy()
 
     def learn(self, batch: dict, weights=None) -> LearnStep:
         """One gradient computation on a batch of unrolls.

@@ -143,25 +143,6 @@ class PPO(CompiledGreedy):
             return self._value(np.asarray(obs, np.float32), np.asarray(state, np.float32)).numpy()
         return self._value(np.asarray(obs, np.float32)).numpy()
 
-    def greedy(self, obs: np.ndarray) -> np.ndarray:
-        """Greedy actions for a batch of observations (a feed-forward policy only).
-
-        Raises:
-            EasyRLError: the policy is recurrent (see `easyrl.algorithms.shared.greedy_policy`).
-        """
-        if self.state_size:
-            raise EasyRLError(
-                "a policy with model.lstm acts with a recurrent state: play it "
-                "through easyrl.algorithms.shared.greedy_policy(algo)"
-            )
-        return super().greedy(obs)
-
-    def greedy_step(self, obs: np.ndarray, state: np.ndarray, first: np.ndarray) -> tuple:
-        """A recurrent policy's greedy step: (actions, next state `[N, 4U]`)."""
-        obs, state, first = (np.asarray(x, np.float32) for x in (obs, state, first))
-        action, next_state = self._greedy(obs, state, first)
-        return action.numpy(), next_state.numpy()
-
     def learn_minibatch(self, minibatch: dict) -> LearnStep:
         """One gradient computation on a minibatch holding the `replay_spec` columns.
 
