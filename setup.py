@@ -37,6 +37,8 @@ setup(
             "matplotlib>=3.8",
             "cryptography>=42",
             "envpool==1.2.5",
+            # Small and pure Python: the multi-agent tests run a real PettingZoo ParallelEnv.
+            "pettingzoo>=1.24",
         ],
         "gpu": ["tensorflow[and-cuda]>=2.21,<2.22"],
         "atari": ["ale-py>=0.11,<0.12", "opencv-python-headless>=4.9"],
@@ -44,6 +46,8 @@ setup(
         # env.vector: envpool (Atari ids need the atari extra too: spaces come from the ALE env).
         "envpool": ["envpool==1.2.5"],
         "plot": ["matplotlib>=3.8"],
+        # env.id: package.module:factory of a PettingZoo ParallelEnv (multiagent: section).
+        "multiagent": ["pettingzoo>=1.24"],
     },
     entry_points={"console_scripts": ["easyrl=easyrl.cli:main"]},
 )

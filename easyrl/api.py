@@ -194,10 +194,11 @@ def check_builds(cfg: config_lib.Config) -> None:
         ConfigError: what the env or the model building raised, naming the key.
     """
     from easyrl.algorithms import registry
-    from easyrl.envs import env_options, env_spaces
+    from easyrl.envs.multiagent import run_spaces
 
-    obs_space, action_space = env_spaces(cfg.env.id, **env_options(cfg.env))  # before TF: fast
+    obs_space, action_space = run_spaces(cfg)  # before TF: fast
     if cfg.env.vector == "envpool":
+        from easyrl.envs import env_options
         from easyrl.envs.pool import pool_task
 
         pool_task(cfg.env.id, **env_options(cfg.env))
@@ -209,7 +210,12 @@ def check_builds(cfg: config_lib.Config) -> None:
         log.debug("TensorFlow's devices are set up already; building on /CPU:0 anyway")
     with tf.device("/CPU:0"):
         module = registry.module(cfg.algorithm.name)
-        module.build(cfg.algorithm.params, obs_space, action_space, cfg.model, cfg.run.seed)
+        if cfg.multiagent is not None:
+            from easyrl.algorithms import multiagent
+
+            multiagent.build(cfg, module, obs_space, action_space)
+        else:
+            module.build(cfg.algorithm.params, obs_space, action_space, cfg.model, cfg.run.seed)
 
 
 def _override_strings(overrides: Mapping[str, Any], prefix: str) -> list[str]:

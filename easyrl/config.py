@@ -40,6 +40,7 @@ __all__ = [
     "EnvConfig",
     "LearnerConfig",
     "ModelConfig",
+    "MultiAgentConfig",
     "ReplayConfig",
     "AtariConfig",
     "EvalConfig",
@@ -347,6 +348,24 @@ class SecurityConfig(_Section):
 
 
 @dataclass(frozen=True)
+class MultiAgentConfig(_Section):
+    """Multi-agent training: policies of the algorithm and which env agents each one plays
+    (see easyrl.algorithms.multiagent). env.id then names a multi-agent env: a built-in one
+    (easyrl/TwoRunners-v0) or package.module:factory returning a PettingZoo ParallelEnv
+    (easyrl[multiagent])."""
+
+    SECTION: ClassVar[str] = "multiagent"
+
+    policies: tuple[str, ...] = ()
+    """Policy names; each gets its own PS variables (`{policy}/...`), replay rows and metrics
+    (`policy/{policy}/return_mean`). One name for all agents: a shared policy."""
+    policy_mapping: dict[str, str] = field(default_factory=dict)
+    """{agent id: policy} for the env's agents."""
+    default_policy: str | None = None
+    """The policy of agents policy_mapping leaves out (None: every agent must be mapped)."""
+
+
+@dataclass(frozen=True)
 class AlgorithmConfig:
     """The algorithm: its registered name and its hyper-parameters."""
 
@@ -387,6 +406,8 @@ class Config:
     """Recording what the actors collect."""
     input: InputConfig = field(default_factory=InputConfig)
     """Training from a recorded dataset."""
+    multiagent: MultiAgentConfig | None = None
+    """Multi-agent training (None: the env is a single-agent gymnasium env)."""
 
 
 # ---------------------------------------------------------------------------------------------
@@ -769,6 +790,10 @@ def _resolve(cfg: Config) -> Config:
         )
     if cfg.stop.eval_return_mean is not None and not cfg.cluster.evaluator:
         raise ConfigError("stop.eval_return_mean needs an evaluator: set cluster.evaluator: 1")
+    if cfg.multiagent is not None:
+        from easyrl.algorithms.multiagent import check_config
+
+        check_config(cfg)
     cfg = _resolve_offline(cfg, module)
     cluster = _resolve_cluster(cfg.algorithm.name, module.FLOW, cfg.cluster)
     cfg = dataclasses.replace(cfg, cluster=cluster)

@@ -112,16 +112,27 @@ def params_class(name: str) -> type:
 def replay_spec(cfg, obs_space, action_space) -> dict:
     """The replay columns of one item of the run `cfg` describes: the algorithm's
     `replay_spec`, given `model.lstm` when it is set (only a `RECURRENT` algorithm accepts
-    it; the config refuses it for the others)."""
+    it; the config refuses it for the others), plus the `policy` column of a multi-agent
+    run."""
     found = module(cfg.algorithm.name)
-    return found.replay_spec(cfg.algorithm.params, obs_space, action_space, **_lstm(cfg))
+    spec = found.replay_spec(cfg.algorithm.params, obs_space, action_space, **_lstm(cfg))
+    if cfg.multiagent is not None:  # items carry their policy's index
+        from easyrl.algorithms import multiagent
+
+        spec = multiagent.replay_spec(spec)
+    return spec
 
 
 def round_share(cfg, actor_index: int, num_actors: int) -> int:
     """The items actor `actor_index` of `num_actors` ships per round (sync_rounds): the
-    algorithm's `round_share`, given `model.lstm` when it is set (as `replay_spec`)."""
+    algorithm's `round_share`, given `model.lstm` when it is set (as `replay_spec`); a
+    multi-agent run's actor steps one env per slot (env copy x agent)."""
     found = module(cfg.algorithm.name)
     params, num_envs = cfg.algorithm.params, cfg.env.num_envs
+    if cfg.multiagent is not None:  # one env per slot (env copy x agent)
+        from easyrl.envs.multiagent import agent_spaces
+
+        num_envs *= len(agent_spaces(cfg.env.id, cfg.env.kwargs)[0])
     return found.round_share(params, num_envs, actor_index, num_actors, **_lstm(cfg))
 
 

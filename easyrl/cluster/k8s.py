@@ -176,9 +176,9 @@ def replay_bytes(cfg: config_lib.Config) -> int:
     if not cfg.cluster.memory:
         return 0
     from easyrl.algorithms import registry
-    from easyrl.envs import env_options, env_spaces
+    from easyrl.envs.multiagent import run_spaces
 
-    obs_space, action_space = env_spaces(cfg.env.id, **env_options(cfg.env))
+    obs_space, action_space = run_spaces(cfg)
     spec = registry.replay_spec(cfg, obs_space, action_space)
     item = sum(math.prod(shape) * np.dtype(dtype).itemsize for shape, dtype in spec.values())
     return cfg.replay.capacity * item

@@ -19,6 +19,9 @@ import numpy as np
 
 STATS_MAX_KEYS = 64
 """Most stats one Report may carry."""
+POLICIES_MAX = 64
+"""Most policies a run's metrics keep returns of (multi-agent runs)."""
+_POLICY = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,31}")
 _STAT_KEY = re.compile(r"(?:(\d{1,6})/)?[A-Za-z_][A-Za-z0-9_.]{0,63}")
 
 
@@ -43,6 +46,20 @@ def check_stats(task: int, stats: dict[str, float]) -> None:
             raise ValueError(f"Report: stat {key!r} must be finite, got {value}")
 
 
+def check_policies(policies: list[str], episodes: int) -> None:
+    """Checks a Report's `episode_policies`: none (a single-agent run) or one policy name
+    (as `multiagent.policies` allows) per episode.
+
+    Raises:
+        ValueError: the first problem.
+    """
+    if len(policies) not in (0, episodes):
+        raise ValueError("Report: episode_policies must match episode_returns")
+    for name in set(policies):
+        if not _POLICY.fullmatch(name):
+            raise ValueError(f"Report: episode policy {name[:80]!r} is not a policy name")
+
+
 class RunStats:
     """Thread-safe counters of a run (env steps, updates, episodes, recent returns).
 
@@ -57,6 +74,8 @@ class RunStats:
         self.window = window
         self._returns = collections.deque(maxlen=window)
         self._lengths = collections.deque(maxlen=window)
+        # Multi-agent runs: {policy: recent (return, length) of its agents' episodes}.
+        self._policies: dict[str, collections.deque] = {}
         totals = {"env_steps": 0.0, "updates": 0.0, "episodes": 0.0}
         self._counters: dict[str, float] = collections.defaultdict(float, totals)
         self._stats: dict[str, float] = {}
@@ -64,9 +83,12 @@ class RunStats:
         self._eval: dict[str, float] = {}
         self._rates = {"env_steps_per_s": 0.0, "updates_per_s": 0.0}
 
-    def report(self, role, task, env_steps, updates, returns, lengths, stats, evals=()) -> None:
+    def report(
+        self, role, task, env_steps, updates, returns, lengths, stats, evals=(), policies=()
+    ) -> None:
         """Adds one report from `role` `task` (deltas since its previous report); `evals`
-        are the returns of one evaluation (the evaluator's report)."""
+        are the returns of one evaluation (the evaluator's report); `policies` the policy of
+        each episode of a multi-agent run (the first `POLICIES_MAX` policies are kept)."""
         with self._lock:
             if len(evals):
                 mean = float(np.mean(evals))
@@ -83,6 +105,12 @@ class RunStats:
                 self._counters[f"{prefix}episodes"] += len(returns)
             self._returns.extend(returns)
             self._lengths.extend(lengths)
+            for policy, ret, length in zip(policies, returns, lengths, strict=False):
+                if policy not in self._policies and len(self._policies) >= POLICIES_MAX:
+                    continue
+                recent = self._policies.setdefault(policy, collections.deque(maxlen=self.window))
+                recent.append((ret, length))
+                self._counters[f"policy/{policy}/episodes"] += 1
             for key, value in stats.items():
                 self._stats[f"{role}/{key}"] = float(value)
 
@@ -111,6 +139,9 @@ class RunStats:
                 out["return_mean"] = float(np.mean(self._returns))
                 out["return_max"] = float(np.max(self._returns))
                 out["length_mean"] = float(np.mean(self._lengths)) if self._lengths else 0.0
+            for policy, recent in self._policies.items():  # [E, 2] (return, length)
+                out[f"policy/{policy}/return_mean"] = float(np.mean([r for r, _ in recent]))
+                out[f"policy/{policy}/length_mean"] = float(np.mean([n for _, n in recent]))
             return out
 
     def recent_returns(self) -> list[float]:

@@ -21,7 +21,7 @@ from typing import cast
 import grpc
 import numpy as np
 
-from easyrl.algorithms import registry
+from easyrl.algorithms import multiagent, registry
 from easyrl.algorithms.contract import (
     Agent,
     Collector,
@@ -31,6 +31,7 @@ from easyrl.algorithms.contract import (
     RoundsAgent,
 )
 from easyrl.envs import env_options, final_observations, make_vector_env
+from easyrl.envs.multiagent import SlotVectorEnv
 from easyrl.errors import MessageTooLarge, TransportError
 from easyrl.flows import actor_gradients, async_replay, sync_rounds
 from easyrl.replay.frames import layout_for
@@ -49,32 +50,40 @@ RETRY_INSERT = (grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.StatusCode.DEADLINE_EXC
 
 
 class EpisodeTracker:
-    """Accumulates per-env returns and lengths; hands out finished episodes."""
+    """Accumulates per-env returns and lengths; hands out finished episodes (with the policy
+    of each env's agent, `policies`, in a multi-agent run: an env is then a slot)."""
 
-    def __init__(self, num_envs: int):
+    def __init__(self, num_envs: int, policies: list[str] | None = None):
         self.returns = np.zeros(num_envs)
         self.lengths = np.zeros(num_envs, dtype=np.int64)
+        self.multiagent = policies is not None
+        self.policies = np.array(policies if policies is not None else [""] * num_envs)
         self.finished_returns: list[float] = []
         self.finished_lengths: list[int] = []
+        self.finished_policies: list[str] = []
 
     def discard_open(self) -> None:
         """Forgets the unfinished episodes (the envs were reset)."""
         self.returns[:] = 0.0
         self.lengths[:] = 0
 
-    def step(self, rewards: np.ndarray, done: np.ndarray) -> None:
-        """Adds one vector step's rewards; closes the episodes of envs that are done."""
+    def step(self, rewards: np.ndarray, done: np.ndarray, acted: np.ndarray | None = None) -> None:
+        """Adds one vector step's rewards; closes the episodes of envs that are done.
+        `acted` `[N]`: the slots whose agents acted (the others' episodes do not grow)."""
         self.returns += rewards
-        self.lengths += 1
+        self.lengths += 1 if acted is None else acted
         self.finished_returns.extend(self.returns[done].tolist())
         self.finished_lengths.extend(self.lengths[done].tolist())
+        self.finished_policies.extend(self.policies[done].tolist())
         self.returns[done] = 0.0
         self.lengths[done] = 0
 
-    def take(self) -> tuple[list[float], list[int]]:
-        """Returns and clears the finished episodes."""
-        out = (self.finished_returns, self.finished_lengths)
-        self.finished_returns, self.finished_lengths = [], []
+    def take(self) -> tuple[list[float], list[int], list[str]]:
+        """Returns and clears the finished episodes: (returns, lengths, policies; the
+        policies are empty in a single-agent run)."""
+        policies = self.finished_policies if self.multiagent else []
+        out = (self.finished_returns, self.finished_lengths, policies)
+        self.finished_returns, self.finished_lengths, self.finished_policies = [], [], []
         return out
 
 
@@ -186,7 +195,7 @@ class Actor:
         is stopping."""
         if not force and time.monotonic() - self._last_report < 0.5:
             return
-        returns, lengths = self.episodes.take()
+        returns, lengths, policies = self.episodes.take()
         recorded = self.recorder.stats() if self.recorder is not None else {}
         stopping = self.weights.clients[0].report(
             "actor",
@@ -195,6 +204,7 @@ class Actor:
             updates=updates - self._reported_updates,
             episode_returns=returns,
             episode_lengths=lengths,
+            episode_policies=policies,
             stats={**stats, **self.counters, **recorded},
         )
         self._reported_steps, self._reported_updates = steps, updates
@@ -214,9 +224,7 @@ class Actor:
         if not self.weights.wait_initialized(self.stop, cfg.run.peer_timeout_s):
             return
         seed = derive_seed(cfg.run.seed, "actor", self.ctx.task)
-        env = make_vector_env(
-            cfg.env.id, cfg.env.num_envs, vector=cfg.env.vector, seed=seed, **env_options(cfg.env)
-        )
+        env = self.make_env(seed)
         try:
             LOOPS[self.algo.flow](self, env, seed)
         finally:
@@ -224,6 +232,20 @@ class Actor:
             env.close()
             if self.recorder is not None:
                 self.recorder.close()
+
+    def make_env(self, seed: int):
+        """The actor's vector env; a multi-agent run's `SlotVectorEnv` (slot = env copy x
+        agent), whose episodes are then counted per slot and policy."""
+        cfg = self.ctx.cfg
+        if cfg.multiagent is None:
+            options = env_options(cfg.env)
+            return make_vector_env(
+                cfg.env.id, cfg.env.num_envs, vector=cfg.env.vector, seed=seed, **options
+            )
+        env = SlotVectorEnv(cfg.env.id, cfg.env.num_envs, cfg.env.kwargs, cfg.env.max_episode_steps)
+        slots = np.tile(multiagent.slot_policies(cfg.multiagent, env.agents), cfg.env.num_envs)
+        self.episodes = EpisodeTracker(env.num_envs, [cfg.multiagent.policies[p] for p in slots])
+        return env
 
     def collector(self, agent: ReplayAgent | RoundsAgent | GradientsAgent, seed: int):
         """The collector of this actor (`num_envs` envs, actor `task` of all actors)."""
@@ -236,6 +258,9 @@ class Actor:
         Returns:
             (the observations to act on next, what the collector completed or None).
         """
+        acted = None  # multi-agent: the slots whose agents act on `obs`
+        if isinstance(env, SlotVectorEnv) and isinstance(collector, multiagent.SlotCollector):
+            acted = collector.present = env.present.copy()
         actions = collector.act(obs, rng)
         next_obs, rewards, terminated, truncated, infos = env.step(actions)
         done = terminated | truncated
@@ -245,7 +270,7 @@ class Actor:
                 obs, actions, rewards, terminated, truncated, real_next, collector.last_action_logp
             )
         out = collector.observe(rewards, next_obs, real_next, terminated, truncated)
-        self.episodes.step(rewards, done)
+        self.episodes.step(rewards, done, acted)
         return next_obs, out
 
     def discard_open_episodes(self) -> None:

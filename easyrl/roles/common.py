@@ -18,7 +18,7 @@ from easyrl.algorithms import registry
 from easyrl.algorithms.contract import Agent
 from easyrl.cluster.spec import ClusterSpec, assign_shards
 from easyrl.config import Config
-from easyrl.envs import env_options, env_spaces
+from easyrl.envs.multiagent import run_spaces
 from easyrl.errors import TransportError
 from easyrl.transport import rpc
 from easyrl.transport.clients import (
@@ -112,9 +112,9 @@ class RoleContext:
         return rpc.TLSFiles(cert=sec.tls_cert, key=sec.tls_key, ca=sec.tls_ca)
 
     def spaces(self):
-        """(observation space, action space) of one environment."""
-        env = self.cfg.env
-        return env_spaces(env.id, **env_options(env))
+        """(observation space, action space) of one environment (of one agent of a
+        multi-agent env)."""
+        return run_spaces(self.cfg)
 
     def algorithm_module(self):
         """The module of the configured algorithm (from the registry)."""
@@ -126,6 +126,10 @@ class RoleContext:
         obs_space, action_space = self.spaces()
         module = self.algorithm_module()
         cfg = self.cfg
+        if cfg.multiagent is not None:  # one agent per policy, wrapped as one
+            from easyrl.algorithms import multiagent
+
+            return multiagent.build(cfg, module, obs_space, action_space, learner)
         return module.build(
             cfg.algorithm.params, obs_space, action_space, cfg.model, cfg.run.seed, learner
         )

@@ -21,7 +21,15 @@ import tensorflow as tf
 from easyrl.algorithms.optimizers import OptimizerGroups, OptimizerSpec
 from easyrl.atomic import save_npz
 from easyrl.errors import EasyRLError
-from easyrl.metrics import MetricsWriter, RunStats, Stop, check_stats, progress_line, stop_reason
+from easyrl.metrics import (
+    MetricsWriter,
+    RunStats,
+    Stop,
+    check_policies,
+    check_stats,
+    progress_line,
+    stop_reason,
+)
 from easyrl.models import FlatVariables
 from easyrl.transport import codec
 from easyrl.transport import easyrl_pb2 as pb
@@ -275,6 +283,7 @@ class ParameterServer(pb_grpc.ParameterServerServicer):
         if not np.all(np.isfinite(np.asarray(returns, dtype=np.float64))):
             raise ValueError("Report: episode returns must be finite")
         check_stats(request.task, dict(request.stats))
+        check_policies(list(request.episode_policies), len(request.episode_returns))
         self.stats.report(
             request.role,
             request.task,
@@ -284,6 +293,7 @@ class ParameterServer(pb_grpc.ParameterServerServicer):
             list(request.episode_lengths),
             dict(request.stats),
             list(request.eval_returns),
+            list(request.episode_policies),
         )
         return pb.ReportResponse(stopping=self.stopping.is_set())
 

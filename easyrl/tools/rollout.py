@@ -205,12 +205,16 @@ def load_policy(run_dir: str | Path, checkpoint: str | None = None) -> LoadedPol
         The algorithm with the checkpoint's weights, and what was loaded.
 
     Raises:
-        EasyRLError: no run directory or checkpoint, or a checkpoint that does not fit the
-            model `config.yaml` describes.
+        EasyRLError: no run directory or checkpoint, a checkpoint that does not fit the
+            model `config.yaml` describes, or a multi-agent run (no single greedy policy).
     """
     import tensorflow as tf
 
     cfg = run_config(run_dir)
+    if cfg.multiagent is not None:
+        from easyrl.algorithms.multiagent import NO_GREEDY
+
+        raise EasyRLError(f"{run_dir}: {NO_GREEDY}")
     chosen, files, values = checkpoint_values(run_dir, checkpoint)
     obs_space, action_space = env_spaces(cfg.env.id, **env_options(cfg.env))
     module = registry.module(cfg.algorithm.name)

@@ -60,12 +60,14 @@ class RoundTaken(NamedTuple):
 
 class Counts(TypedDict, total=False):
     """What a report to PS shard 0 carries: counts since the last report, finished
-    episodes, an evaluation's returns and stats."""
+    episodes (with their policies in a multi-agent run), an evaluation's returns and
+    stats."""
 
     env_steps: int
     updates: int
     episode_returns: Sequence[float]
     episode_lengths: Sequence[int]
+    episode_policies: Sequence[str]
     eval_returns: Sequence[float]
     stats: Mapping[str, float]
 

@@ -109,7 +109,7 @@ class AssignResponse(_message.Message):
     def __init__(self, assigned: _Optional[bool] = ..., version: _Optional[int] = ...) -> None: ...
 
 class ReportRequest(_message.Message):
-    __slots__ = ("role", "task", "env_steps", "updates", "episode_returns", "episode_lengths", "stats", "eval_returns")
+    __slots__ = ("role", "task", "env_steps", "updates", "episode_returns", "episode_lengths", "stats", "eval_returns", "episode_policies")
     class StatsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -125,6 +125,7 @@ class ReportRequest(_message.Message):
     EPISODE_LENGTHS_FIELD_NUMBER: _ClassVar[int]
     STATS_FIELD_NUMBER: _ClassVar[int]
     EVAL_RETURNS_FIELD_NUMBER: _ClassVar[int]
+    EPISODE_POLICIES_FIELD_NUMBER: _ClassVar[int]
     role: str
     task: int
     env_steps: int
@@ -133,7 +134,8 @@ class ReportRequest(_message.Message):
     episode_lengths: _containers.RepeatedScalarFieldContainer[int]
     stats: _containers.ScalarMap[str, float]
     eval_returns: _containers.RepeatedScalarFieldContainer[float]
-    def __init__(self, role: _Optional[str] = ..., task: _Optional[int] = ..., env_steps: _Optional[int] = ..., updates: _Optional[int] = ..., episode_returns: _Optional[_Iterable[float]] = ..., episode_lengths: _Optional[_Iterable[int]] = ..., stats: _Optional[_Mapping[str, float]] = ..., eval_returns: _Optional[_Iterable[float]] = ...) -> None: ...
+    episode_policies: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, role: _Optional[str] = ..., task: _Optional[int] = ..., env_steps: _Optional[int] = ..., updates: _Optional[int] = ..., episode_returns: _Optional[_Iterable[float]] = ..., episode_lengths: _Optional[_Iterable[int]] = ..., stats: _Optional[_Mapping[str, float]] = ..., eval_returns: _Optional[_Iterable[float]] = ..., episode_policies: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class ReportResponse(_message.Message):
     __slots__ = ("stopping",)
