@@ -2,8 +2,9 @@
 
 import numpy as np
 
-STREAMS = ("actor", "memory", "learner", "evaluator", "rollout")
-"""The random streams of a run: one per role that draws random numbers, and `easyrl rollout`."""
+STREAMS = ("actor", "memory", "learner", "evaluator", "rollout", "policy", "slot")
+"""The random streams of a run: one per role that draws random numbers, `easyrl rollout`,
+and a multi-agent run's policies' initial values and its slots' collectors."""
 
 
 def derive_seed(run_seed: int, stream: str, *index: int) -> int:

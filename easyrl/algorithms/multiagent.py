@@ -110,7 +110,7 @@ def check_config(cfg) -> None:
 
 def _closest(name: str, valid: list[str]) -> str:
     """ " (did you mean 'x'?)" for the closest of `valid`, or ""."""
-    close = difflib.get_close_matches(name, valid, n=1)
+    close = difflib.get_close_matches(name, valid, n=1, cutoff=0.5)
     return f" (did you mean {close[0]!r}?)" if close else ""
 
 

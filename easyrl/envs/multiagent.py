@@ -60,6 +60,7 @@ class TwoRunners:
 
     metadata: dict[str, Any] = {"name": "two_runners_v0"}
     possible_agents = ["runner_0", "runner_1"]
+    render_mode = None
 
     def __init__(
         self, size: int = 8, join_step: int = 3, max_steps: int = 30, step_cost: float = 0.05
@@ -79,6 +80,11 @@ class TwoRunners:
         self._goal = np.zeros(2, np.int64)
         self._done = np.zeros(2, bool)
         self._t = 0
+
+    @property
+    def unwrapped(self) -> TwoRunners:
+        """The env itself (no wrappers), as PettingZoo's API has it."""
+        return self
 
     def observation_space(self, agent: str) -> gymnasium.spaces.Box:
         """The observation space of `agent` (the same for both)."""
@@ -123,6 +129,8 @@ class TwoRunners:
         if joins and not truncate:  # late, or at once when runner_0 left before its time
             self.agents.append("runner_1")
             obs["runner_1"] = self._observe(1)
+            rewards["runner_1"] = 0.0  # a joining agent gets entries, as PettingZoo's do
+            terminations["runner_1"] = truncations["runner_1"] = False
         return obs, rewards, terminations, truncations, {a: {} for a in obs}
 
     def _observe(self, i: int) -> np.ndarray:
