@@ -97,7 +97,8 @@ class EnvConfig(_Section):
 
     id: str = "CartPole-v1"
     """Gymnasium environment id; `package.module:Id-v0` imports the module first (which registers
-    Id-v0), `package.module:MyEnv` names a gymnasium.Env class of your own (see easyrl.envs)."""
+    Id-v0), `package.module:MyEnv` names a gymnasium.Env class of your own (see easyrl.envs);
+    with a multiagent section, a multi-agent env (see multiagent)."""
     num_envs: int = 8
     """Environments per actor, stepped together as one vector env."""
     vector: Literal["sync", "async", "envpool"] = "sync"

@@ -142,7 +142,7 @@ def test_same_step_autoreset_and_episode_returns():
                 assert infos == {}
             if len(ended) >= 6:
                 break
-        returns, lengths = tracker.take()
+        returns, lengths, _ = tracker.take()
         assert len(ended) >= 6 and lengths == ended
         assert returns == [float(n) for n in ended]  # no extra reset step with reward 0
         assert all(5 <= n <= 60 for n in ended), ended

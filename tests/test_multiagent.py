@@ -4,12 +4,11 @@ cluster run per algorithm (easyrl.envs.multiagent, easyrl.algorithms.multiagent)
 
 import dataclasses
 import importlib.util
-from pathlib import Path
 
 import gymnasium as gym
 import numpy as np
 import pytest
-from test_cluster import _counters, launch  # noqa: F401 (the `launch` fixture)
+from test_cluster import ROOT, _assert_no_processes_left, _counters
 
 from easyrl import config as config_lib
 from easyrl.algorithms import multiagent, registry
@@ -18,7 +17,6 @@ from easyrl.errors import ConfigError, EasyRLError
 from easyrl.metrics import RunStats, check_policies
 from easyrl.roles.actor import EpisodeTracker
 
-ROOT = Path(__file__).resolve().parent.parent
 ENV_ID = "easyrl/TwoRunners-v0"
 MAPPING = {"policies": ["p0", "p1"], "policy_mapping": {"runner_0": "p0", "runner_1": "p1"}}
 
@@ -340,13 +338,18 @@ def test_run_stats_keep_each_policys_recent_returns():
     [
         ("tworunners_impala_multiagent.yaml", ("algorithm.batch_size=4",)),
         ("tworunners_ppo_multiagent.yaml", ("algorithm.rollout_length=8",)),
+        (
+            "tworunners_apex_multiagent.yaml",
+            ("algorithm.batch_size=16", "replay.min_size_to_sample=100", "replay.error_buffer=200"),
+        ),
     ],
 )
 def test_a_multiagent_cluster_trains_two_policies_and_reports_each(launch, config, extra):
     run = launch(
-        "stop.max_env_steps=3000",
+        "stop.max_env_steps=1500",
         "stop.max_seconds=60",
         "env.num_envs=2",
+        "cluster.actor=1",
         *extra,
         config=ROOT / "configs" / config,
         base=("stop.episode_return_mean=null", "run.log_interval_s=0.5"),
@@ -355,7 +358,7 @@ def test_a_multiagent_cluster_trains_two_policies_and_reports_each(launch, confi
     assert code == 0, f"exit code {code}:\n{run.output()}\n{run.logs()}"
     summary = run.summary()
     ps0 = _counters(summary, "ps/0")
-    assert ps0["env_steps"] >= 3000 and ps0["updates"] > 0 and ps0["ps/0/applied"] > 0, ps0
+    assert ps0["env_steps"] >= 1500 and ps0["updates"] > 0 and ps0["ps/0/applied"] > 0, ps0
     assert ps0["policy/p0/episodes"] > 0 and ps0["policy/p1/episodes"] > 0, ps0
     assert any(k.startswith("learner/p0.") for k in ps0) and any(
         k.startswith("learner/p1.") for k in ps0
@@ -368,6 +371,7 @@ def test_a_multiagent_cluster_trains_two_policies_and_reports_each(launch, confi
     assert "policy int64[" in learner, learner
     tb = list((run.run_dir / "tb").glob("events.*"))
     assert tb and any(b"policy/p1/return_mean" in f.read_bytes() for f in tb)
+    _assert_no_processes_left(run.run_dir)
 
 
 def test_configs_load_with_their_multiagent_sections():
