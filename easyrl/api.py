@@ -210,7 +210,7 @@ def check_builds(cfg: config_lib.Config) -> None:
         log.debug("TensorFlow's devices are set up already; building on /CPU:0 anyway")
     with tf.device("/CPU:0"):
         module = registry.module(cfg.algorithm.name)
-        if cfg.multiagent is not None:
+        if cfg.multiagent.enabled:
             from easyrl.algorithms import multiagent
 
             multiagent.build(cfg, module, obs_space, action_space)

@@ -98,7 +98,7 @@ class EnvConfig(_Section):
     id: str = "CartPole-v1"
     """Gymnasium environment id; `package.module:Id-v0` imports the module first (which registers
     Id-v0), `package.module:MyEnv` names a gymnasium.Env class of your own (see easyrl.envs);
-    with a multiagent section, a multi-agent env (see multiagent)."""
+    with multiagent.policies set, a multi-agent env (see multiagent)."""
     num_envs: int = 8
     """Environments per actor, stepped together as one vector env."""
     vector: Literal["sync", "async", "envpool"] = "sync"
@@ -358,12 +358,18 @@ class MultiAgentConfig(_Section):
     SECTION: ClassVar[str] = "multiagent"
 
     policies: tuple[str, ...] = ()
-    """Policy names; each gets its own PS variables (`{policy}/...`), replay rows and metrics
-    (`policy/{policy}/return_mean`). One name for all agents: a shared policy."""
+    """Policy names (empty: a single-agent run); each gets its own PS variables
+    (`{policy}/...`), replay rows and metrics (`policy/{policy}/return_mean`). One name for
+    all agents: a shared policy."""
     policy_mapping: dict[str, str] = field(default_factory=dict)
     """{agent id: policy} for the env's agents."""
     default_policy: str | None = None
     """The policy of agents policy_mapping leaves out (None: every agent must be mapped)."""
+
+    @property
+    def enabled(self) -> bool:
+        """Whether the run is multi-agent (it names policies)."""
+        return bool(self.policies)
 
 
 @dataclass(frozen=True)
@@ -407,8 +413,8 @@ class Config:
     """Recording what the actors collect."""
     input: InputConfig = field(default_factory=InputConfig)
     """Training from a recorded dataset."""
-    multiagent: MultiAgentConfig | None = None
-    """Multi-agent training (None: the env is a single-agent gymnasium env)."""
+    multiagent: MultiAgentConfig = field(default_factory=MultiAgentConfig)
+    """Multi-agent training (no policies: the env is a single-agent gymnasium env)."""
 
 
 # ---------------------------------------------------------------------------------------------
@@ -502,6 +508,12 @@ _CROSS_RULES: dict[type, tuple[tuple[Callable[[Any], bool], str], ...]] = {
         (
             lambda o: o.dir is not None or (o.max_steps is None and o.min_return_mean is None),
             "max_steps and min_return_mean need dir",
+        ),
+    ),
+    MultiAgentConfig: (
+        (
+            lambda m: m.enabled or (not m.policy_mapping and m.default_policy is None),
+            "policy_mapping and default_policy need policies",
         ),
     ),
 }
@@ -791,7 +803,7 @@ def _resolve(cfg: Config) -> Config:
         )
     if cfg.stop.eval_return_mean is not None and not cfg.cluster.evaluator:
         raise ConfigError("stop.eval_return_mean needs an evaluator: set cluster.evaluator: 1")
-    if cfg.multiagent is not None:
+    if cfg.multiagent.enabled:
         from easyrl.algorithms.multiagent import check_config
 
         check_config(cfg)

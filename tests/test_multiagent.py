@@ -173,6 +173,7 @@ def test_a_pettingzoo_id_without_pettingzoo_names_the_extra(monkeypatch):
         ({"policies": ["p0", "p-1"]}, r"multiagent.policies\[1\]: 'p-1' is not a policy name"),
         ({"default_policy": "q"}, "multiagent.default_policy: unknown policy 'q'"),
         ({"polices": ["p0"]}, "did you mean 'multiagent.policies'"),
+        ({"policies": []}, "multiagent: policy_mapping and default_policy need policies"),
     ],
 )
 def test_the_multiagent_section_is_checked_naming_the_key(section, match):
@@ -377,5 +378,5 @@ def test_a_multiagent_cluster_trains_two_policies_and_reports_each(launch, confi
 def test_configs_load_with_their_multiagent_sections():
     for name in ("tworunners_impala_multiagent.yaml", "tworunners_ppo_multiagent.yaml"):
         cfg = config_lib.load(ROOT / "configs" / name)
-        assert cfg.multiagent is not None and cfg.multiagent.policies == ("p0", "p1")
+        assert cfg.multiagent.enabled and cfg.multiagent.policies == ("p0", "p1")
         assert dataclasses.asdict(cfg.multiagent)["policy_mapping"] == MAPPING["policy_mapping"]

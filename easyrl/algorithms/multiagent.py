@@ -116,8 +116,6 @@ def _closest(name: str, valid: list[str]) -> str:
 
 def _check_policies(ma) -> None:
     """Checks the policy names and the names the mapping and the default use."""
-    if not ma.policies:
-        raise ConfigError("multiagent.policies: name at least one policy, e.g. [p0, p1]")
     for i, name in enumerate(ma.policies):
         if not _POLICY_NAME.fullmatch(name):
             raise ConfigError(

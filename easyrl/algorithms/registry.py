@@ -116,7 +116,7 @@ def replay_spec(cfg, obs_space, action_space) -> dict:
     run."""
     found = module(cfg.algorithm.name)
     spec = found.replay_spec(cfg.algorithm.params, obs_space, action_space, **_lstm(cfg))
-    if cfg.multiagent is not None:  # items carry their policy's index
+    if cfg.multiagent.enabled:  # items carry their policy's index
         from easyrl.algorithms import multiagent
 
         spec = multiagent.replay_spec(spec)
@@ -129,7 +129,7 @@ def round_share(cfg, actor_index: int, num_actors: int) -> int:
     multi-agent run's actor steps one env per slot (env copy x agent)."""
     found = module(cfg.algorithm.name)
     params, num_envs = cfg.algorithm.params, cfg.env.num_envs
-    if cfg.multiagent is not None:  # one env per slot (env copy x agent)
+    if cfg.multiagent.enabled:  # one env per slot (env copy x agent)
         from easyrl.envs.multiagent import agent_spaces
 
         num_envs *= len(agent_spaces(cfg.env.id, cfg.env.kwargs)[0])

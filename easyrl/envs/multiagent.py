@@ -323,7 +323,7 @@ class SlotVectorEnv:
 def run_spaces(cfg) -> tuple[Any, Any]:
     """(observation space, action space) of one agent of the env a config describes: the
     gymnasium env's, or the agents' shared spaces when `cfg.multiagent` is set."""
-    if cfg.multiagent is not None:
+    if cfg.multiagent.enabled:
         _, obs_space, action_space = agent_spaces(cfg.env.id, cfg.env.kwargs)
         return obs_space, action_space
     from easyrl.envs import env_options, env_spaces

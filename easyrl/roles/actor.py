@@ -237,7 +237,7 @@ class Actor:
         """The actor's vector env; a multi-agent run's `SlotVectorEnv` (slot = env copy x
         agent), whose episodes are then counted per slot and policy."""
         cfg = self.ctx.cfg
-        if cfg.multiagent is None:
+        if not cfg.multiagent.enabled:
             options = env_options(cfg.env)
             return make_vector_env(
                 cfg.env.id, cfg.env.num_envs, vector=cfg.env.vector, seed=seed, **options

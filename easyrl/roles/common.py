@@ -126,7 +126,7 @@ class RoleContext:
         obs_space, action_space = self.spaces()
         module = self.algorithm_module()
         cfg = self.cfg
-        if cfg.multiagent is not None:  # one agent per policy, wrapped as one
+        if cfg.multiagent.enabled:  # one agent per policy, wrapped as one
             from easyrl.algorithms import multiagent
 
             return multiagent.build(cfg, module, obs_space, action_space, learner)

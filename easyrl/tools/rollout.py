@@ -211,7 +211,7 @@ def load_policy(run_dir: str | Path, checkpoint: str | None = None) -> LoadedPol
     import tensorflow as tf
 
     cfg = run_config(run_dir)
-    if cfg.multiagent is not None:
+    if cfg.multiagent.enabled:
         from easyrl.algorithms.multiagent import NO_GREEDY
 
         raise EasyRLError(f"{run_dir}: {NO_GREEDY}")
