@@ -149,6 +149,10 @@ def test_a_pettingzoo_id_without_pettingzoo_names_the_extra(monkeypatch):
         env_factory("pettingzoo.classic.rps_v2:parallel_env")
     with pytest.raises(ConfigError, match="did you mean 'easyrl/TwoRunners-v0'"):
         env_factory("easyrl/TwoRunner-v0")
+    with pytest.raises(ConfigError, match="env.kwargs: 'easyrl/TwoRunners-v0' does not take"):
+        agent_spaces(ENV_ID, {"lenght": 9})
+    with pytest.raises(ConfigError, match="env.kwargs: TwoRunners needs size >= 3"):
+        agent_spaces(ENV_ID, {"size": 2})
 
 
 # --- the config ------------------------------------------------------------------------------

@@ -421,7 +421,8 @@ class SlotRoundCollector(SlotCollector):
     round batch (an equal share of the round), and the round is complete when every slot has
     one. A slot that has its share keeps acting, unrecorded, while the others catch up
     (absent agents delay a round, never end it short); its collector's next batch starts
-    afresh with the next round (each round bootstraps at its end)."""
+    afresh with the next round (each round bootstraps at its end). So every agent must keep
+    coming back: one an env never brings back stalls the round."""
 
     resets_envs = False
     """Episodes continue across rounds."""

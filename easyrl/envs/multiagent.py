@@ -174,8 +174,17 @@ def env_factory(env_id: str) -> Callable[..., Any]:
 
 
 def make_env(env_id: str, kwargs: dict | None = None):
-    """One multi-agent env: `env_factory(env_id)(**kwargs)`."""
-    return env_factory(env_id)(**(kwargs or {}))
+    """One multi-agent env: `env_factory(env_id)(**kwargs)`.
+
+    Raises:
+        ConfigError: an unknown env (see `env_factory`), or `kwargs` the factory does not
+            take.
+    """
+    factory = env_factory(env_id)
+    try:
+        return factory(**(kwargs or {}))
+    except TypeError as err:
+        raise ConfigError(f"env.kwargs: {env_id!r} does not take {kwargs}: {err}") from err
 
 
 def agent_spaces(env_id: str, kwargs: dict | None = None) -> tuple[list[str], Any, Any]:
