@@ -638,6 +638,7 @@ def aggregate_cfg(capacity: int):
         replay=SimpleNamespace(kind="aggregate", capacity=capacity),
         run=SimpleNamespace(seed=0),
         input=SimpleNamespace(dir=None),
+        multiagent=SimpleNamespace(enabled=False),
     )
 
 
