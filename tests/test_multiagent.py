@@ -345,7 +345,12 @@ def test_run_stats_keep_each_policys_recent_returns():
         ("tworunners_ppo_multiagent.yaml", ("algorithm.rollout_length=8",)),
         (
             "tworunners_apex_multiagent.yaml",
-            ("algorithm.batch_size=16", "replay.min_size_to_sample=100", "replay.error_buffer=200"),
+            (
+                "algorithm.batch_size=16",
+                "replay.min_size_to_sample=100",
+                "replay.samples_per_insert=null",
+                "replay.error_buffer=null",
+            ),
         ),
     ],
 )
