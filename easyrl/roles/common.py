@@ -112,9 +112,15 @@ class RoleContext:
         return rpc.TLSFiles(cert=sec.tls_cert, key=sec.tls_key, ca=sec.tls_ca)
 
     def spaces(self):
-        """(observation space, action space) of one environment."""
+        """(observation space, action space) of one environment.
+
+        Raises:
+            ConfigError: the observations carry an action mask the algorithm cannot honour.
+        """
         env = self.cfg.env
-        return env_spaces(env.id, **env_options(env))
+        obs_space, action_space = env_spaces(env.id, **env_options(env))
+        registry.check_spaces(self.cfg.algorithm.name, env.id, obs_space)
+        return obs_space, action_space
 
     def algorithm_module(self):
         """The module of the configured algorithm (from the registry)."""

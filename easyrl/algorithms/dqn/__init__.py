@@ -16,6 +16,9 @@ REPLAY_KINDS: tuple[ReplayKind, ...] = ("prioritized", "uniform")
 """Replay tables DQN works with; the first is the default."""
 MODEL_KINDS = ("mlp", "conv", "custom")
 """Network kinds: MLP, conv torso, or a custom `module:Class` torso."""
+ACTION_MASKS = True
+"""An observation's `action_mask` is honoured (`easyrl.envs.flat`): no illegal action is
+acted, explored or bootstrapped from."""
 
 
 @dataclass(frozen=True)
