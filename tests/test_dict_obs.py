@@ -285,7 +285,7 @@ def test_a_config_with_a_masked_env_and_es_fails_before_anything_starts():
 # --- real roles -------------------------------------------------------------------------------
 
 
-@pytest.mark.timeout(120)
+@pytest.mark.timeout(180)
 @pytest.mark.parametrize(
     "config, overrides",
     [
@@ -293,25 +293,31 @@ def test_a_config_with_a_masked_env_and_es_fails_before_anything_starts():
         ("masked_choice_ppo.yaml", ()),
     ],
 )
-def test_real_roles_train_on_a_masked_env_without_an_illegal_action(launch, tmp_path, config, overrides):  # noqa: F811
+def test_real_roles_train_on_a_masked_env_without_an_illegal_action(
+    launch,  # noqa: F811
+    tmp_path,
+    config,
+    overrides,
+):
     from easyrl.offline.dataset import read_steps
 
     data = tmp_path / "data"
     run = launch(
-        "stop.max_env_steps=3000",
-        "stop.max_seconds=60",
-        "cluster.actor=2",
+        "stop.max_env_steps=2000",
+        "stop.max_seconds=90",
+        "cluster.actor=1",
+        "cluster.evaluator=0",
         "run.log_interval_s=0.5",
-        f"output.dir={data}",
+        f"output.dir={data}",  # the actor records every step it takes
         *overrides,
         config=ROOT / "configs" / config,
-        base=("stop.episode_return_mean=null",),
+        base=("stop.eval_return_mean=null",),  # the step budget is the goal: exit 0
     )
-    assert run.wait(100) == 0, run.output() + run.logs()
+    assert run.wait(150) == 0, run.output() + run.logs()
     counters = run.summary()["servers"]["ps/0"]["counters"]
-    assert counters["env_steps"] >= 3000 and counters["updates"] > 0, counters
+    assert counters["env_steps"] >= 2000 and counters["updates"] > 0, counters
     assert counters["episodes"] > 0
-    steps = read_steps(data)  # every step the actors took, with its flat observation
-    assert len(steps["action"]) > 1000
+    steps = read_steps(data)  # the steps of whole episodes, with their flat observations
+    assert len(steps["action"]) >= 1000
     assert legal(steps["obs"], steps["action"]).all()
     assert (steps["reward"] >= 0).all() and not steps["terminated"].any()

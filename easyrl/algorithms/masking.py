@@ -16,9 +16,16 @@ ILLEGAL = -1e9
 in float32, and ILLEGAL stays finite through any sum with a real logit."""
 
 
+def _split(obs: tf.Tensor, mask_size: int) -> list[tf.Tensor]:
+    """(features `[..., D - n]`, mask `[..., n]`) of observations `[..., D]` (static D)."""
+    width = obs.shape[-1]
+    assert width is not None, "flat observations of a static width"
+    return tf.split(obs, [width - mask_size, mask_size], axis=-1)
+
+
 def features(obs: tf.Tensor, mask_size: int) -> tf.Tensor:
     """Observations `[..., D]` without their last `mask_size` entries `[..., D - n]`."""
-    return obs[..., : obs.shape[-1] - mask_size] if mask_size else obs
+    return _split(obs, mask_size)[0] if mask_size else obs
 
 
 def masked(values: tf.Tensor, obs: tf.Tensor, mask_size: int) -> tf.Tensor:
@@ -26,5 +33,5 @@ def masked(values: tf.Tensor, obs: tf.Tensor, mask_size: int) -> tf.Tensor:
     `obs` `[..., D]` marks illegal (0) replaced by `ILLEGAL`; unchanged without a mask."""
     if not mask_size:
         return values
-    legal = obs[..., obs.shape[-1] - mask_size :] > 0.5  # [..., n]
+    legal = _split(obs, mask_size)[1] > 0.5  # [..., n]
     return tf.where(legal, values, tf.cast(ILLEGAL, values.dtype))

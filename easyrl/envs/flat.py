@@ -118,11 +118,11 @@ class FlatObservation(gymnasium.ObservationWrapper):
     def observation(self, observation) -> np.ndarray:
         """The flat float32 vector `[D]` of one observation: features, then the mask."""
         if not self.mask_size:
-            return spaces.flatten(self.features, observation).astype(np.float32)
+            return np.asarray(spaces.flatten(self.features, observation), np.float32)
         rest = {k: v for k, v in observation.items() if k != MASK_KEY}
-        features = spaces.flatten(self.features, rest)
+        features = np.asarray(spaces.flatten(self.features, rest), np.float32)  # [D - n]
         mask = np.asarray(observation[MASK_KEY], np.float32).reshape(-1)  # [n]
-        return np.concatenate([features, mask]).astype(np.float32)
+        return np.concatenate([features, mask])
 
 
 def flat_env(env: gymnasium.Env) -> gymnasium.Env:
