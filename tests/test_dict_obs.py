@@ -13,6 +13,7 @@ from easyrl import api
 from easyrl import config as config_lib
 from easyrl.algorithms import registry
 from easyrl.algorithms.masking import ILLEGAL
+from easyrl.algorithms.shared import greedy_policy
 from easyrl.config import ModelConfig
 from easyrl.envs import env_spaces, final_observations, make_vector_env, play_episodes
 from easyrl.envs.flat import FlatBox, FlatObservation, action_mask_size
@@ -54,11 +55,11 @@ class NestedEnv(MaskedChoice):
         return obs
 
 
-def build(name: str, seed: int = 0, **extra):
+def build(name: str, seed: int = 0, model: ModelConfig = MODEL, **extra):
     """Algorithm `name` built on MaskedChoice's flat spaces with its `MASKING` settings."""
     obs_space, action_space = env_spaces(ENV_ID)
     params = registry.params_class(name)(**{**MASKING[name], **extra})
-    return registry.module(name).build(params, obs_space, action_space, MODEL, seed)
+    return registry.module(name).build(params, obs_space, action_space, model, seed)
 
 
 def legal(obs: np.ndarray, actions: np.ndarray) -> np.ndarray:
@@ -71,8 +72,8 @@ def run_collector(algo, steps: int, num_envs: int = 4, seed: int = 0) -> list[di
     reward is negative); returns the items the collector completed."""
     env = make_vector_env(ENV_ID, num_envs, seed=seed)
     collector = algo.collector(num_envs, seed, 0, 1)
-    if hasattr(collector, "start_round"):
-        collector.start_round(num_envs * algo.params.rollout_length)
+    if algo.flow == "sync_rounds":
+        collector.start_round()
     obs, _ = env.reset(seed=seed)
     rng = np.random.default_rng(seed)
     items = []
@@ -86,8 +87,8 @@ def run_collector(algo, steps: int, num_envs: int = 4, seed: int = 0) -> list[di
         item = collector.observe(rewards, next_obs, real_next, terminated, truncated)
         if item is not None:
             items.append(item)
-            if hasattr(collector, "start_round"):
-                collector.start_round(num_envs * algo.params.rollout_length)
+            if algo.flow == "sync_rounds":
+                collector.start_round()
         obs = next_obs
     env.close()
     return items
@@ -261,6 +262,23 @@ def test_the_loss_and_its_gradients_stay_finite_with_masks(name):
         illegal = obs[..., 5:] < 0.5
         assert illegal.any() and (batch["logits"][illegal] == ILLEGAL).all()
         assert step.stats["entropy"] > 0
+
+
+@pytest.mark.parametrize("name", ["impala", "ppo"])
+def test_recurrent_policies_mask_their_actions_and_losses_too(name):
+    algo = build(name, seed=2, model=ModelConfig(hidden=(16,), activation="tanh", lstm=8))
+    assert algo.state_size > 0
+    items = run_collector(algo, steps=12)  # asserts every sampled action is legal
+    batch = {k: np.concatenate([item[k] for item in items]) for k in items[0]}
+    if algo.flow == "sync_rounds":
+        for step in algo.learn_round(batch, np.random.default_rng(0)):
+            _finite(step)
+    else:
+        _finite(algo.learn(batch, None))
+    returns, lengths = play_episodes(
+        make_vector_env(ENV_ID, 2, seed=3), greedy_policy(algo), 3, seed=3
+    )
+    assert lengths == [EPISODE_STEPS] * 3 and min(returns) >= 0
 
 
 # --- algorithms that cannot mask refuse -------------------------------------------------------
