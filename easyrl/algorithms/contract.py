@@ -211,8 +211,10 @@ class AlgorithmModule(Protocol):
     """What an algorithm module exposes (`easyrl.algorithms.registry.module` checks it).
 
     Besides these, a module may define `MODEL_KINDS` (default ("mlp",)), `OFFLINE_ONLY`
-    (default False), `round_share` (sync_rounds only: the items one actor ships per round)
-    and `dataset_items` (async_replay only: replay items from a recorded dataset's rows).
+    (default False), `ACTION_MASKS` (default False: True when its agents honour an
+    observation's action mask, `easyrl.envs.flat`), `round_share` (sync_rounds only: the
+    items one actor ships per round) and `dataset_items` (async_replay only: replay items
+    from a recorded dataset's rows).
     """
 
     FLOW: Flow
