@@ -175,6 +175,18 @@ def test_every_env_easyrl_builds_observes_the_same_flat_vectors():
     env.close()
 
 
+def test_async_envs_flatten_in_their_subprocesses_as_the_parent_does():
+    env = make_vector_env(ENV_ID, 2, vector="async", seed=4)
+    try:
+        assert isinstance(env.single_observation_space, FlatBox)
+        assert env.single_observation_space.mask_size == 5
+        obs, _ = env.reset(seed=4)
+        assert obs.shape == (2, 10) and obs.dtype == np.float32
+        assert (obs[:, 5:].max(axis=1) == 1.0).all()  # a legal action in every row
+    finally:
+        env.close()
+
+
 # --- acting never takes a masked action --------------------------------------------------------
 
 
@@ -232,6 +244,16 @@ def test_dqn_bootstraps_from_the_best_legal_next_action():
         )
         y = algo._targets(*(tf.constant(x) for x in inputs[2:5])).numpy()[0]
         assert y == pytest.approx(1.0 + 0.5 * q_next[legal_set].max(), rel=1e-6)
+
+
+@pytest.mark.parametrize(
+    "switches", [{"num_atoms": 11, "v_min": 0.0, "v_max": 1.0}, {"noisy_sigma": 0.5}]
+)
+def test_dqn_with_rainbow_switches_acts_and_learns_within_the_mask(switches):
+    algo = build("dqn", seed=3, epsilon=0.0, double_q=True, **switches)
+    items = run_collector(algo, steps=10)  # greedy (or noisy) acting: every action legal
+    batch = {k: np.concatenate([item[k] for item in items]) for k in items[0]}
+    _finite(algo.learn(batch, np.ones(len(batch["action"]), np.float32)))
 
 
 # --- the losses stay finite ------------------------------------------------------------------
