@@ -767,6 +767,10 @@ def _resolve(cfg: Config) -> Config:
             f"model.lstm: {cfg.algorithm.name} has no recurrent policy (algorithms with one: "
             f"{', '.join(recurrent)}); set model.lstm: 0"
         )
+    if getattr(module, "RECURRENT", False) == "only" and not cfg.model.lstm:
+        raise ConfigError(
+            f"model.lstm: {cfg.algorithm.name} needs an LSTM core: set its units (e.g. 64)"
+        )
     if cfg.stop.eval_return_mean is not None and not cfg.cluster.evaluator:
         raise ConfigError("stop.eval_return_mean needs an evaluator: set cluster.evaluator: 1")
     cfg = _resolve_offline(cfg, module)

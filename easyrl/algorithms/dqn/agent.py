@@ -21,6 +21,7 @@ from easyrl.algorithms.nstep import NStepAccumulator
 from easyrl.algorithms.shared import CompiledGreedy, compiled, flat_gradients
 from easyrl.errors import ConfigError, EasyRLError
 from easyrl.models import Dense, FlatVariables, build_torso, named_variables
+from easyrl.models.lstm import LSTMCore
 
 
 def _scaled_noise(size: int) -> tf.Tensor:
@@ -59,7 +60,8 @@ class QNetwork(tf.Module):
     """Q(s, .) from the configured torso (MLP, or conv on frames), with dueling
     value/advantage heads when asked (Q = V + A - mean(A), per atom with C51), C51's
     distribution over `atoms` atoms of `support` when atoms >= 2, and NoisyNet heads when
-    `noisy_sigma` > 0."""
+    `noisy_sigma` > 0. With `lstm` > 0 units an LSTM core `{name}/lstm` sits between the
+    torso and the heads (R2D2: `torso`, `core` and `heads` are then called one by one)."""
 
     def __init__(
         self,
@@ -71,11 +73,14 @@ class QNetwork(tf.Module):
         name,
         support: np.ndarray | None = None,
         noisy_sigma: float = 0.0,
+        lstm: int = 0,
     ):
         super().__init__(name=None)
         rng = np.random.default_rng(seed)
         self.torso = build_torso(model, obs_shape, f"{name}/torso", rng)
         width = self.torso.out_dim
+        self.core = LSTMCore(width, lstm, f"{name}/lstm", rng) if lstm else None
+        width = lstm or width
         self.dueling = dueling
         self.num_actions = num_actions
         self.support = None if support is None else tf.constant(support, tf.float32)  # [N]
@@ -92,7 +97,10 @@ class QNetwork(tf.Module):
 
     def logits(self, obs, noisy: bool = True):
         """`[B, A, N]`: the C51 logits of every action (N = 1 without C51: Q itself)."""
-        h = self.torso(obs)  # [B, H]
+        return self.heads(self.torso(obs), noisy)
+
+    def heads(self, h, noisy: bool = True):
+        """`logits` of the features `h` `[B, H]` (the torso's, or the LSTM core's)."""
         adv = tf.reshape(_head(self.advantage, h, noisy), [-1, self.num_actions, self.atoms])
         if not self.dueling:
             return adv
@@ -129,6 +137,18 @@ def categorical_projection(reward, discount, probs, support):
     # weight[b, i, j]: the share of shifted atom i that lands on atom j
     weight = tf.clip_by_value(1.0 - tf.abs(shifted[:, :, None] - support) / dz, 0.0, 1.0)
     return tf.reduce_sum(probs[:, :, None] * weight, axis=1)  # [B, N]
+
+
+def epsilon_greedy(greedy: np.ndarray, epsilon: float, num_actions: int, rng):
+    """Epsilon-greedy actions `[N]` around the greedy ones `[N]` (uniform among all
+    `num_actions` with probability epsilon), and their log-probabilities `[N]` float32:
+    log((1 - eps) + eps / A) for the greedy action, log(eps / A) for any other."""
+    explore = rng.random(len(greedy)) < epsilon
+    actions = np.where(explore, rng.integers(num_actions, size=len(greedy)), greedy)
+    uniform = epsilon / num_actions
+    with np.errstate(divide="ignore"):  # epsilon 0: log(0) = -inf for other actions
+        logp = np.log(np.where(actions == greedy, 1.0 - epsilon + uniform, uniform))
+    return actions.astype(np.int64), logp.astype(np.float32)
 
 
 class DQN(CompiledGreedy):
@@ -201,12 +221,7 @@ class DQN(CompiledGreedy):
         for any other."""
         acting = self._act_greedy or self._greedy
         greedy = acting(np.asarray(obs, self.obs_dtype)).numpy()
-        explore = rng.random(len(obs)) < epsilon
-        actions = np.where(explore, rng.integers(self.num_actions, size=len(obs)), greedy)
-        uniform = epsilon / self.num_actions
-        with np.errstate(divide="ignore"):  # epsilon 0: log(0) = -inf for other actions
-            logp = np.log(np.where(actions == greedy, 1.0 - epsilon + uniform, uniform))
-        return actions, logp.astype(np.float32)
+        return epsilon_greedy(greedy, epsilon, self.num_actions, rng)
 
     def initial_priorities(self, batch: dict) -> np.ndarray:
         """Ape-X initial priorities |TD| computed with the actor's copy of the network."""
