@@ -41,6 +41,7 @@ _MODULES = {
     "marwil": "easyrl.algorithms.marwil",
     "pg": "easyrl.algorithms.pg",
     "ppo": "easyrl.algorithms.ppo",
+    "r2d2": "easyrl.algorithms.r2d2",
     "sac": "easyrl.algorithms.sac",
     "td3": "easyrl.algorithms.td3",
 }

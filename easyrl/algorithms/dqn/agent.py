@@ -26,6 +26,7 @@ from easyrl.algorithms.shared import CompiledGreedy, compiled, flat_gradients
 from easyrl.envs.flat import action_mask_size, legal_actions
 from easyrl.errors import ConfigError, EasyRLError
 from easyrl.models import Dense, FlatVariables, build_torso, named_variables
+from easyrl.models.lstm import LSTMCore
 
 
 def _scaled_noise(size: int) -> tf.Tensor:
@@ -64,8 +65,10 @@ class QNetwork(tf.Module):
     """Q(s, .) from the configured torso (MLP, or conv on frames), with dueling
     value/advantage heads when asked (Q = V + A - mean(A), per atom with C51), C51's
     distribution over `atoms` atoms of `support` when atoms >= 2, and NoisyNet heads when
-    `noisy_sigma` > 0. With `mask_size` n > 0 the last n entries of an observation are its
-    action mask: the torso sees the others only, and `best` argmaxes over legal actions."""
+    `noisy_sigma` > 0. With `lstm` > 0 units an LSTM core `{name}/lstm` sits between the
+    torso and the heads (R2D2: `torso`, `core` and `heads` are then called one by one). With
+    `mask_size` n > 0 the last n entries of an observation are its action mask: the torso
+    sees the others only, and `best` argmaxes over legal actions."""
 
     def __init__(
         self,
@@ -77,6 +80,7 @@ class QNetwork(tf.Module):
         name,
         support: np.ndarray | None = None,
         noisy_sigma: float = 0.0,
+        lstm: int = 0,
         mask_size: int = 0,
     ):
         super().__init__(name=None)
@@ -86,6 +90,8 @@ class QNetwork(tf.Module):
             obs_shape = (obs_shape[0] - mask_size,)
         self.torso = build_torso(model, obs_shape, f"{name}/torso", rng)
         width = self.torso.out_dim
+        self.core = LSTMCore(width, lstm, f"{name}/lstm", rng) if lstm else None
+        width = lstm or width
         self.dueling = dueling
         self.num_actions = num_actions
         self.support = None if support is None else tf.constant(support, tf.float32)  # [N]
@@ -102,7 +108,10 @@ class QNetwork(tf.Module):
 
     def logits(self, obs, noisy: bool = True):
         """`[B, A, N]`: the C51 logits of every action (N = 1 without C51: Q itself)."""
-        h = self.torso(features(obs, self.mask_size))  # [B, H]
+        return self.heads(self.torso(features(obs, self.mask_size)), noisy)
+
+    def heads(self, h, noisy: bool = True):
+        """`logits` of the features `h` `[B, H]` (the torso's, or the LSTM core's)."""
         adv = tf.reshape(_head(self.advantage, h, noisy), [-1, self.num_actions, self.atoms])
         if not self.dueling:
             return adv
@@ -144,6 +153,28 @@ def categorical_projection(reward, discount, probs, support):
     # weight[b, i, j]: the share of shifted atom i that lands on atom j
     weight = tf.clip_by_value(1.0 - tf.abs(shifted[:, :, None] - support) / dz, 0.0, 1.0)
     return tf.reduce_sum(probs[:, :, None] * weight, axis=1)  # [B, N]
+
+
+def epsilon_greedy(
+    greedy: np.ndarray, epsilon: float, num_actions: int, rng, legal: np.ndarray | None = None
+):
+    """Epsilon-greedy actions `[N]` around the greedy ones `[N]` (uniform among all
+    `num_actions` with probability epsilon), and their log-probabilities `[N]` float32:
+    log((1 - eps) + eps / A) for the greedy action, log(eps / A) for any other. With an
+    action mask `legal` `[N, A]` bool, the draw is uniform among each row's L legal actions
+    (A = L there)."""
+    explore = rng.random(len(greedy)) < epsilon
+    if legal is None:
+        drawn = rng.integers(num_actions, size=len(greedy))
+        uniform = epsilon / num_actions
+    else:
+        # argmax of uniform keys, illegal ones below every legal one: uniform over legal.
+        drawn = np.argmax(np.where(legal, rng.random(legal.shape), -1.0), axis=1)  # [N]
+        uniform = epsilon / legal.sum(axis=1)  # [N]
+    actions = np.where(explore, drawn, greedy)
+    with np.errstate(divide="ignore"):  # epsilon 0: log(0) = -inf for other actions
+        logp = np.log(np.where(actions == greedy, 1.0 - epsilon + uniform, uniform))
+    return actions.astype(np.int64), logp.astype(np.float32)
 
 
 class DQN(CompiledGreedy):
@@ -223,19 +254,8 @@ class DQN(CompiledGreedy):
         actions of each row (A = L there)."""
         acting = self._act_greedy or self._greedy
         greedy = acting(np.asarray(obs, self.obs_dtype)).numpy()
-        explore = rng.random(len(obs)) < epsilon
-        if self.mask_size:
-            legal = legal_actions(obs, self.mask_size)  # [N, A]
-            # argmax of uniform keys, illegal ones below every legal one: uniform over legal.
-            keys = np.where(legal, rng.random(legal.shape), -1.0)  # [N, A]
-            actions = np.where(explore, np.argmax(keys, axis=1), greedy)
-            uniform = epsilon / legal.sum(axis=1)  # [N]
-        else:
-            actions = np.where(explore, rng.integers(self.num_actions, size=len(obs)), greedy)
-            uniform = epsilon / self.num_actions
-        with np.errstate(divide="ignore"):  # epsilon 0: log(0) = -inf for other actions
-            logp = np.log(np.where(actions == greedy, 1.0 - epsilon + uniform, uniform))
-        return actions, logp.astype(np.float32)
+        legal = legal_actions(obs, self.mask_size) if self.mask_size else None  # [N, A]
+        return epsilon_greedy(greedy, epsilon, self.num_actions, rng, legal)
 
     def initial_priorities(self, batch: dict) -> np.ndarray:
         """Ape-X initial priorities |TD| computed with the actor's copy of the network."""
