@@ -197,6 +197,7 @@ def check_builds(cfg: config_lib.Config) -> None:
     from easyrl.envs.multiagent import run_spaces
 
     obs_space, action_space = run_spaces(cfg)  # before TF: fast
+    registry.check_spaces(cfg.algorithm.name, cfg.env.id, obs_space)
     if cfg.env.vector == "envpool":
         from easyrl.envs import env_options
         from easyrl.envs.pool import pool_task

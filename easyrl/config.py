@@ -134,9 +134,10 @@ class ModelConfig(_Section):
     """conv only: padding of the convolutions."""
     lstm: int = 0
     """Units of an LSTM core between the torso and the heads (0: none, a feed-forward policy).
-    IMPALA, A3C and PPO (whose policy and value networks get one each): actors carry the
-    state per env, reset it at episode starts and ship each unroll's (PPO: each env's round
-    sequence's) initial state; learners unroll the core from it."""
+    IMPALA, A3C and PPO (whose policy and value networks get one each), and R2D2, which
+    needs it: actors carry the state per env, reset it at episode starts and ship each
+    unroll's (PPO: each env's round sequence's; R2D2: each sequence's) initial state;
+    learners unroll the core from it."""
 
 
 @dataclass(frozen=True)
@@ -800,6 +801,10 @@ def _resolve(cfg: Config) -> Config:
         raise ConfigError(
             f"model.lstm: {cfg.algorithm.name} has no recurrent policy (algorithms with one: "
             f"{', '.join(recurrent)}); set model.lstm: 0"
+        )
+    if getattr(module, "RECURRENT", False) == "only" and not cfg.model.lstm:
+        raise ConfigError(
+            f"model.lstm: {cfg.algorithm.name} needs an LSTM core: set its units (e.g. 64)"
         )
     if cfg.stop.eval_return_mean is not None and not cfg.cluster.evaluator:
         raise ConfigError("stop.eval_return_mean needs an evaluator: set cluster.evaluator: 1")

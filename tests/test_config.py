@@ -252,7 +252,8 @@ def test_algorithm_name_required():
 
 def test_unknown_algorithm_lists_known():
     with pytest.raises(
-        ConfigError, match=r"unknown algorithm 'ppg'; known algorithms: a2c, a3c, .*pg, ppo, sac"
+        ConfigError,
+        match=r"unknown algorithm 'ppg'; known algorithms: a2c, a3c, .*pg, ppo, r2d2, sac",
     ):
         load({"algorithm": {"name": "ppg"}})
 

@@ -31,6 +31,7 @@ RUNS = {
     "rainbow": ("cartpole_rainbow.yaml", ()),
     "impala-lstm-stateless": ("stateless_cartpole_impala_lstm.yaml", ()),
     "ppo-lstm-stateless": ("stateless_cartpole_ppo_lstm.yaml", ()),
+    "r2d2-stateless": ("stateless_cartpole_r2d2.yaml", ()),
     "sac": ("pendulum_sac.yaml", ()),
     "td3": ("pendulum_td3.yaml", ()),
     "apex-ddpg": ("pendulum_apex_ddpg.yaml", ()),

@@ -5,6 +5,8 @@ torso's variables among the agent's, with non-zero gradients. Then the Keras ada
 names, assignments the Keras model sees, ES's per-env forwards through a scratch copy, and the
 errors of torsos that break the contract."""
 
+import dataclasses
+
 import gymnasium as gym
 import keras
 import numpy as np
@@ -14,7 +16,7 @@ from custom_torsos import Gated, Residual
 from test_es import run_round
 from test_ppo import run_rounds
 
-from easyrl.algorithms import a2c, bc, ddpg, dqn, es, impala, marwil, pg, ppo, sac, td3
+from easyrl.algorithms import a2c, bc, ddpg, dqn, es, impala, marwil, pg, ppo, r2d2, sac, td3
 from easyrl.config import ModelConfig
 from easyrl.envs import final_observations, make_vector_env
 from easyrl.errors import ConfigError
@@ -110,6 +112,14 @@ def learn_impala(form):
     return algo, algo.learn(unroll, None).grads
 
 
+def learn_r2d2(form):
+    params = r2d2.Params(burn_in=2, learn_length=3, period=5)
+    model = dataclasses.replace(model_of(form), lstm=4)
+    algo = r2d2.build(params, *CARTPOLE, model, seed=0)
+    batch = joined(collect(algo, "CartPole-v1", 2, 5))
+    return algo, algo.learn(batch, np.ones(2, np.float32)).grads
+
+
 CASES = {
     "ppo": (
         lambda form: learn_rounds(ppo, ppo.Params(rollout_length=8, num_epochs=1), form),
@@ -160,6 +170,7 @@ CASES = {
         lambda algo: [(algo.q.torso, "q/torso", 4)],
     ),
     "impala": (learn_impala, lambda algo: [(algo.net.torso, "net/torso", 4)]),
+    "r2d2": (learn_r2d2, lambda algo: [(algo.q.torso, "q/torso", 4)]),
 }
 """{algorithm: (build it with a torso form and take one learning step -> (agent, gradients in
 the order of its variables), its custom torsos as (module, name prefix, input width))}."""
@@ -167,8 +178,8 @@ the order of its variables), its custom torsos as (module, name prefix, input wi
 
 @pytest.mark.parametrize(
     "name, form",
-    [(name, form) for name in CASES if name not in ("dqn", "impala") for form in TORSOS]
-    + [("dqn", "keras"), ("impala", "keras")],
+    [(name, form) for name in CASES if name not in ("dqn", "impala", "r2d2") for form in TORSOS]
+    + [("dqn", "keras"), ("impala", "keras"), ("r2d2", "keras")],
 )
 def test_every_algorithm_learns_through_a_custom_torso(name, form):
     learn, torsos_of = CASES[name]

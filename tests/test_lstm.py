@@ -1,5 +1,6 @@
 """Recurrent policies: the LSTM core, IMPALA/A3C and PPO with `model.lstm`, their replay
-columns, greedy play with state, and the recurrent SavedModel of `easyrl export`."""
+columns, greedy play with state, and the recurrent SavedModel of `easyrl export` (IMPALA's
+and R2D2's; R2D2's own tests are in test_r2d2.py)."""
 
 import dataclasses
 import json
@@ -239,12 +240,16 @@ json.dump(actions, open(sys.argv[2], "w"))
 """
 
 
-def test_an_exported_recurrent_policy_steps_an_episode_with_plain_tensorflow(tmp_path):
-    raw = {
-        "algorithm": {"name": "impala", "unroll_length": 5},
-        "env": {"id": ENV_ID},
-        "model": {"hidden": [8], "lstm": 4},
-    }
+@pytest.mark.parametrize(
+    "algorithm",
+    [
+        {"name": "impala", "unroll_length": 5},
+        {"name": "r2d2", "burn_in": 2, "learn_length": 4, "period": 3},
+    ],
+    ids=["impala", "r2d2"],
+)
+def test_an_exported_recurrent_policy_steps_an_episode_with_plain_tensorflow(tmp_path, algorithm):
+    raw = {"algorithm": algorithm, "env": {"id": ENV_ID}, "model": {"hidden": [8], "lstm": 4}}
     run_dir, cfg, algo = make_run(tmp_path, "lstm", raw)
     # Random weights whose greedy episode takes both actions (a constant policy would not
     # show that the state travels).

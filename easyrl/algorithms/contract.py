@@ -210,9 +210,12 @@ class GradientsAgent(Agent, Protocol):
 class AlgorithmModule(Protocol):
     """What an algorithm module exposes (`easyrl.algorithms.registry.module` checks it).
 
-    Besides these, a module may define `MODEL_KINDS` (default ("mlp",)), `OFFLINE_ONLY`
-    (default False), `round_share` (sync_rounds only: the items one actor ships per round)
-    and `dataset_items` (async_replay only: replay items from a recorded dataset's rows).
+    Besides these, a module may define `MODEL_KINDS` (default ("mlp",)), `RECURRENT` (True:
+    `model.lstm` works, and `replay_spec`/`round_share` take `lstm=`; "only": it is required;
+    default False), `OFFLINE_ONLY` (default False), `ACTION_MASKS` (default False: True when
+    its agents honour an observation's action mask, `easyrl.envs.flat`), `round_share`
+    (sync_rounds only: the items one actor ships per round) and `dataset_items` (async_replay
+    only: replay items from a recorded dataset's rows).
     """
 
     FLOW: Flow

@@ -41,6 +41,7 @@ _MODULES = {
     "marwil": "easyrl.algorithms.marwil",
     "pg": "easyrl.algorithms.pg",
     "ppo": "easyrl.algorithms.ppo",
+    "r2d2": "easyrl.algorithms.r2d2",
     "sac": "easyrl.algorithms.sac",
     "td3": "easyrl.algorithms.td3",
 }
@@ -101,6 +102,29 @@ def _check_contract(found: ModuleType, name: str) -> None:
         raise ConfigError(
             f"algorithm.name: {name}.Params lacks {', '.join(lacking)}, which the runtime "
             "reads (see easyrl.algorithms.contract.RuntimeParams)"
+        )
+
+
+def masking() -> list[str]:
+    """The registered algorithms that honour an observation's action mask (their module sets
+    `ACTION_MASKS = True`; see `easyrl.envs.flat`), sorted."""
+    return [n for n in known() if getattr(module(n), "ACTION_MASKS", False)]
+
+
+def check_spaces(name: str, env_id: str, obs_space) -> None:
+    """Refuses an env whose observations carry an action mask (`easyrl.envs.flat`) for an
+    algorithm that cannot honour it; `easyrl train` checks this before starting any role,
+    and every role again when it reads the spaces.
+
+    Raises:
+        ConfigError: naming the env, the algorithm and the algorithms that can.
+    """
+    from easyrl.envs.flat import action_mask_size
+
+    if action_mask_size(obs_space) and not getattr(module(name), "ACTION_MASKS", False):
+        raise ConfigError(
+            f"algorithm.name: {env_id}'s observations carry an action_mask, which {name} "
+            f"cannot honour; algorithms that can: {', '.join(masking())}"
         )
 
 

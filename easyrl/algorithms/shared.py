@@ -18,6 +18,7 @@ import gymnasium as gym
 import numpy as np
 import tensorflow as tf
 
+from easyrl.algorithms.masking import features, masked
 from easyrl.algorithms.nstep import NStepAccumulator
 from easyrl.algorithms.td3 import check_spaces, scale_actions
 from easyrl.errors import EasyRLError
@@ -479,13 +480,16 @@ class ObsNorm(tf.Module):
 class PolicyNet(tf.Module):
     """pi(.|s): the model's torso (`pi/torso`), an LSTM core `pi/lstm` when `model.lstm` > 0,
     and a linear head giving logits (Discrete) or the Gaussian mean (Box, with a
-    state-independent `pi/log_std`), on normalized observations."""
+    state-independent `pi/log_std`), on normalized observations. With `mask_size` n > 0 the
+    last n entries of an observation are its action mask: `norm` and the torso see the others
+    only, and the logits of illegal actions are `masking.ILLEGAL`."""
 
-    def __init__(self, obs_dim, action_space, model, log_std_init, rng, norm):
+    def __init__(self, obs_dim, action_space, model, log_std_init, rng, norm, mask_size=0):
         super().__init__(name=None)
         self.norm = norm
+        self.mask_size = mask_size
         self.discrete = isinstance(action_space, gym.spaces.Discrete)
-        self.torso = build_torso(model, (obs_dim,), "pi/torso", rng)
+        self.torso = build_torso(model, (obs_dim - mask_size,), "pi/torso", rng)
         self.core = _core(self.torso.out_dim, model, "pi/lstm", rng)
         width = self.core.units if self.core is not None else self.torso.out_dim
         if self.discrete:
@@ -500,7 +504,15 @@ class PolicyNet(tf.Module):
             self.high = tf.constant(action_space.high, tf.float32)
 
     def __call__(self, obs):
-        return self.head(self.torso(self.norm(obs)))  # [B, A] logits or means
+        return self.masked(self.head(self.torso(self.inputs(obs))), obs)  # [B, A]
+
+    def inputs(self, obs):
+        """What the torso takes: the normalized features of `obs` `[B, D]`."""
+        return self.norm(features(obs, self.mask_size))
+
+    def masked(self, out, obs):
+        """The head's output `out` `[B, A]` (logits or means) with illegal logits masked."""
+        return masked(out, obs, self.mask_size)
 
     def step(self, obs, state, first):
         """Recurrent, one step: (logits or means `[N, A]`, the core's next state `[N, 2U]`)."""
@@ -544,18 +556,28 @@ class PolicyNet(tf.Module):
 
 class ValueNet(tf.Module):
     """V(s): the model's torso (`vf/torso`), an LSTM core `vf/lstm` when `model.lstm` > 0, and
-    a linear head, on normalized observations."""
+    a linear head, on normalized observations (without their last `mask_size` entries, an
+    action mask)."""
 
-    def __init__(self, obs_dim, model, rng, norm):
+    def __init__(self, obs_dim, model, rng, norm, mask_size=0):
         super().__init__(name=None)
         self.norm = norm
-        self.torso = build_torso(model, (obs_dim,), "vf/torso", rng)
+        self.mask_size = mask_size
+        self.torso = build_torso(model, (obs_dim - mask_size,), "vf/torso", rng)
         self.core = _core(self.torso.out_dim, model, "vf/lstm", rng)
         width = self.core.units if self.core is not None else self.torso.out_dim
         self.head = Dense(width, 1, "vf/out", rng, scale=1.0)
 
     def __call__(self, obs):
-        return self.head(self.torso(self.norm(obs)))[:, 0]  # [B]
+        return self.head(self.torso(self.inputs(obs)))[:, 0]  # [B]
+
+    def inputs(self, obs):
+        """What the torso takes: the normalized features of `obs` `[B, D]`."""
+        return self.norm(features(obs, self.mask_size))
+
+    def masked(self, out, obs):
+        """`out` itself: a value has no actions to mask."""
+        return out
 
     def step(self, obs, state, first):
         """Recurrent, one step: (values `[N]`, the core's next state `[N, 2U]`)."""
@@ -576,12 +598,13 @@ def _core(width: int, model, name: str, rng):
 
 def _step(net, obs, state, first):
     """A recurrent PolicyNet's or ValueNet's step: (head output, next state)."""
-    h, state = net.core.step(net.torso(net.norm(obs)), state, first)
-    return net.head(h), state
+    h, state = net.core.step(net.torso(net.inputs(obs)), state, first)
+    return net.masked(net.head(h), obs), state
 
 
 def _unroll(net, obs, state, first):
     """A recurrent PolicyNet's or ValueNet's head outputs `[B * T, out]` over B sequences."""
     b, t = tf.shape(obs)[0], tf.shape(obs)[1]
-    h = net.torso(net.norm(tf.reshape(obs, [b * t, -1])))  # [B * T, H]
-    return net.head(net.core.unroll_batch_major(h, state, first))
+    obs = tf.reshape(obs, [b * t, obs.shape[-1]])  # [B * T, D]
+    h = net.torso(net.inputs(obs))  # [B * T, H]
+    return net.masked(net.head(net.core.unroll_batch_major(h, state, first)), obs)

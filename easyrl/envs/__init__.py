@@ -207,9 +207,11 @@ def play_episodes(
 
 def _make_one(spec, max_episode_steps, env_kwargs, atari) -> gymnasium.Env:
     """One environment (a module-level function, so that ``spawn``-ed workers can unpickle
-    it): ``gymnasium.make`` plus the Atari preprocessing when `atari` is given."""
+    it): ``gymnasium.make`` plus the Atari preprocessing when `atari` is given; Dict and
+    Tuple observations are flattened (`easyrl.envs.flat`)."""
     if atari is None:
-        return gymnasium.make(spec, max_episode_steps=max_episode_steps, **env_kwargs)
+        env = gymnasium.make(spec, max_episode_steps=max_episode_steps, **env_kwargs)
+        return flat.flat_env(env)
     from easyrl.envs.atari import register_ale, wrap
 
     register_ale()
@@ -314,7 +316,9 @@ def env_spaces(
         atari: As in :func:`make_vector_env`.
 
     Returns:
-        ``(observation_space, action_space)`` of one (non-vectorized) environment.
+        ``(observation_space, action_space)`` of one (non-vectorized) environment; a Dict
+        or Tuple observation space comes back as the flat `easyrl.envs.flat.FlatBox` that
+        the envs built here observe.
 
     Raises:
         ConfigError: `env_id` is unknown or `max_episode_steps`/`kwargs` are invalid.
@@ -373,9 +377,11 @@ def final_observations(obs: np.ndarray, infos: dict, done: np.ndarray) -> np.nda
 
 
 # easyrl's own environments (`easyrl/LinearBandit-v0`, see `easyrl.envs.bandit`;
-# `easyrl/StatelessCartPole-v1`, see `easyrl.envs.stateless`) are registered with gymnasium on
-# import, so that every process that creates environments knows them.
-from easyrl.envs import bandit, stateless  # noqa: E402
+# `easyrl/StatelessCartPole-v1`, see `easyrl.envs.stateless`; `easyrl/MaskedChoice-v0`, see
+# `easyrl.envs.masked`) are registered with gymnasium on import, so that every process that
+# creates environments knows them.
+from easyrl.envs import bandit, flat, masked, stateless  # noqa: E402
 
 bandit.register()
 stateless.register()
+masked.register()

@@ -191,8 +191,9 @@ def agent_spaces(env_id: str, kwargs: dict | None = None) -> tuple[list[str], An
     """(possible agent ids, observation space, action space) of multi-agent env `env_id`.
 
     Raises:
-        ConfigError: the env cannot be made, or its agents' spaces differ (all agents share
-            one replay stream layout, so they must share spaces).
+        ConfigError: the env cannot be made, its observations are not a Box, or its agents'
+            spaces differ (all agents share one replay stream layout, so they must share
+            spaces).
     """
     env = make_env(env_id, kwargs)
     try:
@@ -200,6 +201,11 @@ def agent_spaces(env_id: str, kwargs: dict | None = None) -> tuple[list[str], An
         if not agents:
             raise ConfigError(f"env.id: {env_id!r} has no possible_agents")
         obs_space, action_space = env.observation_space(agents[0]), env.action_space(agents[0])
+        if not isinstance(obs_space, gymnasium.spaces.Box):
+            raise ConfigError(
+                f"env.id: multi-agent training needs Box observations; {env_id!r} gives "
+                f"{agents[0]!r} {obs_space}"
+            )
         for agent in agents[1:]:
             if env.observation_space(agent) != obs_space or env.action_space(agent) != action_space:
                 raise ConfigError(

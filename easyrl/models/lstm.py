@@ -46,14 +46,19 @@ class LSTMCore(tf.Module):
     def unroll(self, xs: tf.Tensor, state: tf.Tensor, firsts: tf.Tensor) -> tf.Tensor:
         """The core over a sequence, time-major: `xs` `[T, N, in_dim]`, `state` `[N, 2U]`
         (before step 0), `firsts` `[T, N]`. Returns the outputs h `[T, N, U]`."""
+        return self.run(xs, state, firsts)[0]
+
+    def run(self, xs: tf.Tensor, state: tf.Tensor, firsts: tf.Tensor) -> tuple:
+        """`unroll`, also returning the state after the last step: (h `[T, N, U]`, state
+        `[N, 2U]`)."""
 
         def body(carry, inputs):
             _, state = carry
             return self.step(inputs[0], state, inputs[1])
 
         initial = (tf.zeros([tf.shape(state)[0], self.units]), state)
-        hs, _ = tf.scan(body, (xs, firsts), initializer=initial)
-        return hs
+        hs, states = tf.scan(body, (xs, firsts), initializer=initial)
+        return hs, states[-1]
 
     def unroll_batch_major(self, xs: tf.Tensor, state: tf.Tensor, firsts: tf.Tensor) -> tf.Tensor:
         """`unroll` for B sequences of T steps laid out batch-major and flat: `xs`

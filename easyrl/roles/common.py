@@ -113,8 +113,14 @@ class RoleContext:
 
     def spaces(self):
         """(observation space, action space) of one environment (of one agent of a
-        multi-agent env)."""
-        return run_spaces(self.cfg)
+        multi-agent env).
+
+        Raises:
+            ConfigError: the observations carry an action mask the algorithm cannot honour.
+        """
+        obs_space, action_space = run_spaces(self.cfg)
+        registry.check_spaces(self.cfg.algorithm.name, self.cfg.env.id, obs_space)
+        return obs_space, action_space
 
     def algorithm_module(self):
         """The module of the configured algorithm (from the registry)."""

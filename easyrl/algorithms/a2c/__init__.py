@@ -30,6 +30,8 @@ REPLAY_KINDS: tuple[ReplayKind, ...] = ("aggregate",)
 """Replay tables A2C works with: whole rounds of steps."""
 MODEL_KINDS = ppo.MODEL_KINDS
 """Network kinds: PPO's (an MLP or a custom torso)."""
+ACTION_MASKS = ppo.ACTION_MASKS
+"""An observation's `action_mask` is honoured, as in PPO (the same agent)."""
 
 
 @dataclass(frozen=True)

@@ -30,6 +30,8 @@ MODEL_KINDS = impala.MODEL_KINDS
 """Network kinds: IMPALA's."""
 RECURRENT = True
 """`model.lstm` works, as in IMPALA (the same agent)."""
+ACTION_MASKS = impala.ACTION_MASKS
+"""An observation's `action_mask` is honoured, as in IMPALA (the same agent)."""
 
 
 @dataclass(frozen=True)

@@ -3,12 +3,15 @@ rest of Rainbow (Hessel et al. 2018) as switches: a C51 distributional head (`nu
 `v_min`, `v_max`) and NoisyNet heads (`noisy_sigma`). All six on = Rainbow."""
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import numpy as np
 
 from easyrl.algorithms.contract import Flow, PrioritizedAgent, ReplayKind
 from easyrl.errors import check_ranges
+
+if TYPE_CHECKING:
+    from easyrl.algorithms import r2d2
 
 FLOW: Flow = "async_replay"
 """Execution flow: actors ship transitions, learners sample asynchronously."""
@@ -16,6 +19,9 @@ REPLAY_KINDS: tuple[ReplayKind, ...] = ("prioritized", "uniform")
 """Replay tables DQN works with; the first is the default."""
 MODEL_KINDS = ("mlp", "conv", "custom")
 """Network kinds: MLP, conv torso, or a custom `module:Class` torso."""
+ACTION_MASKS = True
+"""An observation's `action_mask` is honoured (`easyrl.envs.flat`): no illegal action is
+acted, explored or bootstrapped from."""
 
 
 @dataclass(frozen=True)
@@ -102,9 +108,12 @@ def optimizer(params: Params):
     return staircase_spec(params)
 
 
-def actor_epsilon(params: Params, actor_index: int, num_actors: int, env_steps: int) -> float:
+def actor_epsilon(
+    params: "Params | r2d2.Params", actor_index: int, num_actors: int, env_steps: int
+) -> float:
     """Ape-X exploration: eps_i = eps ** (1 + alpha * i / (N - 1)), annealed from
-    `epsilon_start` over the actor's first `epsilon_anneal_steps` env steps."""
+    `epsilon_start` over the actor's first `epsilon_anneal_steps` env steps (DQN's and
+    R2D2's)."""
     final = params.epsilon
     if num_actors > 1:
         final = params.epsilon ** (1 + params.epsilon_alpha * actor_index / (num_actors - 1))

@@ -9,6 +9,9 @@ With C51 (`num_atoms` N >= 2, atoms z_j evenly spaced on [v_min, v_max], Q = sum
     m  = the target distribution p_target(s', a*) moved to R + discount * z, clipped to
          [v_min, v_max] and projected back onto the atoms (`categorical_projection`)
     ce = -sum_j m_j log p_j(s, a);  loss = mean(w * ce);  new priority = ce
+
+With an action mask (`easyrl.envs.flat`) every argmax (acting, a*) runs over the legal
+actions of its observation, and exploration draws among them; the network never sees the mask.
 """
 
 import gymnasium as gym
@@ -17,10 +20,13 @@ import tensorflow as tf
 
 from easyrl.algorithms.contract import Flow, LearnStep
 from easyrl.algorithms.dqn import FLOW, Params, actor_epsilon
+from easyrl.algorithms.masking import features, masked
 from easyrl.algorithms.nstep import NStepAccumulator
 from easyrl.algorithms.shared import CompiledGreedy, compiled, flat_gradients
+from easyrl.envs.flat import action_mask_size, legal_actions
 from easyrl.errors import ConfigError, EasyRLError
 from easyrl.models import Dense, FlatVariables, build_torso, named_variables
+from easyrl.models.lstm import LSTMCore
 
 
 def _scaled_noise(size: int) -> tf.Tensor:
@@ -59,7 +65,10 @@ class QNetwork(tf.Module):
     """Q(s, .) from the configured torso (MLP, or conv on frames), with dueling
     value/advantage heads when asked (Q = V + A - mean(A), per atom with C51), C51's
     distribution over `atoms` atoms of `support` when atoms >= 2, and NoisyNet heads when
-    `noisy_sigma` > 0."""
+    `noisy_sigma` > 0. With `lstm` > 0 units an LSTM core `{name}/lstm` sits between the
+    torso and the heads (R2D2: `torso`, `core` and `heads` are then called one by one). With
+    `mask_size` n > 0 the last n entries of an observation are its action mask: the torso
+    sees the others only, and `best` argmaxes over legal actions."""
 
     def __init__(
         self,
@@ -71,11 +80,18 @@ class QNetwork(tf.Module):
         name,
         support: np.ndarray | None = None,
         noisy_sigma: float = 0.0,
+        lstm: int = 0,
+        mask_size: int = 0,
     ):
         super().__init__(name=None)
         rng = np.random.default_rng(seed)
+        self.mask_size = mask_size
+        if mask_size:
+            obs_shape = (obs_shape[0] - mask_size,)
         self.torso = build_torso(model, obs_shape, f"{name}/torso", rng)
         width = self.torso.out_dim
+        self.core = LSTMCore(width, lstm, f"{name}/lstm", rng) if lstm else None
+        width = lstm or width
         self.dueling = dueling
         self.num_actions = num_actions
         self.support = None if support is None else tf.constant(support, tf.float32)  # [N]
@@ -92,7 +108,10 @@ class QNetwork(tf.Module):
 
     def logits(self, obs, noisy: bool = True):
         """`[B, A, N]`: the C51 logits of every action (N = 1 without C51: Q itself)."""
-        h = self.torso(obs)  # [B, H]
+        return self.heads(self.torso(features(obs, self.mask_size)), noisy)
+
+    def heads(self, h, noisy: bool = True):
+        """`logits` of the features `h` `[B, H]` (the torso's, or the LSTM core's)."""
         adv = tf.reshape(_head(self.advantage, h, noisy), [-1, self.num_actions, self.atoms])
         if not self.dueling:
             return adv
@@ -105,6 +124,11 @@ class QNetwork(tf.Module):
         if self.support is None:
             return out[:, :, 0]
         return tf.reduce_sum(tf.nn.softmax(out, axis=2) * self.support, axis=2)
+
+    def best(self, obs, q):
+        """argmax_a q `[B]` of values `q` `[B, A]` (of any network) over the actions legal
+        in `obs`."""
+        return tf.argmax(masked(q, obs, self.mask_size), axis=1)
 
 
 def _head(layer, h, noisy: bool):
@@ -131,6 +155,28 @@ def categorical_projection(reward, discount, probs, support):
     return tf.reduce_sum(probs[:, :, None] * weight, axis=1)  # [B, N]
 
 
+def epsilon_greedy(
+    greedy: np.ndarray, epsilon: float, num_actions: int, rng, legal: np.ndarray | None = None
+):
+    """Epsilon-greedy actions `[N]` around the greedy ones `[N]` (uniform among all
+    `num_actions` with probability epsilon), and their log-probabilities `[N]` float32:
+    log((1 - eps) + eps / A) for the greedy action, log(eps / A) for any other. With an
+    action mask `legal` `[N, A]` bool, the draw is uniform among each row's L legal actions
+    (A = L there)."""
+    explore = rng.random(len(greedy)) < epsilon
+    if legal is None:
+        drawn = rng.integers(num_actions, size=len(greedy))
+        uniform = epsilon / num_actions
+    else:
+        # argmax of uniform keys, illegal ones below every legal one: uniform over legal.
+        drawn = np.argmax(np.where(legal, rng.random(legal.shape), -1.0), axis=1)  # [N]
+        uniform = epsilon / legal.sum(axis=1)  # [N]
+    actions = np.where(explore, drawn, greedy)
+    with np.errstate(divide="ignore"):  # epsilon 0: log(0) = -inf for other actions
+        logp = np.log(np.where(actions == greedy, 1.0 - epsilon + uniform, uniform))
+    return actions.astype(np.int64), logp.astype(np.float32)
+
+
 class DQN(CompiledGreedy):
     """DQN's pieces for the runtime: networks, acting, post-processing and the loss.
 
@@ -154,10 +200,16 @@ class DQN(CompiledGreedy):
         self.obs_shape = tuple(obs_space.shape)
         self.num_actions = int(action_space.n)
         self.obs_dtype = np.dtype(obs_space.dtype)
+        self.mask_size = action_mask_size(obs_space)
+        """Action-mask entries at the end of an observation (0: none)."""
         self.support = None  # C51's atoms
         if params.num_atoms > 1:
             self.support = np.linspace(params.v_min, params.v_max, params.num_atoms)
-        heads = {"support": self.support, "noisy_sigma": params.noisy_sigma}
+        heads = {
+            "support": self.support,
+            "noisy_sigma": params.noisy_sigma,
+            "mask_size": self.mask_size,
+        }
         try:
             shape, actions = self.obs_shape, self.num_actions
             self.q = QNetwork(shape, actions, model, params.dueling, seed, "q", **heads)
@@ -198,15 +250,12 @@ class DQN(CompiledGreedy):
     def act_with_logp(self, obs: np.ndarray, epsilon: float, rng: np.random.Generator):
         """Epsilon-greedy actions `[N]` and their log-probabilities `[N]` float32 under the
         epsilon-greedy policy: log((1 - eps) + eps / A) for the greedy action, log(eps / A)
-        for any other."""
+        for any other; with an action mask, exploration draws uniformly among the L legal
+        actions of each row (A = L there)."""
         acting = self._act_greedy or self._greedy
         greedy = acting(np.asarray(obs, self.obs_dtype)).numpy()
-        explore = rng.random(len(obs)) < epsilon
-        actions = np.where(explore, rng.integers(self.num_actions, size=len(obs)), greedy)
-        uniform = epsilon / self.num_actions
-        with np.errstate(divide="ignore"):  # epsilon 0: log(0) = -inf for other actions
-            logp = np.log(np.where(actions == greedy, 1.0 - epsilon + uniform, uniform))
-        return actions, logp.astype(np.float32)
+        legal = legal_actions(obs, self.mask_size) if self.mask_size else None  # [N, A]
+        return epsilon_greedy(greedy, epsilon, self.num_actions, rng, legal)
 
     def initial_priorities(self, batch: dict) -> np.ndarray:
         """Ape-X initial priorities |TD| computed with the actor's copy of the network."""
@@ -243,10 +292,10 @@ class DQN(CompiledGreedy):
         self._target_flat.assign(self._q_flat.read())
 
     def _greedy_fn(self, obs):
-        return tf.argmax(self.q(obs, noisy=False), axis=1)  # [N]
+        return self.q.best(obs, self.q(obs, noisy=False))  # [N]
 
     def _noisy_greedy_fn(self, obs):
-        return tf.argmax(self.q(obs), axis=1)  # [N]
+        return self.q.best(obs, self.q(obs))  # [N]
 
     def _distribution_terms(self, obs, action, reward, next_obs, discount, target):
         """C51: (cross-entropy `[B]` of p(s, a) to the projected target distribution of
@@ -255,9 +304,9 @@ class DQN(CompiledGreedy):
         assert support is not None, "C51 terms of a network without atoms"
         next_probs = tf.nn.softmax(target.logits(next_obs), axis=2)  # [B, A, N]
         if self.params.double_q and target is not self.q:
-            best = tf.argmax(self.q(next_obs), axis=1)  # [B]
+            best = self.q.best(next_obs, self.q(next_obs))  # [B]
         else:  # the target's own means: one pass (and one noise draw) when it is the online net
-            best = tf.argmax(tf.reduce_sum(next_probs * support, axis=2), axis=1)
+            best = self.q.best(next_obs, tf.reduce_sum(next_probs * support, axis=2))
         next_probs = tf.gather(next_probs, best, axis=1, batch_dims=1)  # [B, N]
         m = tf.stop_gradient(categorical_projection(reward, discount, next_probs, support))
         logits_sa = tf.gather(self.q.logits(obs), action, axis=1, batch_dims=1)  # [B, N]
@@ -268,16 +317,17 @@ class DQN(CompiledGreedy):
     def _targets(self, reward, next_obs, discount):
         next_target = self.target(next_obs)  # [B, A]
         if self.params.double_q:
-            best = tf.argmax(self.q(next_obs), axis=1)
+            best = self.q.best(next_obs, self.q(next_obs))  # [B]
         else:
-            best = tf.argmax(next_target, axis=1)
+            best = self.q.best(next_obs, next_target)
         bootstrap = tf.gather(next_target, best, axis=1, batch_dims=1)  # [B]
         return reward + discount * bootstrap
 
     def _td_abs_fn(self, obs, action, reward, next_obs, discount):
         if self.support is not None:  # C51: the loss the learner's priorities are
             return self._distribution_terms(obs, action, reward, next_obs, discount, self.q)[0]
-        q_next = tf.reduce_max(self.q(next_obs), axis=1)  # [B]
+        q_next = self.q(next_obs)  # [B, A]
+        q_next = tf.gather(q_next, self.q.best(next_obs, q_next), axis=1, batch_dims=1)  # [B]
         q_sa = tf.gather(self.q(obs), action, axis=1, batch_dims=1)
         return tf.abs(reward + discount * q_next - q_sa)
 

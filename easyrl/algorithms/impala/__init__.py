@@ -39,6 +39,9 @@ MODEL_KINDS = ("mlp", "conv", "custom")
 """Network kinds: MLP, conv torso, or a custom `module:Class` torso."""
 RECURRENT = True
 """`model.lstm` works: an LSTM core between the torso and the heads (see `agent.LSTMCore`)."""
+ACTION_MASKS = True
+"""An observation's `action_mask` is honoured (`easyrl.envs.flat`): no illegal action is
+acted, explored or bootstrapped from."""
 
 OPTIMIZERS = ("adam", "rmsprop", "sgd")
 """Optimizer kinds the PS shards know."""

@@ -12,6 +12,10 @@ With `model.lstm` > 0 an LSTM core (`easyrl.models.lstm.LSTMCore`) sits between 
 the heads: actors carry its state per env (zeros at an episode start) and ship each unroll's
 initial state and episode-start flags; the learner runs the core over the unroll from that
 state, resetting where an episode starts, as the actor did.
+
+With an action mask (`easyrl.envs.flat`) the network sees the features only and its logits of
+illegal actions are `masking.ILLEGAL`: acting (Gumbel-max) never samples one, greedy play never
+picks one, the shipped behaviour logits, log pi and the entropy give them probability 0.
 """
 
 import numpy as np
@@ -19,6 +23,7 @@ import tensorflow as tf
 
 from easyrl.algorithms.contract import Flow, LearnStep
 from easyrl.algorithms.impala import FLOW, AgentParams, check_spaces, unroll_spec
+from easyrl.algorithms.masking import features, masked
 from easyrl.algorithms.shared import (
     CompiledGreedy,
     NoTargetNetwork,
@@ -26,6 +31,7 @@ from easyrl.algorithms.shared import (
     compiled,
     flat_gradients,
 )
+from easyrl.envs.flat import action_mask_size
 from easyrl.errors import EasyRLError
 from easyrl.models import Dense, FlatVariables, build_torso, named_variables
 from easyrl.models.lstm import LSTMCore
@@ -91,12 +97,16 @@ def vtrace(
 class ActorCritic(tf.Module):
     """A shared torso (`net/torso`, mlp or conv as the model section says), an LSTM core
     `net/lstm` when `model.lstm` > 0, and two linear heads: policy logits `net/logits` (small
-    init: a near-uniform first policy) and the value `net/value`."""
+    init: a near-uniform first policy) and the value `net/value`. With `mask_size` n > 0 the
+    last n entries of a (flat) observation are its action mask: the torso sees the others
+    only, and the logits of illegal actions are `masking.ILLEGAL`."""
 
-    def __init__(self, obs_shape, num_actions, model, rng):
+    def __init__(self, obs_shape, num_actions, model, rng, mask_size: int = 0):
         super().__init__(name=None)
         self.obs_shape = tuple(obs_shape)
-        self.torso = build_torso(model, obs_shape, "net/torso", rng)
+        self.mask_size = mask_size
+        features_shape = (self.obs_shape[0] - mask_size,) if mask_size else self.obs_shape
+        self.torso = build_torso(model, features_shape, "net/torso", rng)
         width = self.torso.out_dim
         self.core = LSTMCore(width, model.lstm, "net/lstm", rng) if model.lstm else None
         width = model.lstm or width
@@ -106,23 +116,29 @@ class ActorCritic(tf.Module):
 
     def __call__(self, obs):
         """Feed-forward: observations `[N, ...]` to (logits `[N, A]`, values `[N]`)."""
-        h = self.torso(obs)  # [N, H]
-        return self.logits(h), self.value(h)[:, 0]  # [N, A], [N]
+        h = self.torso(features(obs, self.mask_size))  # [N, H]
+        return self._logits(h, obs), self.value(h)[:, 0]  # [N, A], [N]
+
+    def _logits(self, h, obs):
+        """The policy head on features `h` `[N, H]`, masked by `obs` `[N, D]`: `[N, A]`."""
+        return masked(self.logits(h), obs, self.mask_size)
 
     def step(self, obs, state, first):
         """Recurrent, one step of N envs: (logits `[N, A]`, values `[N]`, state `[N, 2U]`)."""
         assert self.core is not None
-        h, state = self.core.step(self.torso(obs), state, first)  # [N, U], [N, 2U]
-        return self.logits(h), self.value(h)[:, 0], state
+        h = self.torso(features(obs, self.mask_size))  # [N, H]
+        h, state = self.core.step(h, state, first)  # [N, U], [N, 2U]
+        return self._logits(h, obs), self.value(h)[:, 0], state
 
     def unroll(self, obs, state, first):
         """Recurrent, B unrolls: obs `[B, T + 1, ...]`, state `[B, 2U]` before step 0,
         first `[B, T + 1]`; returns (logits `[B, T + 1, A]`, values `[B, T + 1]`)."""
         assert self.core is not None
         b, steps = tf.shape(obs)[0], tf.shape(obs)[1]
-        h = self.torso(tf.reshape(obs, [-1, *self.obs_shape]))  # [B * (T+1), H]
+        obs = tf.reshape(obs, [-1, *self.obs_shape])  # [B * (T+1), ...]
+        h = self.torso(features(obs, self.mask_size))  # [B * (T+1), H]
         hs = self.core.unroll_batch_major(h, state, first)  # [B * (T+1), U]
-        logits = tf.reshape(self.logits(hs), [b, steps, -1])  # [B, T+1, A]
+        logits = tf.reshape(self._logits(hs, obs), [b, steps, -1])  # [B, T+1, A]
         return logits, tf.reshape(self.value(hs), [b, steps])  # [B, T+1]
 
 
@@ -151,7 +167,9 @@ class IMPALA(CompiledGreedy, NoTargetNetwork):
         self.obs_shape = tuple(int(d) for d in obs_space.shape)
         self.obs_dtype = np.dtype(obs_space.dtype)
         self.num_actions = int(action_space.n)
-        self.net = ActorCritic(self.obs_shape, self.num_actions, model, np.random.default_rng(seed))
+        rng = np.random.default_rng(seed)
+        mask = action_mask_size(obs_space)
+        self.net = ActorCritic(self.obs_shape, self.num_actions, model, rng, mask)
         self.state_size = self.net.state_size
         """Width of the recurrent state per env (0: a feed-forward policy)."""
         self.spec = unroll_spec(params.unroll_length, obs_space, action_space, model.lstm)

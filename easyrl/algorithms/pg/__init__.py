@@ -16,6 +16,7 @@ from typing import ClassVar
 
 from easyrl.algorithms import a2c
 from easyrl.algorithms.a2c import (
+    ACTION_MASKS,
     FLOW,
     MODEL_KINDS,
     REPLAY_KINDS,
@@ -26,6 +27,7 @@ from easyrl.algorithms.a2c import (
 )
 
 __all__ = [
+    "ACTION_MASKS",
     "FLOW",
     "MODEL_KINDS",
     "REPLAY_KINDS",

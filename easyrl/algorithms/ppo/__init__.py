@@ -30,6 +30,9 @@ MODEL_KINDS = ("mlp", "custom")
 RECURRENT = True
 """`model.lstm` works: the policy and the value network each get an LSTM core (`pi/lstm`,
 `vf/lstm`), and a round's items are whole per-env sequences (see `replay_spec`)."""
+ACTION_MASKS = True
+"""An observation's `action_mask` is honoured (`easyrl.envs.flat`): illegal actions get
+`masking.ILLEGAL` logits in acting, greedy play, the loss and the entropy."""
 
 
 @dataclass(frozen=True)

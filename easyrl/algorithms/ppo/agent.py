@@ -33,6 +33,7 @@ from easyrl.algorithms.shared import (
     flatten,
     gradients,
 )
+from easyrl.envs.flat import action_mask_size
 from easyrl.errors import ConfigError, EasyRLError
 from easyrl.models import FlatVariables, named_variables
 
@@ -81,6 +82,8 @@ class PPO(CompiledGreedy):
         check_spaces(obs_space, action_space)
         self.params = params
         self.obs_dim = int(obs_space.shape[0])
+        self.mask_size = action_mask_size(obs_space)
+        """Action-mask entries at the end of an observation (0: none); not normalized."""
         self.action_space = action_space
         self.discrete = isinstance(action_space, gym.spaces.Discrete)
         self.action_dim = int(action_space.n) if self.discrete else int(action_space.shape[0])
@@ -89,12 +92,13 @@ class PPO(CompiledGreedy):
         with scope:
             rng = np.random.default_rng(seed)  # policy first, then value: one fixed stream
             clip = params.obs_clip if params.normalize_observations else None
-            self.obs_norm = ObsNorm(self.obs_dim, clip)
+            self.obs_norm = ObsNorm(self.obs_dim - self.mask_size, clip)
+            mask = self.mask_size
             try:
                 self.pi = PolicyNet(
-                    self.obs_dim, action_space, model, params.log_std_init, rng, self.obs_norm
+                    self.obs_dim, action_space, model, params.log_std_init, rng, self.obs_norm, mask
                 )
-                self.vf = ValueNet(self.obs_dim, model, rng, self.obs_norm)
+                self.vf = ValueNet(self.obs_dim, model, rng, self.obs_norm, mask)
             except ValueError as err:
                 raise ConfigError(f"model: {err}") from err
         self.variables = dict(
@@ -203,7 +207,8 @@ class PPO(CompiledGreedy):
         """
         if not self.params.normalize_observations:
             return []
-        self.obs_norm.update(np.reshape(batch["obs"], (-1, self.obs_dim)))
+        obs = np.reshape(batch["obs"], (-1, self.obs_dim))  # [n, D]
+        self.obs_norm.update(obs[:, : self.obs_dim - self.mask_size])
         return [n for n in self.variables if n.startswith("obs_norm/")]
 
     # --- compiled functions ---------------------------------------------------------------

@@ -1,0 +1,310 @@
+"""The TensorFlow side of R2D2: the recurrent Q network, sequence collection, priorities and
+the loss (see the module docstring of `easyrl.algorithms.r2d2`)."""
+
+import gymnasium as gym
+import numpy as np
+import tensorflow as tf
+
+from easyrl.algorithms.contract import Flow, LearnStep
+from easyrl.algorithms.dqn import actor_epsilon
+from easyrl.algorithms.dqn.agent import QNetwork, epsilon_greedy
+from easyrl.algorithms.r2d2 import FLOW, Params, replay_spec
+from easyrl.algorithms.shared import CompiledGreedy, checked_columns, compiled, flat_gradients
+from easyrl.errors import ConfigError, EasyRLError
+from easyrl.models import FlatVariables, named_variables
+
+STAT_NAMES: tuple[str, ...] = ("q_mean", "td_abs_mean")
+"""Keys of the stats `R2D2.learn` returns beside `loss`."""
+
+
+def rescale(x: tf.Tensor, eps: float) -> tf.Tensor:
+    """h(x) = sign(x) (sqrt(|x| + 1) - 1) + eps x (Pohlen et al. 2018)."""
+    return tf.sign(x) * (tf.sqrt(tf.abs(x) + 1.0) - 1.0) + eps * x
+
+
+def unrescale(x: tf.Tensor, eps: float) -> tf.Tensor:
+    """h^-1(x) = sign(x) (((sqrt(1 + 4 eps (|x| + 1 + eps)) - 1) / (2 eps))^2 - 1)."""
+    root = (tf.sqrt(1.0 + 4.0 * eps * (tf.abs(x) + 1.0 + eps)) - 1.0) / (2.0 * eps)
+    return tf.sign(x) * (tf.square(root) - 1.0)
+
+
+def nstep_returns(reward, discount, bootstrap, n: int):
+    """n-step returns cut at the sequence end, time-major, for L steps:
+    G_t = sum_{k<m} (prod_{i<k} discount_{t+i}) r_{t+k} + (prod_{i<m} discount_{t+i})
+    bootstrap_{t+m}, m = min(n, L - t).
+
+    Args:
+        reward: `[L, B]`; discount: `[L, B]`; bootstrap: values of x_0..x_L, `[L + 1, B]`.
+        n: the return's steps (static).
+
+    Returns:
+        G `[L, B]`.
+    """
+    length = reward.shape[0]
+    assert length is not None, "the sequence length must be static"
+    steps = np.arange(length)
+    pad = tf.zeros([n, tf.shape(reward)[1]])  # [n, B]
+    rewards, discounts = tf.concat([reward, pad], 0), tf.concat([discount, pad], 0)  # [L+n, B]
+    acc, factor = tf.zeros_like(reward), tf.ones_like(reward)  # [L, B]
+    for k in range(n):
+        valid = tf.constant((steps + k < length).astype(np.float32)[:, None])  # [L, 1]
+        acc += valid * factor * rewards[k : k + length]
+        factor *= valid * discounts[k : k + length] + (1.0 - valid)
+    return acc + factor * tf.gather(bootstrap, np.minimum(steps + n, length))
+
+
+class R2D2(CompiledGreedy):
+    """R2D2's pieces for the runtime: the online and target recurrent Q networks (`q/...`,
+    `target/...`: torso, LSTM core `model.lstm` units, dueling heads), epsilon-greedy
+    sequence collection, initial priorities and the loss.
+
+    Args:
+        params: hyper-parameters.
+        obs_space: a Box observation space.
+        action_space: a Discrete action space.
+        model: the config's `model` section (`model.lstm` > 0).
+        seed: initialisation seed (every role builds identical initial values).
+
+    Raises:
+        ConfigError: unsupported spaces, or no `model.lstm`.
+    """
+
+    flow: Flow = FLOW
+
+    def __init__(self, params: Params, obs_space, action_space, model, seed: int = 0):
+        if not isinstance(obs_space, gym.spaces.Box):
+            raise ConfigError(f"r2d2 needs a Box observation space, got {obs_space}")
+        self.spec = replay_spec(params, obs_space, action_space, model.lstm)
+        self.params = params
+        self.target_update_period = params.target_update_period
+        self.obs_shape = tuple(int(d) for d in obs_space.shape)
+        self.obs_dtype = np.dtype(obs_space.dtype)
+        self.num_actions = int(action_space.n)
+        net = (self.obs_shape, self.num_actions, model, params.dueling, seed)
+        try:
+            self.q = QNetwork(*net, "q", lstm=model.lstm)
+            self.target = QNetwork(*net, "target", lstm=model.lstm)
+        except ValueError as err:
+            raise ConfigError(f"model: {err}") from err
+        self.state_size = 2 * int(model.lstm)
+        """Width of the recurrent state per env."""
+        self.variables = named_variables(self.q)
+        self._flat = FlatVariables(list(self.variables.values()))
+        self._target_flat = FlatVariables(list(named_variables(self.target).values()))
+        # Fixed input signatures: no retracing, and AutoGraph stays off.
+        obs_tf = tf.as_dtype(self.obs_dtype)
+        t = params.sequence_length
+        vec = tf.TensorSpec([None], tf.float32)
+        state = tf.TensorSpec([None, self.state_size], tf.float32)
+        self._greedy = compiled(
+            self._greedy_step_fn, tf.TensorSpec([None, *self.obs_shape], obs_tf), state, vec
+        )
+        columns = [
+            tf.TensorSpec([None, t + 1, *self.obs_shape], obs_tf),  # obs
+            tf.TensorSpec([None, t], tf.int64),  # action
+            tf.TensorSpec([None, t], tf.float32),  # reward
+            tf.TensorSpec([None, t], tf.float32),  # discount
+            state,  # state before step 0
+            tf.TensorSpec([None, t + 1], tf.float32),  # first
+        ]
+        self._priorities = compiled(self._priorities_fn, *columns)
+        self._step = compiled(self._step_fn, *columns, vec)
+        self.sync_target()
+
+    def collector(
+        self, num_envs: int, seed: int = 0, actor_index: int = 0, num_actors: int = 1
+    ) -> "SequenceCollector":
+        """The actor-side collector: Ape-X epsilon-greedy acting and overlapping sequences."""
+        return SequenceCollector(self, num_envs, actor_index, num_actors)
+
+    def initial_priorities(self, batch: dict) -> np.ndarray:
+        """Sequence priorities computed on the actor with its copy of the online network
+        (it stands in for the target network too)."""
+        return self._priorities(*checked_columns("r2d2", self.spec, batch)).numpy()
+
+    def learn(self, batch: dict, weights: np.ndarray) -> LearnStep:
+        """One gradient computation on a sampled batch of sequences with importance
+        weights `[B]`.
+
+        Returns:
+            a LearnStep: gradients in the order of `self.variables`, stats (`loss` and the
+            `STAT_NAMES`), new priorities `[B]`.
+
+        Raises:
+            EasyRLError: a column is missing or has a wrong shape.
+        """
+        columns = checked_columns("r2d2", self.spec, batch)
+        flat, loss, (stats, priorities) = self._step(*columns, np.asarray(weights, np.float32))
+        named = dict(zip(STAT_NAMES, stats.numpy().tolist(), strict=True))
+        grads: list[np.ndarray | None] = list(self._flat.split(flat.numpy()))
+        return LearnStep(grads, {"loss": float(loss), **named}, priorities.numpy())
+
+    def sync_target(self) -> None:
+        """Copies the online network into the target network."""
+        self._target_flat.assign(self._flat.read())
+
+    # --- compiled functions ---------------------------------------------------------------
+
+    def _greedy_step_fn(self, obs, state, first):
+        core = self.q.core
+        assert core is not None
+        h, state = core.step(self.q.torso(obs), state, first)  # [N, U], [N, 2U]
+        return tf.argmax(self.q.heads(h)[:, :, 0], axis=1), state  # [N], [N, 2U]
+
+    def _unroll(self, net: QNetwork, obs, state, first):
+        """Q values of the learning steps x_burn..x_T of B sequences, time-major
+        `[L + 1, B, A]`: the core runs from the stored `state` over the burn-in without a
+        gradient, then over the rest."""
+        core, burn = net.core, self.params.burn_in
+        assert core is not None
+        steps = self.params.sequence_length + 1
+        h = net.torso(tf.reshape(obs, [-1, *self.obs_shape]))  # [B * (T+1), H]
+        h = tf.transpose(tf.reshape(h, [-1, steps, h.shape[-1]]), [1, 0, 2])  # [T+1, B, H]
+        firsts = tf.transpose(first)  # [T+1, B]
+        if burn:
+            _, state = core.run(h[:burn], state, firsts[:burn])
+            state = tf.stop_gradient(state)  # [B, 2U]
+        hs, _ = core.run(h[burn:], state, firsts[burn:])  # [L+1, B, U]
+        q = net.heads(tf.reshape(hs, [-1, core.units]))[:, :, 0]  # [(L+1) * B, A]
+        return tf.reshape(q, [steps - burn, -1, self.num_actions])  # [L+1, B, A]
+
+    def _td(self, target: QNetwork, obs, action, reward, discount, state, first):
+        """(td `[L, B]` of the learning steps, Q(x_t, a_t) `[L, B]`), bootstrapping from
+        `target` (the online network itself on the actor)."""
+        p = self.params
+        q = self._unroll(self.q, obs, state, first)  # [L+1, B, A]
+        q_target = q if target is self.q else self._unroll(target, obs, state, first)
+        q_target = tf.stop_gradient(q_target)
+        pick = tf.stop_gradient(q) if p.double_q else q_target
+        best = tf.argmax(pick, axis=2)  # [L+1, B]
+        bootstrap = tf.gather(q_target, best, axis=2, batch_dims=2)  # [L+1, B]
+        if p.value_rescaling:
+            bootstrap = unrescale(bootstrap, p.rescale_eps)
+        learn = slice(p.burn_in, None)
+        reward_tm = tf.transpose(reward)[learn]  # [L, B]
+        discount_tm = tf.transpose(discount)[learn]  # [L, B]
+        returns = nstep_returns(reward_tm, discount_tm, bootstrap, p.n_step)  # [L, B]
+        if p.value_rescaling:
+            returns = rescale(returns, p.rescale_eps)
+        action_tm = tf.transpose(action)[learn]  # [L, B]
+        q_sa = tf.gather(q[:-1], action_tm, axis=2, batch_dims=2)  # [L, B]
+        return tf.stop_gradient(returns) - q_sa, q_sa
+
+    def _sequence_priorities(self, td):
+        """eta * max_t |td| + (1 - eta) * mean_t |td|, `[B]`."""
+        td_abs = tf.abs(td)  # [L, B]
+        eta = self.params.eta
+        return eta * tf.reduce_max(td_abs, 0) + (1.0 - eta) * tf.reduce_mean(td_abs, 0)
+
+    def _priorities_fn(self, *columns):
+        return self._sequence_priorities(self._td(self.q, *columns)[0])
+
+    def loss(self, obs, action, reward, discount, state, first, weights):
+        """The loss on a batch of sequences (see `easyrl.algorithms.r2d2`), with (stats `[2]`
+        (the `STAT_NAMES`), new priorities `[B]`)."""
+        td, q_sa = self._td(self.target, obs, action, reward, discount, state, first)
+        loss = tf.reduce_mean(weights * tf.reduce_mean(0.5 * tf.square(td), axis=0))
+        stats = tf.stack([tf.reduce_mean(q_sa), tf.reduce_mean(tf.abs(td))])
+        return loss, (stats, self._sequence_priorities(td))
+
+    def _step_fn(self, *batch):
+        return flat_gradients(
+            lambda: self.loss(*batch), self.variables.values(), self.params.grad_clip
+        )
+
+
+class SequenceCollector:
+    """An actor's side of R2D2 for `num_envs` envs: Ape-X epsilon-greedy acting (actor
+    `actor_index` of `num_actors`) with the LSTM state carried per env, and overlapping
+    sequences of T steps, one per env every `period` steps once T steps are in.
+
+    Each sequence carries the state the actor held before its first step (before the reset
+    of `first[0]`) and its episode-start flags, as IMPALA's unrolls do. Protocol per vector
+    step: `act(obs, rng)`, then `observe(...)`.
+    """
+
+    def __init__(self, agent: R2D2, num_envs: int, actor_index: int = 0, num_actors: int = 1):
+        if num_envs < 1:
+            raise EasyRLError(f"num_envs must be positive, got {num_envs}")
+        self.agent, self.num_envs = agent, num_envs
+        self.actor_index, self.num_actors = actor_index, num_actors
+        p, n = agent.params, num_envs
+        self.length = t = p.sequence_length
+        # Circular time-major buffers of the last T steps (row = step % T).
+        self._obs = np.zeros((t, n, *agent.obs_shape), agent.obs_dtype)
+        self._action = np.zeros((t, n), np.int64)
+        self._reward = np.zeros((t, n), np.float32)
+        self._discount = np.zeros((t, n), np.float32)
+        self._states = np.zeros((t, n, agent.state_size), np.float32)
+        self._firsts = np.zeros((t, n), np.float32)
+        self._state = np.zeros((n, agent.state_size), np.float32)
+        self._first = np.ones(n, np.float32)  # every env starts an episode
+        self._steps = 0  # vector steps observed
+        self._acted = False
+        self.env_steps = 0
+        self.sequences = 0
+        self.epsilon = actor_epsilon(p, actor_index, num_actors, 0)
+        self.last_action_logp: np.ndarray | None = None
+
+    def act(self, obs: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+        """Epsilon-greedy actions `[N]` for `obs` `[N, ...]`; remembers the step.
+
+        Raises:
+            EasyRLError: `act` was already called for this step, or `obs` has a wrong shape.
+        """
+        if self._acted:
+            raise EasyRLError("act called twice without observe")
+        obs = np.asarray(obs, self.agent.obs_dtype)
+        if obs.shape != (self.num_envs, *self.agent.obs_shape):
+            raise EasyRLError(
+                f"obs must be {[self.num_envs, *self.agent.obs_shape]}, got {list(obs.shape)}"
+            )
+        p = self.agent.params
+        self.epsilon = actor_epsilon(p, self.actor_index, self.num_actors, self.env_steps)
+        row = self._steps % self.length
+        self._obs[row], self._states[row], self._firsts[row] = obs, self._state, self._first
+        greedy, self._state = self.agent.greedy_step(obs, self._state, self._first)
+        actions, self.last_action_logp = epsilon_greedy(
+            greedy, self.epsilon, self.agent.num_actions, rng
+        )
+        self._action[row] = actions
+        self._acted = True
+        return actions
+
+    def observe(self, rewards, next_obs, real_next_obs, terminated, truncated) -> dict | None:
+        """Stores the step's outcome; returns the N sequences that end with it (every
+        `period` steps once T are in), else None. `real_next_obs` is unused: an episode end
+        is not bootstrapped (see `easyrl.algorithms.r2d2`).
+
+        Raises:
+            EasyRLError: called without a preceding `act`.
+        """
+        if not self._acted:
+            raise EasyRLError("observe called without a preceding act")
+        done = np.asarray(terminated, bool).reshape(-1) | np.asarray(truncated, bool).reshape(-1)
+        row = self._steps % self.length
+        self._reward[row] = np.asarray(rewards, np.float32).reshape(-1)
+        self._discount[row] = self.agent.params.gamma * (1.0 - done)
+        self._first = done.astype(np.float32)  # next_obs starts an episode where done
+        self._acted = False
+        self._steps += 1
+        self.env_steps += self.num_envs
+        t = self.length
+        if self._steps < t or (self._steps - t) % self.agent.params.period:
+            return None
+        rows = np.arange(self._steps - t, self._steps) % t  # oldest first
+        obs = np.concatenate([self._obs[rows], np.asarray(next_obs, self.agent.obs_dtype)[None]])
+        self.sequences += self.num_envs
+        batch = {
+            "obs": np.swapaxes(obs, 0, 1),  # [N, T+1, ...]
+            "action": self._action[rows].T,  # [N, T]
+            "reward": self._reward[rows].T,
+            "discount": self._discount[rows].T,
+            "state": self._states[rows[0]].copy(),  # [N, 2U]
+            "first": np.concatenate([self._firsts[rows], self._first[None]]).T,  # [N, T+1]
+        }
+        return {k: np.ascontiguousarray(v) for k, v in batch.items()}
+
+    def stats(self) -> dict[str, float]:
+        """The current exploration rate and the sequences shipped."""
+        return {"epsilon": self.epsilon, "sequences": float(self.sequences)}
