@@ -16,7 +16,22 @@ from custom_torsos import Gated, Residual
 from test_es import run_round
 from test_ppo import run_rounds
 
-from easyrl.algorithms import a2c, bc, ddpg, dqn, es, impala, marwil, pg, ppo, r2d2, sac, td3
+from easyrl.algorithms import (
+    a2c,
+    a3c,
+    bc,
+    bcq,
+    ddpg,
+    dqn,
+    es,
+    impala,
+    marwil,
+    pg,
+    ppo,
+    r2d2,
+    sac,
+    td3,
+)
 from easyrl.config import ModelConfig
 from easyrl.envs import final_observations, make_vector_env
 from easyrl.errors import ConfigError
@@ -112,6 +127,21 @@ def learn_impala(form):
     return algo, algo.learn(unroll, None).grads
 
 
+def learn_a3c(form):
+    algo = a3c.build(a3c.Params(unroll_length=5), *CARTPOLE, model_of(form), seed=0)
+    (unroll,) = collect(algo, "CartPole-v1", 2, 5)
+    return algo, algo.learn(unroll, None).grads
+
+
+def learn_bcq(form):
+    """BCQ: DQN's transitions of 4 steps of 3 CartPole envs, as a dataset would give them."""
+    params = bcq.Params(n_step=2)
+    algo = bcq.build(params, *CARTPOLE, model_of(form), seed=0)
+    collector = dqn.build(params, *CARTPOLE, model_of("module"), seed=0)
+    batch = joined(collect(collector, "CartPole-v1", 3, 4))
+    return algo, algo.learn(batch, np.ones(len(batch["reward"]), np.float32)).grads
+
+
 def learn_r2d2(form):
     params = r2d2.Params(burn_in=2, learn_length=3, period=5)
     model = dataclasses.replace(model_of(form), lstm=4)
@@ -171,15 +201,19 @@ CASES = {
     ),
     "impala": (learn_impala, lambda algo: [(algo.net.torso, "net/torso", 4)]),
     "r2d2": (learn_r2d2, lambda algo: [(algo.q.torso, "q/torso", 4)]),
+    "a3c": (learn_a3c, lambda algo: [(algo.net.torso, "net/torso", 4)]),
+    "bcq": (learn_bcq, lambda algo: [(algo.q.torso, "q/torso", 4), (algo.bc.torso, "bc/torso", 4)]),
 }
 """{algorithm: (build it with a torso form and take one learning step -> (agent, gradients in
 the order of its variables), its custom torsos as (module, name prefix, input width))}."""
+KERAS_ONLY = ("dqn", "impala", "r2d2", "a3c", "bcq")
+"""Algorithms tested with the Keras torso only (their module torsos: test_dqn, test_impala)."""
 
 
 @pytest.mark.parametrize(
     "name, form",
-    [(name, form) for name in CASES if name not in ("dqn", "impala", "r2d2") for form in TORSOS]
-    + [("dqn", "keras"), ("impala", "keras"), ("r2d2", "keras")],
+    [(name, form) for name in CASES if name not in KERAS_ONLY for form in TORSOS]
+    + [(name, "keras") for name in KERAS_ONLY],
 )
 def test_every_algorithm_learns_through_a_custom_torso(name, form):
     learn, torsos_of = CASES[name]

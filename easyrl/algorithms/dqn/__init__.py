@@ -3,15 +3,12 @@ rest of Rainbow (Hessel et al. 2018) as switches: a C51 distributional head (`nu
 `v_min`, `v_max`) and NoisyNet heads (`noisy_sigma`). All six on = Rainbow."""
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal
+from typing import ClassVar, Literal
 
 import numpy as np
 
 from easyrl.algorithms.contract import Flow, PrioritizedAgent, ReplayKind
 from easyrl.errors import check_ranges
-
-if TYPE_CHECKING:
-    from easyrl.algorithms import r2d2
 
 FLOW: Flow = "async_replay"
 """Execution flow: actors ship transitions, learners sample asynchronously."""
@@ -25,15 +22,12 @@ acted, explored or bootstrapped from."""
 
 
 @dataclass(frozen=True)
-class Params:
-    """Hyper-parameters of DQN / Ape-X DQN."""
+class ApexParams:
+    """The hyper-parameters DQN and R2D2 share: the PS optimizer, the target network and
+    Ape-X's per-actor exploration. Their `Params` add their own keys and re-default some."""
 
-    gamma: float = 0.99
-    """Discount factor."""
-    n_step: int = 3
-    """Length of the n-step return computed on the actor."""
-    batch_size: int = 64
-    """Transitions per learner batch."""
+    ALGORITHM: ClassVar[str] = "dqn"
+
     optimizer: Literal["adam", "rmsprop", "sgd"] = "adam"
     """Optimizer the PS shards apply gradients with."""
     lr: float = 1e-3
@@ -44,8 +38,6 @@ class Params:
     """Updates between learning-rate decays."""
     grad_clip: float = 40.0
     """Global-norm gradient clip (0 disables)."""
-    huber_delta: float = 1.0
-    """Huber loss threshold."""
     double_q: bool = True
     """Select next actions with the online network, evaluate with the target network."""
     dueling: bool = True
@@ -62,6 +54,40 @@ class Params:
     """Initial exploration rate, annealed linearly to the actor's own rate."""
     epsilon_anneal_steps: int = 0
     """Env steps (per actor) over which epsilon is annealed; 0 means no annealing."""
+
+    def __post_init__(self):
+        check_ranges(self.ALGORITHM, self, self.checks())
+
+    def checks(self) -> dict[str, tuple[bool, str]]:
+        """{field: (holds, valid range)}, written so that NaN fails every check."""
+        return {
+            "optimizer": (self.optimizer in ("adam", "rmsprop", "sgd"), "adam, rmsprop or sgd"),
+            "lr": (self.lr > 0.0 and bool(np.isfinite(self.lr)), "finite and > 0"),
+            "lr_decay_rate": (0.0 < self.lr_decay_rate <= 1.0, "in (0, 1]"),
+            "lr_decay_steps": (self.lr_decay_steps >= 1, ">= 1"),
+            "grad_clip": (self.grad_clip >= 0.0, ">= 0"),
+            "target_update_period": (self.target_update_period >= 1, ">= 1"),
+            "max_staleness": (self.max_staleness >= 0, ">= 0"),
+            "epsilon": (0.0 <= self.epsilon <= 1.0, "in [0, 1]"),
+            "epsilon_alpha": (self.epsilon_alpha >= 0.0, ">= 0"),
+            "epsilon_start": (0.0 <= self.epsilon_start <= 1.0, "in [0, 1]"),
+            "epsilon_anneal_steps": (self.epsilon_anneal_steps >= 0, ">= 0"),
+        }
+
+
+@dataclass(frozen=True)
+class Params(ApexParams):
+    """Hyper-parameters of DQN / Ape-X DQN (the optimizer, target and exploration keys:
+    `ApexParams`)."""
+
+    gamma: float = 0.99
+    """Discount factor."""
+    n_step: int = 3
+    """Length of the n-step return computed on the actor."""
+    batch_size: int = 64
+    """Transitions per learner batch."""
+    huber_delta: float = 1.0
+    """Huber loss threshold."""
     num_atoms: int = 1
     """1: Q values (DQN); >= 2: C51, a distribution of the return over this many atoms
     evenly spaced on [v_min, v_max], learned by cross-entropy to the projected n-step target
@@ -75,42 +101,29 @@ class Params:
     in), fresh noise every network call) that explore by themselves: set epsilon to 0.
     Greedy evaluation and exported policies use the noise-free means."""
 
-    def __post_init__(self):
-        # (holds, valid range); written so that NaN fails every check.
-        checks = {
+    def checks(self) -> dict[str, tuple[bool, str]]:
+        """{field: (holds, valid range)}, written so that NaN fails every check."""
+        return {
             "gamma": (0.0 <= self.gamma <= 1.0, "in [0, 1]"),
             "n_step": (self.n_step >= 1, ">= 1"),
             "batch_size": (self.batch_size >= 1, ">= 1"),
-            "optimizer": (self.optimizer in ("adam", "rmsprop", "sgd"), "adam, rmsprop or sgd"),
-            "lr": (self.lr > 0.0 and bool(np.isfinite(self.lr)), "finite and > 0"),
-            "lr_decay_rate": (0.0 < self.lr_decay_rate <= 1.0, "in (0, 1]"),
-            "lr_decay_steps": (self.lr_decay_steps >= 1, ">= 1"),
-            "grad_clip": (self.grad_clip >= 0.0, ">= 0"),
             "huber_delta": (self.huber_delta > 0.0, "> 0"),
-            "target_update_period": (self.target_update_period >= 1, ">= 1"),
-            "max_staleness": (self.max_staleness >= 0, ">= 0"),
-            "epsilon": (0.0 <= self.epsilon <= 1.0, "in [0, 1]"),
-            "epsilon_alpha": (self.epsilon_alpha >= 0.0, ">= 0"),
-            "epsilon_start": (0.0 <= self.epsilon_start <= 1.0, "in [0, 1]"),
-            "epsilon_anneal_steps": (self.epsilon_anneal_steps >= 0, ">= 0"),
+            **super().checks(),
             "num_atoms": (self.num_atoms >= 1, ">= 1"),
             "v_min": (bool(np.isfinite(self.v_min)), "finite"),
             "v_max": (self.v_max > self.v_min and bool(np.isfinite(self.v_max)), "> v_min"),
             "noisy_sigma": (0.0 <= self.noisy_sigma < float("inf"), "finite and >= 0"),
         }
-        check_ranges("dqn", self, checks)
 
 
-def optimizer(params: Params):
+def optimizer(params: ApexParams):
     """The optimizer the PS shards apply this algorithm's gradients with."""
     from easyrl.algorithms.optimizers import staircase_spec
 
     return staircase_spec(params)
 
 
-def actor_epsilon(
-    params: "Params | r2d2.Params", actor_index: int, num_actors: int, env_steps: int
-) -> float:
+def actor_epsilon(params: ApexParams, actor_index: int, num_actors: int, env_steps: int) -> float:
     """Ape-X exploration: eps_i = eps ** (1 + alpha * i / (N - 1)), annealed from
     `epsilon_start` over the actor's first `epsilon_anneal_steps` env steps (DQN's and
     R2D2's)."""

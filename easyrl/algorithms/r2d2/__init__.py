@@ -22,13 +22,14 @@ hyper-parameters and the numpy side; `agent.R2D2` the TensorFlow side.
 """
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import ClassVar
 
 import gymnasium as gym
 import numpy as np
 
+from easyrl.algorithms import dqn
 from easyrl.algorithms.contract import Flow, PrioritizedAgent, ReplayKind
-from easyrl.errors import ConfigError, check_ranges
+from easyrl.errors import ConfigError
 
 FLOW: Flow = "async_replay"
 """Execution flow: actors ship sequences, learners sample batches of them asynchronously."""
@@ -41,8 +42,11 @@ RECURRENT = "only"
 
 
 @dataclass(frozen=True)
-class Params:
-    """Hyper-parameters of R2D2 (recurrent Ape-X DQN)."""
+class Params(dqn.ApexParams):
+    """Hyper-parameters of R2D2 (recurrent Ape-X DQN; the optimizer, target and exploration
+    keys: `easyrl.algorithms.dqn.ApexParams`)."""
+
+    ALGORITHM: ClassVar[str] = "r2d2"
 
     burn_in: int = 20
     """Steps at the start of each sequence that only warm the LSTM state up (no loss)."""
@@ -63,41 +67,20 @@ class Params:
     """Learn h(Q) with h(x) = sign(x)(sqrt(|x| + 1) - 1) + rescale_eps * x (no reward clip)."""
     rescale_eps: float = 1e-3
     """The epsilon of the value rescaling h."""
-    optimizer: Literal["adam", "rmsprop", "sgd"] = "adam"
-    """Optimizer the PS shards apply gradients with."""
+    # R2D2's own defaults of shared keys.
     lr: float = 1e-4
     """Learning rate."""
-    lr_decay_rate: float = 1.0
-    """Multiply the learning rate by this every `lr_decay_steps` updates (1.0: constant)."""
-    lr_decay_steps: int = 1000
-    """Updates between learning-rate decays."""
-    grad_clip: float = 40.0
-    """Global-norm gradient clip (0 disables)."""
-    double_q: bool = True
-    """Select bootstrap actions with the online network, evaluate with the target network."""
-    dueling: bool = True
-    """Dueling value/advantage heads."""
     target_update_period: int = 2500
     """Learner updates between target-network syncs."""
-    max_staleness: int = 20
-    """PS shards drop gradients computed against a version older than this many updates."""
-    epsilon: float = 0.4
-    """Ape-X base rate: actor i of N explores with epsilon ** (1 + epsilon_alpha * i / (N - 1))."""
-    epsilon_alpha: float = 7.0
-    """Ape-X exploration exponent."""
-    epsilon_start: float = 1.0
-    """Initial exploration rate, annealed linearly to the actor's own rate."""
-    epsilon_anneal_steps: int = 0
-    """Env steps (per actor) over which epsilon is annealed; 0 means no annealing."""
 
     @property
     def sequence_length(self) -> int:
         """T: the steps of one stored sequence, burn-in included."""
         return self.burn_in + self.learn_length
 
-    def __post_init__(self):
-        # (holds, valid range); written so that NaN fails every check.
-        checks = {
+    def checks(self) -> dict[str, tuple[bool, str]]:
+        """{field: (holds, valid range)}, written so that NaN fails every check."""
+        return {
             "burn_in": (self.burn_in >= 0, ">= 0"),
             "learn_length": (self.learn_length >= 1, ">= 1"),
             "period": (
@@ -109,26 +92,13 @@ class Params:
             "batch_size": (self.batch_size >= 1, ">= 1"),
             "eta": (0.0 <= self.eta <= 1.0, "in [0, 1]"),
             "rescale_eps": (self.rescale_eps > 0.0, "> 0"),
-            "optimizer": (self.optimizer in ("adam", "rmsprop", "sgd"), "adam, rmsprop or sgd"),
-            "lr": (self.lr > 0.0 and bool(np.isfinite(self.lr)), "finite and > 0"),
-            "lr_decay_rate": (0.0 < self.lr_decay_rate <= 1.0, "in (0, 1]"),
-            "lr_decay_steps": (self.lr_decay_steps >= 1, ">= 1"),
-            "grad_clip": (self.grad_clip >= 0.0, ">= 0"),
-            "target_update_period": (self.target_update_period >= 1, ">= 1"),
-            "max_staleness": (self.max_staleness >= 0, ">= 0"),
-            "epsilon": (0.0 <= self.epsilon <= 1.0, "in [0, 1]"),
-            "epsilon_alpha": (self.epsilon_alpha >= 0.0, ">= 0"),
-            "epsilon_start": (0.0 <= self.epsilon_start <= 1.0, "in [0, 1]"),
-            "epsilon_anneal_steps": (self.epsilon_anneal_steps >= 0, ">= 0"),
+            **super().checks(),
         }
-        check_ranges("r2d2", self, checks)
 
 
-def optimizer(params: Params):
-    """The optimizer the PS shards apply this algorithm's gradients with (DQN's staircase)."""
-    from easyrl.algorithms.optimizers import staircase_spec
-
-    return staircase_spec(params)
+optimizer = dqn.optimizer
+"""The PS optimizer: DQN's staircase (`lr` decayed by `lr_decay_rate` every
+`lr_decay_steps` updates)."""
 
 
 def replay_spec(params: Params, obs_space, action_space, lstm: int = 0) -> dict:
