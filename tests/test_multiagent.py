@@ -341,15 +341,16 @@ def test_run_stats_keep_each_policys_recent_returns():
 @pytest.mark.parametrize(
     "config, extra",
     [
-        ("tworunners_impala_multiagent.yaml", ("algorithm.batch_size=4",)),
+        # A small FIFO: the actor waits for the learner (no stop before its first update).
+        ("tworunners_impala_multiagent.yaml", ("algorithm.batch_size=4", "replay.capacity=8")),
         ("tworunners_ppo_multiagent.yaml", ("algorithm.rollout_length=8",)),
         (
             "tworunners_apex_multiagent.yaml",
             (
                 "algorithm.batch_size=16",
                 "replay.min_size_to_sample=100",
-                "replay.samples_per_insert=null",
-                "replay.error_buffer=null",
+                "replay.samples_per_insert=1",  # the actor waits for the learner's samples
+                "replay.error_buffer=200",
             ),
         ),
     ],
