@@ -17,8 +17,8 @@ are applied to the raw mapping before loading, so they go through the same check
 import contextlib
 import copy
 import dataclasses
-import difflib
 import functools
+import re
 import types
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -29,7 +29,7 @@ import yaml
 
 from easyrl.algorithms import registry
 from easyrl.algorithms.contract import check_model_kind
-from easyrl.errors import ConfigError
+from easyrl.errors import ConfigError, closest
 from easyrl.imports import load_object
 
 __all__ = [
@@ -39,6 +39,7 @@ __all__ = [
     "Config",
     "EnvConfig",
     "LearnerConfig",
+    "EncoderConfig",
     "ModelConfig",
     "MultiAgentConfig",
     "ReplayConfig",
@@ -113,10 +114,11 @@ class EnvConfig(_Section):
 
 
 @dataclass(frozen=True)
-class ModelConfig(_Section):
-    """The network architecture."""
+class EncoderConfig(_Section):
+    """One encoder of an observation key (`model.encoders`): the keys of `model` that shape
+    a network, without the LSTM."""
 
-    SECTION: ClassVar[str] = "model"
+    SECTION: ClassVar[str] = "model.encoders.<key>"
 
     kind: str = "mlp"
     """Network family: mlp (flat observations), conv (image frames [H, W, C], e.g. Atari), or
@@ -132,12 +134,27 @@ class ModelConfig(_Section):
     [[32, 3, 2], [32, 3, 2], [32, 3, 2], [32, 3, 2]] with same padding and hidden [256]."""
     padding: Literal["valid", "same"] = "valid"
     """conv only: padding of the convolutions."""
+
+
+@dataclass(frozen=True)
+class ModelConfig(EncoderConfig):
+    """The network architecture."""
+
+    SECTION: ClassVar[str] = "model"
+
     lstm: int = 0
     """Units of an LSTM core between the torso and the heads (0: none, a feed-forward policy).
     IMPALA, A3C and PPO (whose policy and value networks get one each), and R2D2, which
     needs it: actors carry the state per env, reset it at episode starts and ship each
     unroll's (PPO: each env's round sequence's; R2D2: each sequence's) initial state;
     learners unroll the core from it."""
+    encoders: dict[str, EncoderConfig] = field(default_factory=dict)
+    """Dict/Tuple observations only (Tuple keys: "0", "1", ...): {observation key: its
+    encoder}. Each listed key's part of the observation, in its own shape (a Box's; the
+    flattened vector of others), goes through its encoder; the encoders' features and the
+    unlisted keys' flattened values, concatenated in the observation's key order, are the
+    input of the torso the keys above describe (kind mlp or a custom path). Empty: one torso
+    on the whole flattened observation. DQN, R2D2, IMPALA, A3C, PPO, A2C and PG."""
 
 
 @dataclass(frozen=True)
@@ -452,7 +469,7 @@ def _each(check: _Check) -> _Check:
 _RULES: dict[type, dict[str, _Check]] = {
     EnvConfig: dict(num_envs=_ge(1), max_episode_steps=_opt(_ge(1))),
     AtariConfig: dict(noop_max=_ge(0), frame_skip=_ge(1), screen_size=_ge(8), frame_stack=_ge(1)),
-    ModelConfig: dict(
+    EncoderConfig: dict(
         kind=_Check(lambda v: v in ("mlp", "conv") or ":" in v, "mlp, conv or module:Class"),
         hidden=_each(_ge(1)),
         conv=_Check(lambda v: all(min(layer) >= 1 for layer in v), "all >= 1"),
@@ -496,6 +513,16 @@ _RULES: dict[type, dict[str, _Check]] = {
 }
 
 _CROSS_RULES: dict[type, tuple[tuple[Callable[[Any], bool], str], ...]] = {
+    ModelConfig: (
+        (
+            lambda m: not m.encoders or m.kind != "conv",
+            "encoders need kind mlp or a module:Class torso to read their features (not conv)",
+        ),
+        (
+            lambda m: all(re.fullmatch(r"[A-Za-z0-9_.-]+", k) for k in m.encoders),
+            "encoders: keys are observation keys of letters, digits, '_', '.' and '-'",
+        ),
+    ),
     ReplayConfig: (
         (
             lambda r: r.kind in ("trajectory", "aggregate") or r.min_size_to_sample <= r.capacity,
@@ -523,7 +550,8 @@ _CROSS_RULES: dict[type, tuple[tuple[Callable[[Any], bool], str], ...]] = {
 def _validate(section: _Section) -> None:
     """Raises ConfigError naming the dotted key of the first value `section` breaks a rule with."""
     prefix = section.SECTION
-    for name, check in _RULES.get(type(section), {}).items():
+    rules = {k: v for cls in type(section).__mro__[::-1] for k, v in _RULES.get(cls, {}).items()}
+    for name, check in rules.items():
         value = getattr(section, name)
         if not check.test(value):
             raise ConfigError(f"{_join(prefix, name)} must be {check.text}, got {value!r}")
@@ -655,7 +683,7 @@ def _coerce(tp: Any, value: Any, key: str, nullable: bool = False) -> Any:
 
 def _unknown_key(prefix: str, key: object, valid: Sequence[str]) -> ConfigError:
     dotted = _join(prefix, key)
-    close = difflib.get_close_matches(str(key), list(valid), n=1)
+    close = closest(key, valid)
     if close:
         return ConfigError(f"unknown key {dotted!r}; did you mean {_join(prefix, close[0])!r}?")
     where = f"of {prefix!r}" if prefix else "at top level"
@@ -683,7 +711,14 @@ def _build(cls: type, raw: Any, prefix: str, extra_keys: Sequence[str] = ()) -> 
         if no_default and name not in raw:
             raise ConfigError(f"missing required key {_join(prefix, name)!r}")
     hints = _hints(cls)
-    return cls(**{name: _coerce(hints[name], raw[name], _join(prefix, name)) for name in raw})
+    values = {name: _coerce(hints[name], raw[name], _join(prefix, name)) for name in raw}
+    try:
+        return cls(**values)
+    except ConfigError as err:  # a rule of the section: name the key where it sits
+        section = getattr(cls, "SECTION", "")
+        if not section or section == prefix or not str(err).startswith(section):
+            raise
+        raise ConfigError(prefix + str(err).removeprefix(section)) from None
 
 
 def _load_algorithm(raw: Any, key: str) -> AlgorithmConfig:

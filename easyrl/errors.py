@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import difflib
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -14,6 +16,18 @@ class EasyRLError(Exception):
 
 class ConfigError(EasyRLError):
     """A config file, an override or a cluster spec is invalid."""
+
+
+def closest(name: object, valid: Sequence[str], n: int = 1) -> list[str]:
+    """Up to `n` of `valid` closest to `name` (difflib, ratio >= 0.5), the closest first."""
+    return difflib.get_close_matches(str(name), list(valid), n=n, cutoff=0.5)
+
+
+def did_you_mean(name: object, valid: Sequence[str], otherwise: str = "", n: int = 1) -> str:
+    """ "did you mean 'x'?" (or 'x', 'y'?) for the closest of `valid` to `name`; `otherwise`
+    when none is close. Every error that names a valid alternative words it so."""
+    close = closest(name, valid, n)
+    return "did you mean " + ", ".join(map(repr, close)) + "?" if close else otherwise
 
 
 def check_ranges(owner: str, obj: object, checks: dict[str, tuple[bool, str]]) -> None:

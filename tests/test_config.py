@@ -47,12 +47,12 @@ def test_config_is_frozen():
 
 
 def test_every_field_has_a_docstring_and_default():
-    import ast
-    import inspect
+    from easyrl.tools.config_reference import field_docs
 
     sections = [
         config.EnvConfig,
         config.ModelConfig,
+        config.EncoderConfig,
         config.ReplayConfig,
         config.ClusterConfig,
         config.ActorConfig,
@@ -62,15 +62,7 @@ def test_every_field_has_a_docstring_and_default():
         config.SecurityConfig,
     ]
     for cls in sections:
-        body = ast.parse(inspect.getsource(cls)).body[0].body
-        documented = {
-            stmt.target.id
-            for stmt, nxt in zip(body, body[1:])
-            if isinstance(stmt, ast.AnnAssign)
-            and isinstance(nxt, ast.Expr)
-            and isinstance(nxt.value, ast.Constant)
-            and isinstance(nxt.value.value, str)
-        }
+        documented = field_docs(cls)  # raises ValueError naming a field without one
         for f in dataclasses.fields(cls):
             assert f.name in documented, f"{cls.__name__}.{f.name} lacks a docstring"
             has_default = (

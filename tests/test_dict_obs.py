@@ -1,6 +1,7 @@
 """Dict/Tuple observations flattened at the env boundary, and action masks: the layout, the
 masking algorithms' acting (greedy and exploring) and losses, the refusal of the others,
-and a real-roles run on `easyrl/MaskedChoice-v0` that never takes an illegal action."""
+per-key encoders (`model.encoders`), and a real-roles run on `easyrl/MaskedChoice-v0` that
+never takes an illegal action."""
 
 from pathlib import Path
 
@@ -14,11 +15,12 @@ from easyrl import config as config_lib
 from easyrl.algorithms import registry
 from easyrl.algorithms.masking import ILLEGAL
 from easyrl.algorithms.shared import greedy_policy
-from easyrl.config import ModelConfig
+from easyrl.config import EncoderConfig, ModelConfig
 from easyrl.envs import env_spaces, final_observations, make_vector_env, play_episodes
-from easyrl.envs.flat import FlatBox, FlatObservation, action_mask_size
+from easyrl.envs.flat import FlatBox, FlatObservation, action_mask_size, observation_parts
 from easyrl.envs.masked import ENV_ID, EPISODE_STEPS, MaskedChoice
 from easyrl.errors import ConfigError, EasyRLError
+from easyrl.models import EncoderTorso
 from tests.test_cluster import launch  # noqa: F401  (the fixture)
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -55,22 +57,59 @@ class NestedEnv(MaskedChoice):
         return obs
 
 
-def build(name: str, seed: int = 0, model: ModelConfig = MODEL, **extra):
-    """Algorithm `name` built on MaskedChoice's flat spaces with its `MASKING` settings."""
-    obs_space, action_space = env_spaces(ENV_ID)
-    params = registry.params_class(name)(**{**MASKING[name], **extra})
+class ImageEnv(MaskedChoice):
+    """MaskedChoice over 3 actions with a uint8 image and a Discrete beside its payoffs (and
+    its action mask, unless `mask` is false)."""
+
+    def __init__(self, mask: bool = True):
+        super().__init__(num_actions=3)
+        parts = {
+            "payoff": spaces.Box(0.0, 1.0, (3,), np.float32),
+            "z": spaces.Discrete(3),
+            "image": spaces.Box(0, 255, (6, 6, 2), np.uint8),
+        }
+        if mask:
+            parts["action_mask"] = spaces.MultiBinary(3)
+        self.observation_space = spaces.Dict(parts)
+
+    def _draw(self):
+        obs = super()._draw()
+        obs.update(z=np.int64(1), image=self.np_random.integers(0, 256, (6, 6, 2), np.uint8))
+        return obs
+
+
+IMAGE_ENV = "tests.test_dict_obs:ImageEnv"
+# A conv encoder on the image and an MLP on the payoffs; z (one-hot, 3) passes on flat.
+ENCODED = ModelConfig(
+    hidden=(16,),
+    activation="tanh",
+    encoders={
+        "image": EncoderConfig(kind="conv", conv=((4, 3, 1),), hidden=(8,)),
+        "payoff": EncoderConfig(hidden=(4,)),
+    },
+)
+
+
+def build(name: str, seed: int = 0, model: ModelConfig = MODEL, env_id=ENV_ID, **extra):
+    """Algorithm `name` built on the flat spaces of `env_id` (MaskedChoice) with its `MASKING`
+    settings."""
+    obs_space, action_space = env_spaces(env_id)
+    params = registry.params_class(name)(**{**MASKING.get(name, {}), **extra})
     return registry.module(name).build(params, obs_space, action_space, model, seed)
 
 
-def legal(obs: np.ndarray, actions: np.ndarray) -> np.ndarray:
-    """Whether each action `[N]` is legal in its flat MaskedChoice observation `[N, 10]`."""
-    return obs[np.arange(len(obs)), 5 + np.asarray(actions)] > 0.5
+def legal(obs: np.ndarray, actions: np.ndarray, n: int = 5) -> np.ndarray:
+    """Whether each action `[N]` is legal in its flat observation `[N, D]` (mask of `n` last)."""
+    return obs[np.arange(len(obs)), obs.shape[1] - n + np.asarray(actions)] > 0.5
 
 
-def run_collector(algo, steps: int, num_envs: int = 4, seed: int = 0) -> list[dict]:
-    """Steps MaskedChoice through `algo`'s collector; asserts every action is legal (and so no
-    reward is negative); returns the items the collector completed."""
-    env = make_vector_env(ENV_ID, num_envs, seed=seed)
+def run_collector(
+    algo, steps: int, num_envs: int = 4, seed: int = 0, env_id: str = ENV_ID
+) -> list[dict]:
+    """Steps `env_id` (MaskedChoice) through `algo`'s collector; asserts every action is legal
+    (and so no reward is negative); returns the items the collector completed."""
+    n = action_mask_size(env_spaces(env_id)[0])
+    env = make_vector_env(env_id, num_envs, seed=seed)
     collector = algo.collector(num_envs, seed, 0, 1)
     if algo.flow == "sync_rounds":
         collector.start_round()
@@ -79,7 +118,7 @@ def run_collector(algo, steps: int, num_envs: int = 4, seed: int = 0) -> list[di
     items = []
     for _ in range(steps):
         actions = collector.act(obs, rng)
-        assert legal(obs, actions).all(), (obs, actions)
+        assert legal(obs, actions, n).all(), (obs, actions)
         next_obs, rewards, terminated, truncated, infos = env.step(actions)
         assert (rewards >= 0).all()
         done = terminated | truncated
@@ -303,6 +342,129 @@ def test_recurrent_policies_mask_their_actions_and_losses_too(name):
     assert lengths == [EPISODE_STEPS] * 3 and min(returns) >= 0
 
 
+@pytest.mark.parametrize("name", ["impala", "ppo"])
+def test_an_observation_with_no_legal_action_is_an_error_not_a_random_action(name):
+    algo = build(name)
+    collector = algo.collector(2, 0, 0, 1)
+    if algo.flow == "sync_rounds":
+        collector.start_round()
+    obs = np.zeros((2, 10), np.float32)
+    obs[:, 5] = 1.0
+    obs[1, 5] = 0.0  # row 1: every entry of its mask 0
+    with pytest.raises(EasyRLError, match="no legal action"):
+        collector.act(obs, np.random.default_rng(0))
+
+
+# --- per-key encoders ---------------------------------------------------------------------------
+
+
+def test_the_parts_say_where_each_key_lies_in_the_flat_vector():
+    env = FlatObservation(ImageEnv())
+    parts = observation_parts(env.observation_space)
+    assert [(p.key, p.shape) for p in parts] == [
+        ("image", (6, 6, 2)),
+        ("payoff", (3,)),
+        ("z", (3,)),  # a Discrete: its one-hot
+    ]
+    assert [p.start for p in parts] == [0, 72, 75] and parts[-1].stop == 78
+    flat, _ = env.reset(seed=1)
+    raw = env.unwrapped._obs
+    for part in parts[:2]:  # the Boxes come back in their own shape
+        np.testing.assert_array_equal(
+            flat[part.start : part.stop].reshape(part.shape), raw[part.key]
+        )
+    np.testing.assert_array_equal(flat[75:78], [0, 1, 0])
+    tuple_space = FlatObservation(NestedEnv()).observation_space
+    assert [p.key for p in observation_parts(tuple_space)] == ["a", "payoff", "z"]
+    assert observation_parts(spaces.Box(0.0, 1.0, (3,))) == ()
+
+
+def _encoder_torsos(algo) -> list[EncoderTorso]:
+    modules = [m for m in vars(algo).values() if isinstance(m, tf.Module)]
+    found = {id(s): s for m in modules for s in (m, *m.submodules) if isinstance(s, EncoderTorso)}
+    return list(found.values())
+
+
+@pytest.mark.parametrize("name", [*sorted(MASKING), "r2d2"])
+def test_per_key_encoders_read_their_keys_in_their_own_shape(name):
+    recurrent = name == "r2d2"  # it needs an LSTM, and cannot honour a mask
+    model = ModelConfig(**{**vars(ENCODED), "lstm": 8 if recurrent else 0})
+    env_id = "tests.test_dict_obs:ImageEnvNoMask" if recurrent else IMAGE_ENV
+    extra = {"burn_in": 1, "learn_length": 3, "period": 2, "batch_size": 2} if recurrent else {}
+    algo = build(name, seed=4, model=model, env_id=env_id, **extra)
+    shapes = {n: tuple(v.shape) for n, v in algo.variables.items()}
+    torso = next(n.removesuffix("/image/conv0/w") for n in shapes if n.endswith("image/conv0/w"))
+    assert shapes[f"{torso}/image/conv0/w"] == (3, 3, 2, 4)
+    assert shapes[f"{torso}/payoff/0/w"] == (3, 4)
+    assert shapes[f"{torso}/0/w"] == (8 + 4 + 3, 16)  # the torso on the encoders' features
+
+    obs_space, _ = env_spaces(env_id)
+    rng = np.random.default_rng(0)
+    obs = np.stack([obs_space.sample() for _ in range(5)]).astype(np.float32)  # [5, D]
+    obs[:, :72] = rng.integers(0, 256, (5, 72))
+    for module in _encoder_torsos(algo):
+        image = obs[:, :72].reshape(5, 6, 6, 2)
+        features = [module.encoders["image"](image), module.encoders["payoff"](obs[:, 72:75])]
+        expected = module.torso(tf.concat([*features, obs[:, 75:78]], axis=1))
+        np.testing.assert_allclose(module(obs[:, :78]), expected, rtol=1e-5, atol=1e-6)
+    assert _encoder_torsos(algo)
+
+    if recurrent:
+        return
+    items = run_collector(algo, steps=12, env_id=env_id)  # every action legal
+    batch = {k: np.concatenate([item[k] for item in items]) for k in items[0]}
+    if algo.flow == "sync_rounds":
+        step = next(iter(algo.learn_round(batch, np.random.default_rng(0))))
+    else:
+        step = algo.learn(batch, np.ones(len(batch["action"]), np.float32))
+    _finite(step)
+    grads = dict(zip(algo.variables, step.grads, strict=True))
+    assert np.abs(grads[f"{torso}/image/conv0/w"]).sum() > 0  # the loss reaches the encoders
+
+
+class ImageEnvNoMask(ImageEnv):
+    """`ImageEnv` without its action mask."""
+
+    def __init__(self):
+        super().__init__(mask=False)
+
+
+@pytest.mark.parametrize(
+    "model, algorithm, env_id, message",
+    [
+        (
+            {"encoders": {"payof": {"hidden": [4]}}},
+            "ppo",
+            ENV_ID,
+            "model.encoders.payof: the observations have no key 'payof'; did you mean 'payoff'",
+        ),
+        (
+            {"encoders": {"x": {}}},
+            "dqn",
+            "CartPole-v1",
+            "model.encoders: the observations are not a Dict or a Tuple",
+        ),
+        (
+            {"encoders": {"payoff": {}}},
+            "sac",
+            "Pendulum-v1",
+            "model.encoders: sac has no per-key encoders \\(algorithms with them: a2c, a3c, dqn, "
+            "impala, pg, ppo, r2d2\\)",
+        ),
+        ({"kind": "conv", "encoders": {"payoff": {}}}, "ppo", ENV_ID, "not conv"),
+        ({"encoders": {"payoff": {"hidden": [0]}}}, "ppo", ENV_ID, "model.encoders.payoff.hidden"),
+    ],
+)
+def test_a_bad_encoder_config_names_the_key_before_anything_starts(
+    model, algorithm, env_id, message
+):
+    with pytest.raises(ConfigError, match=message):
+        cfg = config_lib.from_dict(
+            {"algorithm": {"name": algorithm}, "env": {"id": env_id}, "model": model}
+        )
+        api.check_builds(cfg)
+
+
 # --- algorithms that cannot mask refuse -------------------------------------------------------
 
 
@@ -330,7 +492,7 @@ def test_a_config_with_a_masked_env_and_es_fails_before_anything_starts():
     "config, overrides",
     [
         ("masked_choice_dqn.yaml", ("replay.min_size_to_sample=200", "algorithm.epsilon=0.5")),
-        ("masked_choice_ppo.yaml", ()),
+        ("masked_choice_ppo.yaml", ("model.encoders.payoff.hidden=[8]",)),  # an encoder
     ],
 )
 def test_real_roles_train_on_a_masked_env_without_an_illegal_action(
@@ -361,3 +523,6 @@ def test_real_roles_train_on_a_masked_env_without_an_illegal_action(
     assert len(steps["action"]) >= 1000
     assert legal(steps["obs"], steps["action"]).all()
     assert (steps["reward"] >= 0).all() and not steps["terminated"].any()
+    if any(o.startswith("model.encoders") for o in overrides):  # the PS holds the encoder's
+        with np.load(run.run_dir / "checkpoints" / "ps-0.npz") as data:
+            assert {"var/pi/torso/payoff/0/w", "var/vf/torso/payoff/0/w"} <= set(data.files)

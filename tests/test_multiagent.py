@@ -163,7 +163,7 @@ def test_a_pettingzoo_id_without_pettingzoo_names_the_extra(monkeypatch):
     [
         (
             {"policy_mapping": {"runner_0": "p0", "runner_1": "p2"}},
-            r"multiagent.policy_mapping.runner_1: unknown policy 'p2' \(did you mean 'p1'\?\)",
+            r"multiagent.policy_mapping.runner_1: unknown policy 'p2'; did you mean 'p1'\?",
         ),
         (
             {"policy_mapping": {"runner_0": "p0"}},
@@ -171,7 +171,7 @@ def test_a_pettingzoo_id_without_pettingzoo_names_the_extra(monkeypatch):
         ),
         (
             {"policy_mapping": {"runner_0": "p0", "runner_1": "p1", "runner_2": "p1"}},
-            r"has no agent 'runner_2' \(did you mean 'runner_1'\?\)",
+            r"has no agent 'runner_2'; did you mean 'runner_1'\?",
         ),
         ({"policies": ["p0", "p1", "p2"]}, "no agent is mapped to 'p2'"),
         ({"policies": ["p0", "p-1"]}, r"multiagent.policies\[1\]: 'p-1' is not a policy name"),

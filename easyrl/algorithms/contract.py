@@ -210,11 +210,13 @@ class GradientsAgent(Agent, Protocol):
 class AlgorithmModule(Protocol):
     """What an algorithm module exposes (`easyrl.algorithms.registry.module` checks it).
 
-    Besides these, a module may define `MODEL_KINDS` (default ("mlp",)), `RECURRENT` (True:
-    `model.lstm` works, and `replay_spec`/`round_share` take `lstm=`; "only": it is required;
-    default False), `OFFLINE_ONLY` (default False), `ACTION_MASKS` (default False: True when
-    its agents honour an observation's action mask, `easyrl.envs.flat`), `round_share`
-    (sync_rounds only: the items one actor ships per round) and `dataset_items` (async_replay
+    Besides these, a module may define `MODEL_KINDS` (default ("mlp",); "encoders": its
+    networks pass `observation_parts` on to `build_torso`, so `model.encoders` works),
+    `RECURRENT` (True: `model.lstm` works, and `replay_spec`/`round_share` take `lstm=`;
+    "only": it is required; default False), `OFFLINE_ONLY` (default False), `ACTION_MASKS`
+    (default False: True when its agents honour an observation's action mask,
+    `easyrl.envs.flat`), `round_share` (sync_rounds only: the items one actor ships per round)
+    and `dataset_items` (async_replay
     only: replay items from a recorded dataset's rows).
     """
 
@@ -247,13 +249,28 @@ class AlgorithmModule(Protocol):
 
 def check_model_kind(name: str, model: Any, kinds: tuple[str, ...]) -> None:
     """Checks `model.kind` against an algorithm's `MODEL_KINDS` ("custom": any
-    `package.module:Class` torso), as loading a config does, for a direct `build` call.
+    `package.module:Class` torso; "encoders": `model.encoders` may be set), as loading a
+    config does, for a direct `build` call.
 
     Raises:
-        ConfigError: algorithm `name` cannot build its networks from `model.kind`.
+        ConfigError: algorithm `name` cannot build its networks from `model.kind`, or takes no
+            `model.encoders`.
     """
-    if ("custom" if ":" in model.kind else model.kind) not in kinds:
+    torsos = [k for k in kinds if k != "encoders"]
+    if ("custom" if ":" in model.kind else model.kind) not in torsos:
         raise ConfigError(
-            f"model.kind: {name} builds its networks from model.kind {' or '.join(kinds)} "
+            f"model.kind: {name} builds its networks from model.kind {' or '.join(torsos)} "
             f"('custom' = a module:Class torso), got {model.kind!r}"
+        )
+    if getattr(model, "encoders", None) and "encoders" not in kinds:
+        from easyrl.algorithms import registry
+
+        able = [
+            n
+            for n in registry.known()
+            if "encoders" in getattr(registry.module(n), "MODEL_KINDS", ())
+        ]
+        raise ConfigError(
+            f"model.encoders: {name} has no per-key encoders (algorithms with them: "
+            f"{', '.join(able)}); set model.encoders: {{}}"
         )

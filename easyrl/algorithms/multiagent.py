@@ -27,7 +27,6 @@ evaluator) refuses multi-agent runs.
 
 from __future__ import annotations
 
-import difflib
 import itertools
 import re
 from collections.abc import Iterator
@@ -44,7 +43,7 @@ from easyrl.algorithms.contract import (
     RoundCollector,
     RoundsAgent,
 )
-from easyrl.errors import ConfigError, EasyRLError
+from easyrl.errors import ConfigError, EasyRLError, did_you_mean
 from easyrl.seeds import derive_seed
 
 ALGORITHMS = ("dqn", "impala", "ppo")
@@ -97,8 +96,8 @@ def check_config(cfg) -> None:
     for key in ma.policy_mapping:
         if key not in agents:
             raise ConfigError(
-                f"multiagent.policy_mapping: {cfg.env.id} has no agent {key!r}"
-                f"{_closest(key, agents)}; its agents: {', '.join(agents)}"
+                f"multiagent.policy_mapping: {cfg.env.id} has no agent {key!r}; "
+                + did_you_mean(key, agents, f"its agents: {', '.join(agents)}")
             )
     unused = [p for p in ma.policies if p not in mapping]
     if unused:
@@ -106,12 +105,6 @@ def check_config(cfg) -> None:
             f"multiagent.policies: no agent is mapped to {', '.join(map(repr, unused))} "
             "(map one in multiagent.policy_mapping, or leave the policy out)"
         )
-
-
-def _closest(name: str, valid: list[str]) -> str:
-    """ " (did you mean 'x'?)" for the closest of `valid`, or ""."""
-    close = difflib.get_close_matches(name, valid, n=1, cutoff=0.5)
-    return f" (did you mean {close[0]!r}?)" if close else ""
 
 
 def _check_policies(ma) -> None:
@@ -130,8 +123,8 @@ def _check_policies(ma) -> None:
     for key, policy in named:
         if policy not in ma.policies:
             raise ConfigError(
-                f"{key}: unknown policy {policy!r}{_closest(policy, list(ma.policies))}; "
-                f"policies: {', '.join(ma.policies)}"
+                f"{key}: unknown policy {policy!r}; "
+                + did_you_mean(policy, ma.policies, f"policies: {', '.join(ma.policies)}")
             )
 
 

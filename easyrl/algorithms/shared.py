@@ -482,14 +482,17 @@ class PolicyNet(tf.Module):
     and a linear head giving logits (Discrete) or the Gaussian mean (Box, with a
     state-independent `pi/log_std`), on normalized observations. With `mask_size` n > 0 the
     last n entries of an observation are its action mask: `norm` and the torso see the others
-    only, and the logits of illegal actions are `masking.ILLEGAL`."""
+    only, and the logits of illegal actions are `masking.ILLEGAL`. `parts`: where the keys of
+    a flattened Dict/Tuple observation lie (for `model.encoders`)."""
 
-    def __init__(self, obs_dim, action_space, model, log_std_init, rng, norm, mask_size=0):
+    def __init__(
+        self, obs_dim, action_space, model, log_std_init, rng, norm, mask_size=0, parts=()
+    ):
         super().__init__(name=None)
         self.norm = norm
         self.mask_size = mask_size
         self.discrete = isinstance(action_space, gym.spaces.Discrete)
-        self.torso = build_torso(model, (obs_dim - mask_size,), "pi/torso", rng)
+        self.torso = build_torso(model, (obs_dim - mask_size,), "pi/torso", rng, parts)
         self.core = _core(self.torso.out_dim, model, "pi/lstm", rng)
         width = self.core.units if self.core is not None else self.torso.out_dim
         if self.discrete:
@@ -557,13 +560,13 @@ class PolicyNet(tf.Module):
 class ValueNet(tf.Module):
     """V(s): the model's torso (`vf/torso`), an LSTM core `vf/lstm` when `model.lstm` > 0, and
     a linear head, on normalized observations (without their last `mask_size` entries, an
-    action mask)."""
+    action mask; `parts` as `PolicyNet`'s)."""
 
-    def __init__(self, obs_dim, model, rng, norm, mask_size=0):
+    def __init__(self, obs_dim, model, rng, norm, mask_size=0, parts=()):
         super().__init__(name=None)
         self.norm = norm
         self.mask_size = mask_size
-        self.torso = build_torso(model, (obs_dim - mask_size,), "vf/torso", rng)
+        self.torso = build_torso(model, (obs_dim - mask_size,), "vf/torso", rng, parts)
         self.core = _core(self.torso.out_dim, model, "vf/lstm", rng)
         width = self.core.units if self.core is not None else self.torso.out_dim
         self.head = Dense(width, 1, "vf/out", rng, scale=1.0)

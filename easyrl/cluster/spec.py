@@ -5,7 +5,6 @@ environment variable (JSON, the way TF_CONFIG works):
 `{"ps": ["h0:7000"], "memory": ["h1:7100"], "learner": 1, "actor": 8}`.
 """
 
-import difflib
 import heapq
 import json
 import os
@@ -16,7 +15,7 @@ from pathlib import Path
 
 import yaml
 
-from easyrl.errors import ConfigError
+from easyrl.errors import ConfigError, did_you_mean
 
 CLUSTER_ENV = "EASYRL_CLUSTER"
 ROLES = ("ps", "memory", "learner", "actor", "evaluator")
@@ -80,9 +79,8 @@ class ClusterSpec:
             raise ConfigError("cluster spec must be a mapping")
         for key in raw:
             if key not in ROLES:
-                close = difflib.get_close_matches(str(key), ROLES, n=1)
-                hint = f"; did you mean {close[0]!r}?" if close else f"; valid keys: {ROLES}"
-                raise ConfigError(f"cluster spec: unknown key {key!r}{hint}")
+                hint = did_you_mean(key, ROLES, f"valid keys: {ROLES}")
+                raise ConfigError(f"cluster spec: unknown key {key!r}; {hint}")
         missing = [k for k in ROLES if k not in raw and k not in OPTIONAL]
         if missing:
             raise ConfigError(f"cluster spec: missing {', '.join(missing)}")

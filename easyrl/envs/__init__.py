@@ -21,7 +21,6 @@ ids; easyrl[envpool]), through an adapter with the same conventions: see `easyrl
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import functools
 from typing import Any
 
@@ -29,7 +28,7 @@ import gymnasium
 import numpy as np
 from gymnasium.envs.registration import EnvSpec
 
-from easyrl.errors import ConfigError, EasyRLError
+from easyrl.errors import ConfigError, EasyRLError, did_you_mean
 from easyrl.imports import import_module
 
 __all__ = [
@@ -92,10 +91,7 @@ def _resolve_spec(env_id: str) -> EnvSpec:
         return gymnasium.spec(name)
     except gymnasium.error.Error as exc:
         registered = sorted(str(key) for key in gymnasium.registry.keys())
-        close = difflib.get_close_matches(name, registered, n=3, cutoff=0.5)
-        hint = "no similar id is registered"
-        if close:
-            hint = "did you mean " + ", ".join(repr(c) for c in close) + "?"
+        hint = did_you_mean(name, registered, "no similar id is registered", n=3)
         if ":" in env_id:
             hint += f" (module {module!r} defines no environment class or function {name!r})"
         raise ConfigError(f"unknown environment id {env_id!r}: {hint} ({exc})") from exc

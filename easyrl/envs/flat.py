@@ -14,8 +14,12 @@ When the top-level Dict has an `action_mask` key (a `MultiBinary(n)`, or a `Box`
 `(n,)` holding 0/1, with `n` the size of the env's `Discrete` action space), that mask is
 left out of the features and placed last; `FlatBox.mask_size` is n (0: no mask). The
 algorithms that honour masks (their module sets `ACTION_MASKS = True`) build their networks
-on the features only and never take an action whose entry is 0.
+on the features only and never take an action whose entry is 0. `FlatBox.parts` says where
+each top-level key of the features lies (and its own shape), so that `model.encoders` can
+give keys encoders of their own (`easyrl.models.EncoderTorso`).
 """
+
+from typing import NamedTuple
 
 import gymnasium
 import numpy as np
@@ -27,23 +31,60 @@ MASK_KEY = "action_mask"
 """The top-level Dict key of an observation's action mask."""
 
 
+class Part(NamedTuple):
+    """Where one top-level key of a Dict/Tuple observation lies in the flat vector."""
+
+    key: str
+    """The Dict key, or the Tuple index as a string ("0", "1", ...)."""
+    shape: tuple[int, ...]
+    """Its shape: a Box's own (its entries lie in C order), else (its flattened size,)."""
+    start: int
+    """Its first entry in the vector."""
+    stop: int
+    """One past its last entry."""
+
+
 class FlatBox(spaces.Box):
     """The float32 `Box` of a flattened Dict/Tuple observation (see the module docstring).
 
     Args:
         low, high: bounds `[D]` of the whole vector (the mask's entries in [0, 1]).
         mask_size: n, the action-mask entries at the end of the vector (0: none).
+        parts: where each top-level key of the features lies, in the vector's order.
     """
 
-    def __init__(self, low: np.ndarray, high: np.ndarray, mask_size: int):
+    def __init__(self, low: np.ndarray, high: np.ndarray, mask_size: int, parts=()):
         super().__init__(low, high, dtype=np.float32)
         self.mask_size = int(mask_size)
         """Entries of the action mask at the end of the vector (0: no mask)."""
+        self.parts: tuple[Part, ...] = tuple(parts)
+        """Where each top-level key of the features lies (`model.encoders` reads them)."""
 
 
 def action_mask_size(space: spaces.Space) -> int:
     """n, the action-mask entries at the end of observations of `space` (0: none)."""
     return space.mask_size if isinstance(space, FlatBox) else 0
+
+
+def observation_parts(space: spaces.Space) -> tuple[Part, ...]:
+    """The top-level keys of a flattened Dict/Tuple observation space (): not one)."""
+    return space.parts if isinstance(space, FlatBox) else ()
+
+
+def _parts(features: spaces.Dict | spaces.Tuple) -> tuple[Part, ...]:
+    """Where each top-level key of `features` lies in its flattened vector."""
+    items = (
+        features.spaces.items()
+        if isinstance(features, spaces.Dict)
+        else ((str(i), space) for i, space in enumerate(features.spaces))
+    )
+    parts, start = [], 0
+    for key, space in items:
+        size = int(spaces.flatdim(space))
+        shape = tuple(space.shape) if isinstance(space, spaces.Box) else (size,)
+        parts.append(Part(str(key), shape, start, start + size))
+        start += size
+    return tuple(parts)
 
 
 def legal_actions(obs: np.ndarray, mask_size: int) -> np.ndarray:
@@ -101,7 +142,7 @@ class FlatObservation(gymnasium.ObservationWrapper):
         if not isinstance(space, spaces.Dict | spaces.Tuple):
             raise ConfigError(f"FlatObservation wraps Dict or Tuple observations, got {space}")
         self.mask_size = 0
-        self.features: spaces.Space = space
+        self.features: spaces.Dict | spaces.Tuple = space
         if isinstance(space, spaces.Dict) and MASK_KEY in space.spaces:
             self.mask_size = _mask_space(space[MASK_KEY], env.action_space)
             rest = {k: v for k, v in space.spaces.items() if k != MASK_KEY}
@@ -113,7 +154,7 @@ class FlatObservation(gymnasium.ObservationWrapper):
         ones = np.ones(self.mask_size)
         low = np.concatenate([flat.low, 0 * ones]).astype(np.float32)
         high = np.concatenate([flat.high, ones]).astype(np.float32)
-        self.observation_space = FlatBox(low, high, self.mask_size)
+        self.observation_space = FlatBox(low, high, self.mask_size, _parts(self.features))
 
     def observation(self, observation) -> np.ndarray:
         """The flat float32 vector `[D]` of one observation: features, then the mask."""

@@ -20,7 +20,6 @@ PettingZoo needed) or as `package.module:factory`, a callable returning a parall
 
 from __future__ import annotations
 
-import difflib
 import importlib.util
 from collections.abc import Callable
 from typing import Any
@@ -28,7 +27,7 @@ from typing import Any
 import gymnasium
 import numpy as np
 
-from easyrl.errors import ConfigError, EasyRLError
+from easyrl.errors import ConfigError, EasyRLError, did_you_mean
 from easyrl.imports import load_object
 
 
@@ -159,8 +158,8 @@ def env_factory(env_id: str) -> Callable[..., Any]:
     if env_id in MULTIAGENT_ENVS:
         return MULTIAGENT_ENVS[env_id]
     if ":" not in env_id:
-        close = difflib.get_close_matches(env_id, list(MULTIAGENT_ENVS), n=1)
-        hint = f"did you mean {close[0]!r}?" if close else f"built-in: {', '.join(MULTIAGENT_ENVS)}"
+        builtin = ", ".join(MULTIAGENT_ENVS)
+        hint = did_you_mean(env_id, list(MULTIAGENT_ENVS), f"built-in: {builtin}")
         raise ConfigError(
             f"env.id: unknown multi-agent env {env_id!r}; {hint} (or package.module:factory, "
             "a callable returning a PettingZoo ParallelEnv)"

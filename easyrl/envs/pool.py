@@ -49,7 +49,6 @@ A pool runs ``min(num_envs, CPUs of this process)`` threads (:func:`default_thre
 
 from __future__ import annotations
 
-import difflib
 import importlib
 import math
 import os
@@ -62,7 +61,7 @@ import gymnasium
 import numpy as np
 from gymnasium.vector.utils import batch_space
 
-from easyrl.errors import ConfigError
+from easyrl.errors import ConfigError, did_you_mean
 
 ATARI_KWARGS = (
     "repeat_action_probability",
@@ -173,8 +172,8 @@ def pool_task(
         return PoolTask(env_id, atari=False, episodic_life=False, options=options)
     if env_id not in atari_tasks:
         supported = sorted([*atari_tasks, *classic])
-        close = difflib.get_close_matches(str(env_id), supported, n=3, cutoff=0.5)
-        hint = "did you mean " + ", ".join(repr(c) for c in close) + "? " if close else ""
+        hint = did_you_mean(env_id, supported, n=3)
+        hint += " " if hint else ""
         raise ConfigError(
             f"vector 'envpool' does not support env id {env_id!r}: {hint}it runs the Atari "
             f"games as ALE/<Game>-v5 ({len(atari_tasks)} games, e.g. 'ALE/Pong-v5') and the "

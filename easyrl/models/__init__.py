@@ -5,11 +5,14 @@ Every variable has a stable, explicit name (e.g. "q/torso/0/w") so that all
 roles agree on the PS shard assignment and the wire names.
 """
 
+import dataclasses
 from collections.abc import Sequence
 from typing import Literal, Protocol, cast
 
 import numpy as np
 import tensorflow as tf
+
+from easyrl.errors import ConfigError, did_you_mean
 
 ACTIVATIONS = {"relu": tf.nn.relu, "tanh": tf.nn.tanh, "elu": tf.nn.elu}
 
@@ -140,8 +143,13 @@ class Torso(Protocol):
         ...
 
 
-def build_torso(model, obs_shape: tuple[int, ...], name: str, rng: np.random.Generator) -> Torso:
+def build_torso(
+    model, obs_shape: tuple[int, ...], name: str, rng: np.random.Generator, parts=()
+) -> Torso:
     """The torso the config's `model` section describes, for observations of `obs_shape`.
+
+    With `model.encoders` set, the observations are flattened Dict/Tuple ones and `parts`
+    (`easyrl.envs.flat.observation_parts`) says where each key lies: an `EncoderTorso`.
 
     `model.kind` "mlp" and "conv" are built in. Any other kind is a `package.module:Torso`
     path to a class (or function) of your own, called as `Torso(model, obs_shape, name, rng)`
@@ -197,8 +205,11 @@ def build_torso(model, obs_shape: tuple[int, ...], name: str, rng: np.random.Gen
         ValueError: an unknown kind, an mlp on non-flat observations, a conv on non-image
             ones, or a custom torso that breaks the contract above (the message names the
             path and what is wrong).
-        ConfigError: a custom torso's path cannot be imported.
+        ConfigError: a custom torso's path cannot be imported, or `model.encoders` names a
+            key the observations do not have.
     """
+    if getattr(model, "encoders", None):
+        return EncoderTorso(model, parts, name, rng)
     if ":" in model.kind:
         from easyrl.imports import load_object
 
@@ -222,6 +233,63 @@ def build_torso(model, obs_shape: tuple[int, ...], name: str, rng: np.random.Gen
             "use model.kind: conv for image frames"
         )
     return FlatTorso(obs_shape[0], model.hidden, model.activation, name, rng)
+
+
+class EncoderTorso(tf.Module):
+    """Per-key encoders of a flattened Dict/Tuple observation (`model.encoders`), then the
+    model's torso on their features.
+
+    Each key `model.encoders` lists is cut out of the flat features, reshaped to its own shape
+    and encoded by the torso its `EncoderConfig` describes (variables under `{name}/{key}/`);
+    the other keys pass on flat. The concatenation, in the observation's key order, goes
+    through the torso of `model` itself (its kind, hidden, ...; variables under `name/`).
+
+    Args:
+        model: the config's `model` section (with `encoders`).
+        parts: where each top-level key lies in the features (`FlatBox.parts`).
+        name: the variable name prefix.
+        rng: initialisation stream.
+
+    Raises:
+        ConfigError: the observations are not a Dict/Tuple (no `parts`), or an encoder names
+            a key they do not have (with the closest one).
+    """
+
+    def __init__(self, model, parts, name: str, rng: np.random.Generator):
+        super().__init__(name=None)
+        if not parts:
+            raise ConfigError(
+                "model.encoders: the observations are not a Dict or a Tuple; set model.encoders: {}"
+            )
+        keys = [p.key for p in parts]
+        for key in model.encoders:
+            if key not in keys:
+                raise ConfigError(
+                    f"model.encoders.{key}: the observations have no key {key!r}; "
+                    + did_you_mean(key, keys, "their keys: " + ", ".join(keys))
+                )
+        self.parts = tuple(parts)
+        self.encoders = {
+            p.key: build_torso(model.encoders[p.key], p.shape, f"{name}/{p.key}", rng)
+            for p in self.parts
+            if p.key in model.encoders
+        }
+        width = sum(
+            self.encoders[p.key].out_dim if p.key in self.encoders else p.stop - p.start
+            for p in self.parts
+        )
+        self.torso = build_torso(dataclasses.replace(model, encoders={}), (width,), name, rng)
+        self.out_dim = self.torso.out_dim
+
+    def __call__(self, obs: tf.Tensor) -> tf.Tensor:
+        obs = tf.cast(obs, tf.float32)  # [B, D]
+        features = []
+        for part in self.parts:
+            x = obs[:, part.start : part.stop]  # [B, size]
+            if part.key in self.encoders:
+                x = self.encoders[part.key](tf.reshape(x, [-1, *part.shape]))  # [B, out]
+            features.append(x)
+        return self.torso(tf.concat(features, axis=1))  # [B, out_dim]
 
 
 class KerasTorso(tf.Module):

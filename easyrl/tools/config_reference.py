@@ -16,7 +16,7 @@ import inspect
 import sys
 import textwrap
 from pathlib import Path
-from typing import Any, get_args
+from typing import Any, get_args, get_origin
 
 import yaml
 
@@ -98,6 +98,8 @@ def _table(cls: type, prefix: str, skip: tuple[str, ...] = ()) -> list[str]:
         section = _section_arm(tp)
         if section is None:
             kind = f"`{config_lib._type_name(tp)}`"
+        elif get_origin(tp) is dict:
+            kind = f"mapping of key to section `{section.SECTION}`"
         else:
             kind = f"section `{section.SECTION}`" + (" or null" if section is not tp else "")
         if f.default is not dataclasses.MISSING:

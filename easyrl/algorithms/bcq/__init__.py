@@ -27,7 +27,7 @@ REPLAY_KINDS: tuple[ReplayKind, ...] = ("uniform",)
 """The dataset's transitions, sampled uniformly (as every offline run samples them)."""
 OFFLINE_ONLY = True
 """Trains from `input.dir` only: the config refuses a run without it."""
-MODEL_KINDS = dqn.MODEL_KINDS
+MODEL_KINDS = ("mlp", "conv", "custom")
 """Q and G are built from the same torsos as DQN's Q network."""
 
 

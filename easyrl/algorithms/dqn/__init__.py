@@ -14,7 +14,7 @@ FLOW: Flow = "async_replay"
 """Execution flow: actors ship transitions, learners sample asynchronously."""
 REPLAY_KINDS: tuple[ReplayKind, ...] = ("prioritized", "uniform")
 """Replay tables DQN works with; the first is the default."""
-MODEL_KINDS = ("mlp", "conv", "custom")
+MODEL_KINDS = ("mlp", "conv", "custom", "encoders")
 """Network kinds: MLP, conv torso, or a custom `module:Class` torso."""
 ACTION_MASKS = True
 """An observation's `action_mask` is honoured (`easyrl.envs.flat`): no illegal action is

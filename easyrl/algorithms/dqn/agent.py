@@ -23,7 +23,7 @@ from easyrl.algorithms.dqn import FLOW, Params, actor_epsilon
 from easyrl.algorithms.masking import features, masked
 from easyrl.algorithms.nstep import NStepAccumulator
 from easyrl.algorithms.shared import CompiledGreedy, compiled, flat_gradients
-from easyrl.envs.flat import action_mask_size, legal_actions
+from easyrl.envs.flat import action_mask_size, legal_actions, observation_parts
 from easyrl.errors import ConfigError, EasyRLError
 from easyrl.models import Dense, FlatVariables, build_torso, named_variables
 from easyrl.models.lstm import LSTMCore
@@ -68,7 +68,8 @@ class QNetwork(tf.Module):
     `noisy_sigma` > 0. With `lstm` > 0 units an LSTM core `{name}/lstm` sits between the
     torso and the heads (R2D2: `torso`, `core` and `heads` are then called one by one). With
     `mask_size` n > 0 the last n entries of an observation are its action mask: the torso
-    sees the others only, and `best` argmaxes over legal actions."""
+    sees the others only, and `best` argmaxes over legal actions. `parts`: where the keys of
+    a flattened Dict/Tuple observation lie (for `model.encoders`)."""
 
     def __init__(
         self,
@@ -82,13 +83,14 @@ class QNetwork(tf.Module):
         noisy_sigma: float = 0.0,
         lstm: int = 0,
         mask_size: int = 0,
+        parts=(),
     ):
         super().__init__(name=None)
         rng = np.random.default_rng(seed)
         self.mask_size = mask_size
         if mask_size:
             obs_shape = (obs_shape[0] - mask_size,)
-        self.torso = build_torso(model, obs_shape, f"{name}/torso", rng)
+        self.torso = build_torso(model, obs_shape, f"{name}/torso", rng, parts)
         width = self.torso.out_dim
         self.core = LSTMCore(width, lstm, f"{name}/lstm", rng) if lstm else None
         width = lstm or width
@@ -209,6 +211,7 @@ class DQN(CompiledGreedy):
             "support": self.support,
             "noisy_sigma": params.noisy_sigma,
             "mask_size": self.mask_size,
+            "parts": observation_parts(obs_space),
         }
         try:
             shape, actions = self.obs_shape, self.num_actions

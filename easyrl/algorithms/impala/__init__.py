@@ -35,7 +35,7 @@ FLOW: Flow = "async_replay"
 """Execution flow: actors ship unrolls, learners sample batches of them asynchronously."""
 REPLAY_KINDS: tuple[ReplayKind, ...] = ("trajectory",)
 """Replay tables IMPALA works with: a FIFO table of whole unrolls."""
-MODEL_KINDS = ("mlp", "conv", "custom")
+MODEL_KINDS = ("mlp", "conv", "custom", "encoders")
 """Network kinds: MLP, conv torso, or a custom `module:Class` torso."""
 RECURRENT = True
 """`model.lstm` works: an LSTM core between the torso and the heads (see `agent.LSTMCore`)."""

@@ -31,7 +31,7 @@ from easyrl.algorithms.shared import (
     compiled,
     flat_gradients,
 )
-from easyrl.envs.flat import action_mask_size
+from easyrl.envs.flat import action_mask_size, legal_actions, observation_parts
 from easyrl.errors import EasyRLError
 from easyrl.models import Dense, FlatVariables, build_torso, named_variables
 from easyrl.models.lstm import LSTMCore
@@ -99,14 +99,15 @@ class ActorCritic(tf.Module):
     `net/lstm` when `model.lstm` > 0, and two linear heads: policy logits `net/logits` (small
     init: a near-uniform first policy) and the value `net/value`. With `mask_size` n > 0 the
     last n entries of a (flat) observation are its action mask: the torso sees the others
-    only, and the logits of illegal actions are `masking.ILLEGAL`."""
+    only, and the logits of illegal actions are `masking.ILLEGAL`. `parts`: where the keys of
+    a flattened Dict/Tuple observation lie (for `model.encoders`)."""
 
-    def __init__(self, obs_shape, num_actions, model, rng, mask_size: int = 0):
+    def __init__(self, obs_shape, num_actions, model, rng, mask_size: int = 0, parts=()):
         super().__init__(name=None)
         self.obs_shape = tuple(obs_shape)
         self.mask_size = mask_size
         features_shape = (self.obs_shape[0] - mask_size,) if mask_size else self.obs_shape
-        self.torso = build_torso(model, features_shape, "net/torso", rng)
+        self.torso = build_torso(model, features_shape, "net/torso", rng, parts)
         width = self.torso.out_dim
         self.core = LSTMCore(width, model.lstm, "net/lstm", rng) if model.lstm else None
         width = model.lstm or width
@@ -169,7 +170,8 @@ class IMPALA(CompiledGreedy, NoTargetNetwork):
         self.num_actions = int(action_space.n)
         rng = np.random.default_rng(seed)
         mask = action_mask_size(obs_space)
-        self.net = ActorCritic(self.obs_shape, self.num_actions, model, rng, mask)
+        parts = observation_parts(obs_space)
+        self.net = ActorCritic(self.obs_shape, self.num_actions, model, rng, mask, parts)
         self.state_size = self.net.state_size
         """Width of the recurrent state per env (0: a feed-forward policy)."""
         self.spec = unroll_spec(params.unroll_length, obs_space, action_space, model.lstm)
@@ -353,7 +355,8 @@ class UnrollCollector:
             Actions `[N]` int64.
 
         Raises:
-            EasyRLError: `act` was already called for this step, or `obs` has a wrong shape.
+            EasyRLError: `act` was already called for this step, `obs` has a wrong shape, or
+                an observation's action mask has no legal action.
         """
         if self._acted:
             raise EasyRLError("act called twice without observe")
@@ -362,6 +365,8 @@ class UnrollCollector:
             raise EasyRLError(
                 f"obs must be {[self.num_envs, *self.algo.obs_shape]}, got {list(obs.shape)}"
             )
+        if self.algo.net.mask_size:
+            legal_actions(obs, self.algo.net.mask_size)  # raises when a row has none
         rng = self._rng if rng is None else rng
         t = self._t
         if self.algo.state_size:

@@ -25,7 +25,7 @@ FLOW: Flow = "sync_rounds"
 """Execution flow: actors collect a round under one weight round; one learner trains on it."""
 REPLAY_KINDS: tuple[ReplayKind, ...] = ("aggregate",)
 """Replay tables PPO works with: whole rounds of steps."""
-MODEL_KINDS = ("mlp", "custom")
+MODEL_KINDS = ("mlp", "custom", "encoders")
 """Network kinds: an MLP or a custom torso (`pi/torso`, `vf/torso`) on flat observations."""
 RECURRENT = True
 """`model.lstm` works: the policy and the value network each get an LSTM core (`pi/lstm`,

@@ -33,7 +33,7 @@ from easyrl.algorithms.shared import (
     flatten,
     gradients,
 )
-from easyrl.envs.flat import action_mask_size
+from easyrl.envs.flat import action_mask_size, legal_actions, observation_parts
 from easyrl.errors import ConfigError, EasyRLError
 from easyrl.models import FlatVariables, named_variables
 
@@ -93,12 +93,10 @@ class PPO(CompiledGreedy):
             rng = np.random.default_rng(seed)  # policy first, then value: one fixed stream
             clip = params.obs_clip if params.normalize_observations else None
             self.obs_norm = ObsNorm(self.obs_dim - self.mask_size, clip)
-            mask = self.mask_size
+            net = (rng, self.obs_norm, self.mask_size, observation_parts(obs_space))
             try:
-                self.pi = PolicyNet(
-                    self.obs_dim, action_space, model, params.log_std_init, rng, self.obs_norm, mask
-                )
-                self.vf = ValueNet(self.obs_dim, model, rng, self.obs_norm, mask)
+                self.pi = PolicyNet(self.obs_dim, action_space, model, params.log_std_init, *net)
+                self.vf = ValueNet(self.obs_dim, model, *net)
             except ValueError as err:
                 raise ConfigError(f"model: {err}") from err
         self.variables = dict(
@@ -390,7 +388,8 @@ class RolloutCollector:
         the bounds (the stored action and its log-prob are the unclipped sample).
 
         Raises:
-            EasyRLError: `act` was already called for this step, or `obs` has a wrong shape.
+            EasyRLError: `act` was already called for this step, `obs` has a wrong shape, or
+                an observation's action mask has no legal action.
         """
         if self._acted:
             raise EasyRLError("act called twice without observe")
@@ -399,6 +398,8 @@ class RolloutCollector:
             raise EasyRLError(
                 f"obs must be [{self.num_envs}, {self.algo.obs_dim}], got {obs.shape}"
             )
+        if self.algo.mask_size:
+            legal_actions(obs, self.algo.mask_size)  # raises when a row has none
         rng = self._rng if rng is None else rng
         shape = (self.num_envs, self.algo.action_dim)
         noise = rng.gumbel(size=shape) if self.algo.discrete else rng.standard_normal(shape)

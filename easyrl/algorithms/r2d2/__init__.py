@@ -35,7 +35,7 @@ FLOW: Flow = "async_replay"
 """Execution flow: actors ship sequences, learners sample batches of them asynchronously."""
 REPLAY_KINDS: tuple[ReplayKind, ...] = ("prioritized", "uniform")
 """Replay tables R2D2 works with; the first is the default."""
-MODEL_KINDS = ("mlp", "conv", "custom")
+MODEL_KINDS = ("mlp", "conv", "custom", "encoders")
 """Network kinds: MLP, conv torso, or a custom `module:Class` torso, before the LSTM."""
 RECURRENT = "only"
 """R2D2 needs `model.lstm` (its Q network's LSTM core); the config refuses it without."""

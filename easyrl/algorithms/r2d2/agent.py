@@ -10,6 +10,7 @@ from easyrl.algorithms.dqn import actor_epsilon
 from easyrl.algorithms.dqn.agent import QNetwork, epsilon_greedy
 from easyrl.algorithms.r2d2 import FLOW, Params, replay_spec
 from easyrl.algorithms.shared import CompiledGreedy, checked_columns, compiled, flat_gradients
+from easyrl.envs.flat import observation_parts
 from easyrl.errors import ConfigError, EasyRLError
 from easyrl.models import FlatVariables, named_variables
 
@@ -82,8 +83,9 @@ class R2D2(CompiledGreedy):
         self.num_actions = int(action_space.n)
         net = (self.obs_shape, self.num_actions, model, params.dueling, seed)
         try:
-            self.q = QNetwork(*net, "q", lstm=model.lstm)
-            self.target = QNetwork(*net, "target", lstm=model.lstm)
+            parts = observation_parts(obs_space)
+            self.q = QNetwork(*net, "q", lstm=model.lstm, parts=parts)
+            self.target = QNetwork(*net, "target", lstm=model.lstm, parts=parts)
         except ValueError as err:
             raise ConfigError(f"model: {err}") from err
         self.state_size = 2 * int(model.lstm)
