@@ -16,6 +16,7 @@ import yaml
 from easyrl import cli
 from easyrl import config as config_lib
 from easyrl.cluster import k8s
+from easyrl.cluster.launcher import MALLOC_ENV
 from easyrl.cluster.spec import ClusterSpec
 from easyrl.errors import ConfigError
 from easyrl.transport.rpc import TOKEN_ENV
@@ -356,6 +357,8 @@ def test_learners_get_a_gpu_when_the_config_asks(device, gpus):
         env = env_of(container)
         if not workload.endswith("-learner"):
             assert env["CUDA_VISIBLE_DEVICES"]["value"] == "-1"
+        for key, value in MALLOC_ENV.items():  # glibc settings as the local launcher's
+            assert env[key]["value"] == value
 
 
 @pytest.mark.parametrize(

@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from easyrl.cluster.launcher import MALLOC_ENV
+
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPTS = ROOT / "scripts"
 LAUNCH_ROLE = SCRIPTS / "launch_role.sh"
@@ -65,7 +67,8 @@ def _fake_easyrl(tmp_path):
         tmp_path / "fake_easyrl",
         'for a in "$@"; do echo "ARG=$a"; done\n'
         'echo "TOKEN=${EASYRL_TOKEN-<unset>}"\n'
-        'echo "TF=${TF_CPP_MIN_LOG_LEVEL-<unset>}"\n',
+        'echo "TF=${TF_CPP_MIN_LOG_LEVEL-<unset>}"\n'
+        'echo "MALLOC=${MALLOC_MMAP_THRESHOLD_-<unset>}/${MALLOC_TRIM_THRESHOLD_-<unset>}"\n',
     )
 
 
@@ -154,6 +157,8 @@ def test_launch_role_execs_easyrl_with_env_token(tmp_path):
     assert argv == [*expected.split(), "--num-learners", "2", "--num-actors", "4"]
     assert f"TOKEN={TOKEN}" in lines  # from the file, whitespace stripped
     assert "TF=2" in lines
+    malloc = MALLOC_ENV["MALLOC_MMAP_THRESHOLD_"], MALLOC_ENV["MALLOC_TRIM_THRESHOLD_"]
+    assert "MALLOC={}/{}".format(*malloc) in lines  # the launcher's glibc settings
     assert not any(TOKEN in a for a in argv)
 
 
@@ -166,6 +171,7 @@ def test_launch_role_dash_spellings_extra_args_and_env_passthrough(tmp_path):
         EASYRL_BIN=_fake_easyrl(tmp_path),
         EASYRL_TOKEN="from-env",
         TF_CPP_MIN_LOG_LEVEL="0",
+        MALLOC_TRIM_THRESHOLD_="5",
     )
     assert res.returncode == 0, res.stderr
     lines = res.stdout.splitlines()
@@ -173,6 +179,7 @@ def test_launch_role_dash_spellings_extra_args_and_env_passthrough(tmp_path):
     assert argv[-6:] == "--ps-hosts h:1 --num-actors 1 --set train.lr=0.1".split()
     assert "TOKEN=from-env" in lines  # environment left as is without --token_file
     assert "TF=0" in lines  # an existing TF_CPP_MIN_LOG_LEVEL wins
+    assert f"MALLOC={MALLOC_ENV['MALLOC_MMAP_THRESHOLD_']}/5" in lines  # so does a user's malloc
 
 
 @pytest.mark.parametrize(

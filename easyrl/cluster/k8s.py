@@ -38,6 +38,7 @@ import numpy as np
 import yaml
 
 from easyrl import config as config_lib
+from easyrl.cluster.launcher import MALLOC_ENV
 from easyrl.cluster.spec import ClusterSpec
 from easyrl.errors import ConfigError
 from easyrl.transport.rpc import TOKEN_ENV
@@ -237,6 +238,7 @@ class _Builder:
             {"name": TOKEN_ENV, "valueFrom": token},
             {"name": "TF_CPP_MIN_LOG_LEVEL", "value": "2"},
             {"name": "PYTHONUNBUFFERED", "value": "1"},
+            *({"name": k, "value": v} for k, v in MALLOC_ENV.items()),  # as the launcher's
         ]
         if role != "learner":  # only learners compute on a GPU
             env.append({"name": "CUDA_VISIBLE_DEVICES", "value": "-1"})
