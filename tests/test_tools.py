@@ -184,6 +184,11 @@ def test_exported_policies_run_with_plain_tensorflow(tmp_path, capsys):
             "env": {"id": "Pendulum-v1"},
             "model": {"hidden": [8]},
         },
+        "impala": {  # a Dict observation with an action mask, and a per-key encoder
+            "algorithm": {"name": "impala"},
+            "env": {"id": "easyrl/MaskedChoice-v0"},
+            "model": {"hidden": [8], "encoders": {"payoff": {"hidden": [4]}}},
+        },
     }
     cases, expected = {}, {}
     for seed, (name, raw) in enumerate(runs.items()):
@@ -227,6 +232,8 @@ def test_exported_policies_run_with_plain_tensorflow(tmp_path, capsys):
         assert actions["dqn"].dtype == np.int64
         np.testing.assert_array_equal(actions["dqn"], expected["dqn"])
         assert len(set(expected["dqn"].tolist())) == 2  # random weights: both actions occur
+        np.testing.assert_array_equal(actions["impala"], expected["impala"])
+        assert len(set(expected["impala"].tolist())) > 1
         for name in ("ppo", "sac"):
             assert actions[name].shape == expected[name].shape == (32, 1)
             np.testing.assert_allclose(actions[name], expected[name], rtol=1e-6, atol=1e-6)
