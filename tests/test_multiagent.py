@@ -192,7 +192,6 @@ def test_the_multiagent_section_is_checked_naming_the_key(section, match):
     [
         ("algorithm.name=a2c", "a2c has no multi-agent training; algorithms with one: dqn"),
         ("cluster.evaluator=1", "cluster.evaluator: a multi-agent run"),
-        ("model.lstm=8", "model.lstm: a multi-agent run"),
         ("env.vector=async", "env.vector: a multi-agent run"),
     ],
 )
@@ -263,17 +262,23 @@ def test_each_policy_has_its_own_prefixed_variables_with_their_own_initial_value
 
 
 @pytest.mark.parametrize(
-    "algorithm",
+    "algorithm, lstm",
     [
-        {"name": "impala", "unroll_length": 4, "batch_size": 4},
-        {"name": "dqn", "batch_size": 8, "n_step": 2},
+        ({"name": "impala", "unroll_length": 4, "batch_size": 4}, 0),
+        ({"name": "impala", "unroll_length": 4, "batch_size": 4}, 8),
+        ({"name": "dqn", "batch_size": 8, "n_step": 2}, 0),
     ],
 )
-def test_a_replay_update_gives_gradients_to_the_policies_in_the_batch_only(algorithm):
-    _, agent = build(algorithm)
+def test_a_replay_update_gives_gradients_to_the_policies_in_the_batch_only(algorithm, lstm):
+    _, agent = build(algorithm, **{"model.lstm": lstm})
     parts = collect(agent, 12)
     batch = {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
     assert set(np.unique(batch["policy"])) == {0, 1}  # both policies' agents collected
+    if lstm:  # each slot carries its own state: zero at its first unroll, then the core's
+        assert batch["state"].shape == (len(batch["policy"]), 2 * lstm)
+        carried = np.abs(batch["state"]).sum(axis=1) > 0
+        assert carried.any() and not carried.all()
+        assert (batch["first"][~carried, 0] == 1).all()
     p0 = {k: v[batch["policy"] == 0] for k, v in batch.items()}
     step = agent.learn(p0, np.ones(len(p0["policy"]), np.float32))
     sizes = [len(a.variables) for a in agent.agents]
@@ -290,10 +295,13 @@ def test_a_replay_update_gives_gradients_to_the_policies_in_the_batch_only(algor
         )
 
 
-def test_a_ppo_round_waits_for_every_slots_share_and_updates_both_policies():
-    cfg, agent = build({"name": "ppo", "rollout_length": 8, "minibatch_size": 16, "num_epochs": 2})
+@pytest.mark.parametrize("lstm", [0, 8])
+def test_a_ppo_round_waits_for_every_slots_share_and_updates_both_policies(lstm):
+    ppo = {"name": "ppo", "rollout_length": 8, "minibatch_size": 16, "num_epochs": 2}
+    cfg, agent = build(ppo, **{"model.lstm": lstm})
     share = registry.round_share(cfg, 0, 1)
-    assert share == 8 * 2 * 2  # rollout_length x slots
+    steps_per_item = 8 if lstm else 1  # a recurrent round's items: one sequence per slot
+    assert share * steps_per_item == 8 * 2 * 2  # rollout_length x slots
     env = SlotVectorEnv(ENV_ID, 2)
     collector = agent.collector(2, 0, 0, 1)
     collector.start_round(share)
@@ -307,13 +315,15 @@ def test_a_ppo_round_waits_for_every_slots_share_and_updates_both_policies():
         steps += 1
     assert steps >= 8 + 3  # runner_1 joins after 3 steps: its slots finish later
     assert len(batch["obs"]) == share
-    assert np.bincount(batch["policy"]).tolist() == [16, 16]
+    assert np.bincount(batch["policy"]).tolist() == [16 // steps_per_item] * 2
     updates = list(agent.learn_round(batch, rng))
     assert len(updates) == 2  # each policy: 16 steps in one minibatch, 2 epochs
     assert all(g is not None for g in updates[0].grads)
     assert {k.split(".")[0] for k in updates[0].stats} == {"p0", "p1"}
     with pytest.raises(EasyRLError, match="round share of 30 items over 4 slots"):
         collector.start_round(30)
+    if lstm:  # the slots of runner_1 joined late: their sequences start with a reset state
+        assert batch["state"].shape == (4, 4 * lstm) and (batch["first"][:, 0] == 1).all()
 
 
 # --- metrics ---------------------------------------------------------------------------------

@@ -11,7 +11,7 @@ runtime sees one agent of the algorithm's flow:
 - acting: the actor steps a `easyrl.envs.multiagent.SlotVectorEnv` (slot = env copy x
   agent); the collector keeps one collector of the policy's agent per slot (1 env each) and
   calls it only on steps where the slot's agent is present: an absent agent's timeline
-  pauses, and its departure was an episode end of its slot;
+  pauses (a recurrent policy's state too), and its departure was an episode end of its slot;
 - replay: one stream, items tagged with an int64 `policy` column (the policy's index in
   `multiagent.policies`); the learner splits each batch by it. One table keeps the memory
   role, its rate limiter and the learner's prefetching unchanged; a policy's share of the
@@ -68,8 +68,7 @@ def check_config(cfg) -> None:
         ConfigError: naming the key: a bad or unknown policy name (with the closest valid
             one), an agent without a policy or an unknown agent id (with the closest), a
             policy no agent uses, an unsupported algorithm, or a section that multi-agent
-            runs do not support (evaluator, recording, datasets, LSTM, non-sync vector envs,
-            Atari).
+            runs do not support (evaluator, recording, datasets, non-sync vector envs, Atari).
     """
     ma = cfg.multiagent
     if cfg.algorithm.name not in ALGORITHMS:
@@ -81,7 +80,6 @@ def check_config(cfg) -> None:
         "cluster.evaluator": (cfg.cluster.evaluator != 0, "0 (" + NO_GREEDY + ")"),
         "output.dir": (cfg.output.dir is not None, "null (recording is single-agent)"),
         "input.dir": (cfg.input.dir is not None, "null (datasets are single-agent)"),
-        "model.lstm": (cfg.model.lstm != 0, "0 (multi-agent policies are feed-forward)"),
         "env.vector": (cfg.env.vector != "sync", "sync (the copies step in the actor)"),
         "env.atari": (cfg.env.atari is not None, "null"),
     }
