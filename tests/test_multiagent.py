@@ -16,6 +16,9 @@ from easyrl.envs.multiagent import SlotVectorEnv, TwoRunners, agent_spaces, env_
 from easyrl.errors import ConfigError, EasyRLError
 from easyrl.metrics import RunStats, check_policies
 from easyrl.roles.actor import EpisodeTracker
+from easyrl.roles.ps import ParameterServer
+from easyrl.transport import codec
+from easyrl.transport import easyrl_pb2 as pb
 
 ENV_ID = "easyrl/TwoRunners-v0"
 MAPPING = {"policies": ["p0", "p1"], "policy_mapping": {"runner_0": "p0", "runner_1": "p1"}}
@@ -270,7 +273,7 @@ def test_each_policy_has_its_own_prefixed_variables_with_their_own_initial_value
     ],
 )
 def test_a_replay_update_gives_gradients_to_the_policies_in_the_batch_only(algorithm, lstm):
-    _, agent = build(algorithm, **{"model.lstm": lstm})
+    cfg, agent = build(algorithm, **{"model.lstm": lstm})
     parts = collect(agent, 12)
     batch = {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
     assert set(np.unique(batch["policy"])) == {0, 1}  # both policies' agents collected
@@ -285,6 +288,16 @@ def test_a_replay_update_gives_gradients_to_the_policies_in_the_batch_only(algor
     assert all(g is not None for g in step.grads[: sizes[0]])
     assert all(g is None for g in step.grads[sizes[0] :])  # p1's variables left alone
     assert step.stats and all(k.startswith("p0.") for k in step.stats)
+    # The PS takes that push: each policy is its own optimizer group; p1 stays as it was.
+    ps = ParameterServer(0, multiagent.optimizer(cfg, registry.module(cfg.algorithm.name)), 10)
+    values = {n: v.numpy() for n, v in agent.variables.items()}
+    _assign(ps, values)
+    named = {n: g for n, g in zip(agent.variables, step.grads, strict=True) if g is not None}
+    reply = _push(ps, named)
+    assert reply.applied, reply
+    after = _pull(ps)
+    assert all(np.array_equal(after[n], values[n]) for n in values if n.startswith("p1/"))
+    assert any(not np.array_equal(after[n], values[n]) for n in values if n.startswith("p0/"))
     both = agent.learn(batch, np.ones(len(batch["policy"]), np.float32))
     assert all(g is not None for g in both.grads)
     assert {k.split(".")[0] for k in both.stats} == {"p0", "p1"}
@@ -293,6 +306,23 @@ def test_a_replay_update_gives_gradients_to_the_policies_in_the_batch_only(algor
         np.testing.assert_allclose(
             both.priorities[batch["policy"] == 0], step.priorities, rtol=1e-5
         )
+
+
+def _assign(ps, values: dict) -> None:
+    body = codec.Body()
+    request = pb.AssignRequest(tensors=body.named(values))
+    ps.Assign(codec.parser(pb.AssignRequest)(body.frame(request).SerializeToString()), None)
+
+
+def _push(ps, grads: dict):
+    body = codec.Body()
+    request = pb.PushRequest(version=ps.version, gradients=body.named(grads))
+    return ps.Push(codec.parser(pb.PushRequest)(body.frame(request).SerializeToString()), None)
+
+
+def _pull(ps) -> dict:
+    reply = ps.Pull(pb.PullRequest(), None)
+    return codec.decode_named(reply.tensors, reply.body)
 
 
 @pytest.mark.parametrize("lstm", [0, 8])

@@ -18,7 +18,8 @@ runtime sees one agent of the algorithm's flow:
   learner's batches is its share of the data;
 - learning: each policy's agent learns on its rows; the gradients are merged in the order of
   `variables`, None for a policy without rows in the batch (the PS leaves its variables
-  alone); stats are reported as `{policy}.{stat}`. Synchronous rounds (PPO) zip the
+  alone: each policy has its own optimizer group, `optimizer`); stats are reported as
+  `{policy}.{stat}`. Synchronous rounds (PPO) zip the
   policies' updates of the round.
 
 Supported algorithms: `ALGORITHMS`. Greedy play (`easyrl rollout`, `easyrl export`, the
@@ -156,6 +157,17 @@ def slot_policies(ma, agents: list[str]) -> np.ndarray:
 def replay_spec(spec: dict) -> dict:
     """An algorithm's replay columns plus the int64 `policy` column."""
     return {**spec, POLICY_COLUMN: ((), np.dtype(np.int64))}
+
+
+def optimizer(cfg, module) -> dict:
+    """The PS optimizer of a multi-agent run: the algorithm's, once per policy (its group
+    prefixes under `{policy}/`), so that a push with one policy's gradients (a batch without
+    the other's rows) steps that policy's optimizer alone, with its own step counter."""
+    from easyrl.algorithms.optimizers import OptimizerSpec
+
+    spec = module.optimizer(cfg.algorithm.params)
+    specs = {"": spec} if isinstance(spec, OptimizerSpec) else dict(spec)
+    return {f"{p}/{prefix}": s for p in cfg.multiagent.policies for prefix, s in specs.items()}
 
 
 def build(cfg, module, obs_space, action_space, learner: bool = False) -> MultiAgent:

@@ -126,6 +126,16 @@ class RoleContext:
         """The module of the configured algorithm (from the registry)."""
         return registry.module(self.cfg.algorithm.name)
 
+    def optimizer(self):
+        """The PS optimizer: the algorithm's (an `OptimizerSpec`, or {prefix: spec}); a
+        multi-agent run's has one group per policy (`easyrl.algorithms.multiagent`)."""
+        module = self.algorithm_module()
+        if self.cfg.multiagent.enabled:
+            from easyrl.algorithms import multiagent
+
+            return multiagent.optimizer(self.cfg, module)
+        return module.optimizer(self.cfg.algorithm.params)
+
     def build_algorithm(self, learner: bool = False) -> Agent:
         """Builds the algorithm's TF side (networks, act, loss) for this run; `learner` lets
         an algorithm spread its updates over several GPUs."""

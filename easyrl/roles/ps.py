@@ -376,7 +376,7 @@ def run(ctx) -> int:
     stop = stop_event_on_signals()
     params = cfg.algorithm.params
     stats = RunStats(cfg.stop.window) if ctx.task == 0 else None
-    optimizer = ctx.algorithm_module().optimizer(params)
+    optimizer = ctx.optimizer()
     checkpoint = ctx.run_dir / "checkpoints" / f"ps-{ctx.task}.npz"
     ps = ParameterServer(ctx.task, optimizer, params.max_staleness, checkpoint, stats)
     # Every actor may hold a handler thread in a long-polling Pull (synchronous rounds).
