@@ -383,6 +383,10 @@ class MultiAgentConfig(_Section):
     """{agent id: policy} for the env's agents."""
     default_policy: str | None = None
     """The policy of agents policy_mapping leaves out (None: every agent must be mapped)."""
+    agent_id: bool = False
+    """Append each agent's one-hot index (its place in the env's possible_agents) to its
+    observations (flat Box ones), so that one policy shared by several agents can tell them
+    apart."""
 
     @property
     def enabled(self) -> bool:

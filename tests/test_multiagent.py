@@ -12,7 +12,13 @@ from test_cluster import ROOT, _assert_no_processes_left, _counters
 
 from easyrl import config as config_lib
 from easyrl.algorithms import multiagent, registry
-from easyrl.envs.multiagent import SlotVectorEnv, TwoRunners, agent_spaces, env_factory
+from easyrl.envs.multiagent import (
+    SlotVectorEnv,
+    TwoRunners,
+    agent_spaces,
+    env_factory,
+    run_spaces,
+)
 from easyrl.errors import ConfigError, EasyRLError
 from easyrl.metrics import RunStats, check_policies
 from easyrl.roles.actor import EpisodeTracker
@@ -101,6 +107,46 @@ def test_episodes_of_slots_count_only_the_steps_their_agents_acted():
     single = EpisodeTracker(1)
     single.step(np.array([1.0]), np.array([True]))
     assert single.take() == ([1.0], [1], [])
+
+
+def test_with_agent_id_each_slot_observes_its_agents_one_hot_index():
+    plain = SlotVectorEnv(ENV_ID, 2, kwargs={"join_step": 1})
+    env = SlotVectorEnv(ENV_ID, 2, kwargs={"join_step": 1}, agent_id=True)
+    width = plain.single_observation_space.shape[0]
+    space = env.single_observation_space
+    assert space.shape == (width + 2,) and space.dtype == plain.single_observation_space.dtype
+    assert space.low[width:].tolist() == [0, 0] and space.high[width:].tolist() == [1, 1]
+    cfg = config_lib.from_dict(raw_config({"name": "impala"}), ["multiagent.agent_id=true"])
+    assert run_spaces(cfg)[0] == space  # what the roles size their networks by
+    ids = np.tile(np.eye(2), (2, 1))  # slot e * 2 + j: agent j
+    obs, _ = env.reset(seed=5)
+    expected, _ = plain.reset(seed=5)
+    endings = 0
+    for _ in range(40):
+        np.testing.assert_array_equal(obs[:, :width], expected)  # the env's own entries
+        np.testing.assert_array_equal(obs[:, width:], ids)
+        actions = oracle(expected)
+        obs, _, terminated, truncated, infos = env.step(actions)
+        expected, _, _, _, plain_infos = plain.step(actions)
+        ended = np.flatnonzero(terminated | truncated)
+        endings += len(ended)
+        for s in ended:
+            final = infos["final_obs"][s]
+            np.testing.assert_array_equal(final, [*plain_infos["final_obs"][s], *ids[s]])
+    assert endings >= 4
+
+
+def test_agent_id_needs_flat_observations():
+    with pytest.raises(ConfigError, match="multiagent.agent_id needs flat observations"):
+        agent_spaces("test_multiagent:ImageRunners", agent_id=True)
+    assert agent_spaces("test_multiagent:ImageRunners")[1].shape == (3, 1)  # fine without
+
+
+class ImageRunners(TwoRunners):
+    """TwoRunners whose observation space is a Box of rank 2."""
+
+    def observation_space(self, agent: str):
+        return gym.spaces.Box(-1.0, 1.0, (3, 1), np.float32)
 
 
 def test_agents_with_different_spaces_are_refused():

@@ -186,13 +186,16 @@ def make_env(env_id: str, kwargs: dict | None = None):
         raise ConfigError(f"env.kwargs: {env_id!r} does not take {kwargs}: {err}") from err
 
 
-def agent_spaces(env_id: str, kwargs: dict | None = None) -> tuple[list[str], Any, Any]:
-    """(possible agent ids, observation space, action space) of multi-agent env `env_id`.
+def agent_spaces(
+    env_id: str, kwargs: dict | None = None, agent_id: bool = False
+) -> tuple[list[str], Any, Any]:
+    """(possible agent ids, observation space, action space) of multi-agent env `env_id`;
+    with `agent_id`, the observations end with the agent's one-hot index (A entries of 0/1).
 
     Raises:
-        ConfigError: the env cannot be made, its observations are not a Box, or its agents'
-            spaces differ (all agents share one replay stream layout, so they must share
-            spaces).
+        ConfigError: the env cannot be made, its observations are not a Box (a flat one with
+            `agent_id`), or its agents' spaces differ (all agents share one replay stream
+            layout, so they must share spaces).
     """
     env = make_env(env_id, kwargs)
     try:
@@ -211,6 +214,15 @@ def agent_spaces(env_id: str, kwargs: dict | None = None) -> tuple[list[str], An
                     f"env.id: the agents of {env_id!r} must share one observation and one "
                     f"action space; {agent!r} differs from {agents[0]!r}"
                 )
+        if agent_id:
+            if len(obs_space.shape) != 1:
+                raise ConfigError(
+                    f"multiagent.agent_id needs flat observations; {env_id!r} gives shape "
+                    f"{obs_space.shape}"
+                )
+            ids = np.ones(len(agents), obs_space.dtype)
+            low = np.concatenate([obs_space.low, 0 * ids])
+            obs_space = gymnasium.spaces.Box(low, np.concatenate([obs_space.high, ids]))
         return agents, obs_space, action_space
     finally:
         env.close()
@@ -237,6 +249,7 @@ class SlotVectorEnv:
         kwargs: the env's constructor keyword arguments (`env.kwargs`).
         max_episode_steps: truncate every present agent of a copy after this many steps of
             the copy's episode (None: the env's own limit).
+        agent_id: end every observation with its agent's one-hot index (`agent_spaces`).
 
     Raises:
         ConfigError: an unknown env, or agents with differing spaces.
@@ -248,11 +261,12 @@ class SlotVectorEnv:
         num_envs: int,
         kwargs: dict | None = None,
         max_episode_steps: int | None = None,
+        agent_id: bool = False,
     ):
         if num_envs < 1:
             raise ConfigError(f"env.num_envs must be >= 1, got {num_envs}")
         self.agents, self.single_observation_space, self.single_action_space = agent_spaces(
-            env_id, kwargs
+            env_id, kwargs, agent_id
         )
         self.copies = [make_env(env_id, kwargs) for _ in range(num_envs)]
         self.max_episode_steps = max_episode_steps
@@ -263,6 +277,10 @@ class SlotVectorEnv:
         self._index = {agent: j for j, agent in enumerate(self.agents)}
         self._obs_shape = tuple(self.single_observation_space.shape or ())
         self._obs_dtype = self.single_observation_space.dtype
+        # The agents' one-hot indexes, the last entries of each slot's observation ([S, A]).
+        ids = np.tile(np.eye(a, dtype=self._obs_dtype), (num_envs, 1))
+        self._ids = ids if agent_id else ids[:, :0]
+        self._env_width = int(np.prod(self._obs_shape)) - self._ids.shape[1]  # the env's entries
         self._steps = np.zeros(num_envs, np.int64)
         self._seed: int | None = None
 
@@ -272,7 +290,16 @@ class SlotVectorEnv:
         return e * len(self.agents) + self._index[agent]
 
     def _blank_obs(self) -> np.ndarray:
-        return np.zeros((self.num_envs, *self._obs_shape), self._obs_dtype)
+        obs = np.zeros((self.num_envs, *self._obs_shape), self._obs_dtype)
+        if self._ids.size:
+            obs[:, self._env_width :] = self._ids
+        return obs
+
+    def _with_id(self, s: int, obs) -> np.ndarray:
+        """Slot `s`'s observation: its agent's `obs`, then its one-hot index if asked."""
+        if not self._ids.size:
+            return obs
+        return np.concatenate([np.asarray(obs, self._obs_dtype).reshape(-1), self._ids[s]])
 
     def _reset_copy(self, e: int, obs: np.ndarray, seed: int | None) -> None:
         """Resets copy `e`; writes its agents' observations into `obs`, marks them present."""
@@ -280,7 +307,7 @@ class SlotVectorEnv:
         self._steps[e] = 0
         for agent in self.copies[e].agents:
             s = self._slot(e, agent)
-            obs[s], self.present[s] = first[agent], True
+            obs[s], self.present[s] = self._with_id(s, first[agent]), True
 
     def reset(self, seed: int | None = None) -> tuple[np.ndarray, dict]:
         """Resets every copy (copy e with `seed + e`); returns (obs `[S, ...]`, {})."""
@@ -319,10 +346,11 @@ class SlotVectorEnv:
                 truncated[s] = not terminated[s] and (bool(trunc.get(agent, False)) or limit)
                 if agent not in staying:  # gone: a slot episode end, whatever the env said
                     truncated[s] |= not terminated[s]
-                    final[s] = nxt.get(agent, np.zeros(self._obs_shape, self._obs_dtype))
+                    blank = self._blank_obs()[s]  # an agent gone without an observation
+                    final[s] = self._with_id(s, nxt[agent]) if agent in nxt else blank
             for agent in staying:
                 s = self._slot(e, agent)
-                obs[s], self.present[s] = nxt[agent], True
+                obs[s], self.present[s] = self._with_id(s, nxt[agent]), True
             if not staying:
                 self._reset_copy(e, obs, None)
         done = terminated | truncated
@@ -338,7 +366,8 @@ def run_spaces(cfg) -> tuple[Any, Any]:
     """(observation space, action space) of one agent of the env a config describes: the
     gymnasium env's, or the agents' shared spaces when `cfg.multiagent` is set."""
     if cfg.multiagent.enabled:
-        _, obs_space, action_space = agent_spaces(cfg.env.id, cfg.env.kwargs)
+        ma = cfg.multiagent
+        _, obs_space, action_space = agent_spaces(cfg.env.id, cfg.env.kwargs, ma.agent_id)
         return obs_space, action_space
     from easyrl.envs import env_options, env_spaces
 

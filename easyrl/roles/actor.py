@@ -242,7 +242,13 @@ class Actor:
             return make_vector_env(
                 cfg.env.id, cfg.env.num_envs, vector=cfg.env.vector, seed=seed, **options
             )
-        env = SlotVectorEnv(cfg.env.id, cfg.env.num_envs, cfg.env.kwargs, cfg.env.max_episode_steps)
+        env = SlotVectorEnv(
+            cfg.env.id,
+            cfg.env.num_envs,
+            cfg.env.kwargs,
+            cfg.env.max_episode_steps,
+            cfg.multiagent.agent_id,
+        )
         slots = np.tile(multiagent.slot_policies(cfg.multiagent, env.agents), cfg.env.num_envs)
         self.episodes = EpisodeTracker(env.num_envs, [cfg.multiagent.policies[p] for p in slots])
         return env
