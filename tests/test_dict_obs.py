@@ -422,6 +422,15 @@ def test_per_key_encoders_read_their_keys_in_their_own_shape(name):
     assert np.abs(grads[f"{torso}/image/conv0/w"]).sum() > 0  # the loss reaches the encoders
 
 
+def test_an_mlp_encoder_reads_its_keys_entries_flat_whatever_their_shape():
+    parts = observation_parts(FlatObservation(ImageEnv()).observation_space)
+    model = ModelConfig(hidden=(8,), encoders={"image": EncoderConfig(hidden=(4,))})
+    torso = EncoderTorso(model, parts, "t", np.random.default_rng(0))
+    names = {v.name.removesuffix(":0"): tuple(v.shape) for v in torso.trainable_variables}
+    assert names["t/image/0/w"] == (72, 4) and names["t/0/w"] == (4 + 3 + 3, 8)
+    assert torso(np.zeros((2, 78), np.float32)).shape == (2, 8)
+
+
 class ImageEnvNoMask(ImageEnv):
     """`ImageEnv` without its action mask."""
 

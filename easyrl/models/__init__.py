@@ -240,9 +240,10 @@ class EncoderTorso(tf.Module):
     model's torso on their features.
 
     Each key `model.encoders` lists is cut out of the flat features, reshaped to its own shape
-    and encoded by the torso its `EncoderConfig` describes (variables under `{name}/{key}/`);
-    the other keys pass on flat. The concatenation, in the observation's key order, goes
-    through the torso of `model` itself (its kind, hidden, ...; variables under `name/`).
+    (kept flat for an mlp encoder) and encoded by the torso its `EncoderConfig` describes
+    (variables under `{name}/{key}/`); the other keys pass on flat. The concatenation, in the
+    observation's key order, goes through the torso of `model` itself (its kind, hidden, ...;
+    variables under `name/`).
 
     Args:
         model: the config's `model` section (with `encoders`).
@@ -269,10 +270,14 @@ class EncoderTorso(tf.Module):
                     + did_you_mean(key, keys, "their keys: " + ", ".join(keys))
                 )
         self.parts = tuple(parts)
-        self.encoders = {
-            p.key: build_torso(model.encoders[p.key], p.shape, f"{name}/{p.key}", rng)
+        self.shapes = {  # what each encoder reads: an mlp the key's flat entries
+            p.key: (p.stop - p.start,) if model.encoders[p.key].kind == "mlp" else p.shape
             for p in self.parts
             if p.key in model.encoders
+        }
+        self.encoders = {
+            key: build_torso(model.encoders[key], shape, f"{name}/{key}", rng)
+            for key, shape in self.shapes.items()
         }
         width = sum(
             self.encoders[p.key].out_dim if p.key in self.encoders else p.stop - p.start
@@ -287,7 +292,7 @@ class EncoderTorso(tf.Module):
         for part in self.parts:
             x = obs[:, part.start : part.stop]  # [B, size]
             if part.key in self.encoders:
-                x = self.encoders[part.key](tf.reshape(x, [-1, *part.shape]))  # [B, out]
+                x = self.encoders[part.key](tf.reshape(x, [-1, *self.shapes[part.key]]))
             features.append(x)
         return self.torso(tf.concat(features, axis=1))  # [B, out_dim]
 
