@@ -12,6 +12,9 @@ applied. The runs below couple actors to the learner with the replay rate limite
 (`samples_per_insert=1`, `error_buffer=400`): a memory shard accepts at most
 `min_size_to_sample + error_buffer` inserts beyond what was sampled, so reaching the
 env-step budget requires the learner to have sampled (and so trained on) most of it.
+The kill-and-restart tests need progress after a restart whose time no budget can
+foresee: they poll for that evidence, then stop the run with Ctrl-C (`Run.interrupt`);
+their `stop.max_seconds` is only a backstop.
 """
 
 import json
