@@ -12,6 +12,9 @@ applied. The runs below couple actors to the learner with the replay rate limite
 (`samples_per_insert=1`, `error_buffer=400`): a memory shard accepts at most
 `min_size_to_sample + error_buffer` inserts beyond what was sampled, so reaching the
 env-step budget requires the learner to have sampled (and so trained on) most of it.
+The kill-and-restart tests need progress after a restart whose time no budget can
+foresee: they poll for that evidence, then stop the run with Ctrl-C (`Run.interrupt`);
+their `stop.max_seconds` is only a backstop.
 """
 
 import json
@@ -191,6 +194,19 @@ class Run:
                 )
             time.sleep(0.2)
         pytest.fail(f"timed out after {timeout_s:.0f}s waiting for {what}:\n{self.output()}")
+
+    def interrupt(self, timeout_s: float = 60) -> dict:
+        """Ctrl-C, once the launcher runs the cluster (interrupted while it still waits for
+        the servers, its summary can miss their final Status): the launcher stops every
+        role, writes its summary and exits 130; returns the summary. Tests whose evidence
+        is in before a budget would end the run (a restart, an evaluation) end it so."""
+        self.poll_until(lambda: "] env steps" in self.output(), 60, "the first progress line")
+        self.process.send_signal(signal.SIGINT)
+        code = self.wait(timeout_s)
+        assert code == 130, f"exit code {code}:\n{self.output()}\n{self.logs()}"
+        summary = self.summary()
+        assert summary["reason"] == "interrupted" and summary["exit_code"] == 130, summary
+        return summary
 
     def signal_role(self, role: str, task: int, signum: int) -> int:
         """Sends `signum` to the one process of `role` `task` of this run, once the launcher
@@ -676,7 +692,7 @@ def test_continuous_control_with_an_evaluator(launch, algorithm):
 def test_actor_killed_is_restarted(launch):
     run = launch(
         "stop.max_env_steps=null",
-        "stop.max_seconds=45",
+        "stop.max_seconds=200",  # a backstop: the test interrupts the run once it saw enough
         *one_each(2),
     )
 
@@ -696,14 +712,21 @@ def test_actor_killed_is_restarted(launch):
         30,
         "metrics after the kill",
     )
-    code = run.wait(120)
-    output = run.output()
-    assert code == 0, f"exit code {code}:\n{output}\n{run.logs()}"
-    assert re.search(r"actor-1 exited with code -9; restarting it", output), output
-    assert re.search(r"restarts [1-9]", output), output
 
-    summary = run.summary()
-    assert "max_seconds" in summary["reason"], summary["reason"]
+    def trained_on():
+        """The restart on the console, and the run (actor 1 too) stepping and updating
+        past both snapshots."""
+        output, metrics = run.output(), run.metrics()
+        if not re.search(r"actor-1 exited with code -9; restarting it", output):
+            return None
+        if not re.search(r"restarts [1-9]", output):
+            return None
+        last = metrics[-1]
+        done = all(last[k] > max(at_kill[k], after_kill[k]) for k in ("env_steps", "updates"))
+        return done and last["actor/1/env_steps"] > after_kill["actor/1/env_steps"]
+
+    run.poll_until(trained_on, 120, "actor 1 restarted and the run training on")
+    summary = run.interrupt()
     assert summary["restarts"]["actor-1"] >= 1, summary["restarts"]
     assert summary["restarts"]["actor-0"] == 0, summary["restarts"]
     assert _role_pids(run.config_path, "actor", 1) == []
@@ -722,7 +745,11 @@ def test_actor_killed_is_restarted(launch):
 
 @pytest.mark.timeout(240)
 def test_learner_killed_is_restarted_and_updates_keep_rising(launch):
-    run = launch("stop.max_env_steps=null", "stop.max_seconds=45", "cluster.actor=2")
+    run = launch(
+        "stop.max_env_steps=null",
+        "stop.max_seconds=200",  # a backstop: the test interrupts the run once it saw enough
+        "cluster.actor=2",
+    )
 
     def learner_updated():
         metrics = run.metrics()
@@ -731,11 +758,26 @@ def test_learner_killed_is_restarted_and_updates_keep_rising(launch):
     run.poll_until(learner_updated, 120, "learner 0 reporting updates")
     run.signal_role("learner", 0, signal.SIGKILL)
     at_kill = run.metrics()[-1]
-    code = run.wait(150)
-    output = run.output()
-    assert code == 0, f"exit code {code}:\n{output}\n{run.logs()}"
-    assert re.search(r"learner-0 exited with code -9; restarting it", output), output
-    summary = run.summary()
+    run.poll_until(
+        lambda: re.search(r"learner-0 exited with code -9; restarting it", run.output()),
+        60,
+        "the learner's restart",
+    )
+    # Written after the launcher saw the learner dead: it holds every report the killed
+    # learner made, so what comes on top of it comes from the restarted one.
+    lines = len(run.metrics())
+    dead = run.poll_until(
+        lambda: run.metrics()[lines] if len(run.metrics()) > lines else None,
+        30,
+        "metrics after the restart",
+    )
+
+    def updated_again():
+        last = run.metrics()[-1]
+        return all(last[k] > dead[k] for k in ("learner/0/updates", "ps/0/version"))
+
+    run.poll_until(updated_again, 120, "updates of the restarted learner")
+    summary = run.interrupt()
     assert summary["restarts"]["learner-0"] >= 1, summary["restarts"]
     last = run.metrics()[-1]
     # The restarted learner pulled the newest weights (the PS kept the optimizer state)
@@ -749,7 +791,7 @@ def test_learner_killed_is_restarted_and_updates_keep_rising(launch):
 def test_ps_killed_is_restarted_from_its_checkpoint(launch):
     run = launch(
         "stop.max_env_steps=null",
-        "stop.max_seconds=40",  # counted by PS shard 0 (a restart resumes its checkpoint's clock)
+        "stop.max_seconds=200",  # a backstop: the test interrupts the run once it saw enough
         "run.checkpoint_interval_s=1",
         "cluster.actor=2",
     )
@@ -774,11 +816,16 @@ def test_ps_killed_is_restarted_from_its_checkpoint(launch):
     # The restarted shard restores its newest checkpoint: never older than what was read.
     first = run.poll_until(restored_status, 60, "metrics from the restarted PS shard")
     assert first["ps/0/version"] >= saved_version, (first["ps/0/version"], saved_version)
-    code = run.wait(150)
-    output = run.output()
-    assert code == 0, f"exit code {code}:\n{output}\n{run.logs()}"
-    assert re.search(r"ps-0 exited with code -9; restarting it", output), output
-    summary = run.summary()
+
+    def trained_on():
+        """The restart on the console; steps, updates and pushes after the restored ones."""
+        if not re.search(r"ps-0 exited with code -9; restarting it", run.output()):
+            return None
+        last = run.metrics()[-1]
+        return all(last[k] > first[k] for k in ("updates", "env_steps", "ps/0/version"))
+
+    run.poll_until(trained_on, 120, "training on the restored weights")
+    summary = run.interrupt()
     assert summary["restarts"]["ps-0"] >= 1, summary["restarts"]
     last = run.metrics()[-1]
     # The learner and actors reconnected and kept training on the restored weights.
@@ -791,7 +838,7 @@ def test_ps_killed_is_restarted_from_its_checkpoint(launch):
 def test_memory_killed_is_restarted_from_its_snapshot(launch):
     run = launch(
         "stop.max_env_steps=null",
-        "stop.max_seconds=40",
+        "stop.max_seconds=200",  # a backstop: the test interrupts the run once it saw enough
         "run.checkpoint_interval_s=3",
         "cluster.actor=2",
     )
@@ -817,11 +864,21 @@ def test_memory_killed_is_restarted_from_its_snapshot(launch):
     # restores this file before it writes its first snapshot (3 s later).
     held, inserted = snapshot_counts()
     updates_at_kill = run.metrics()[-1]["updates"]
-    code = run.wait(150)
+
+    # A newer snapshot comes from the restarted shard, 3 s or more after it started serving:
+    # by then the learner has long used up (and reported) the batches it held at the kill,
+    # so updates past that point were trained on samples of the restarted shard (which
+    # samples only after it took `min_size_to_sample` inserts of its own).
+    run.poll_until(
+        lambda: snapshot_counts()[1] > inserted, 120, "a snapshot of the restarted memory shard"
+    )
+    updates_since = run.metrics()[-1]["updates"]
+    run.poll_until(
+        lambda: run.metrics()[-1]["updates"] > updates_since, 60, "updates after the restart"
+    )
+    summary = run.interrupt()
     output = run.output()
-    assert code == 0, f"exit code {code}:\n{output}\n{run.logs()}"
     assert re.search(r"memory-0 exited with code -9; restarting it", output), output
-    summary = run.summary()
     assert summary["restarts"]["memory-0"] >= 1, summary["restarts"]
     memory = _counters(summary, "memory/0")
     # The restarted shard came back with exactly what its last snapshot held.
@@ -847,7 +904,7 @@ def _exited(pid: int) -> bool:
 def test_sigterm_makes_every_role_save_what_it_owns_and_exit_within_10s(launch):
     run = launch(
         "stop.max_env_steps=null",
-        "stop.max_seconds=60",
+        "stop.max_seconds=200",  # a backstop: the test interrupts the run once it saw enough
         "run.checkpoint_interval_s=1000",  # only SIGTERM makes the servers write
         "cluster.actor=2",
         "cluster.evaluator=1",
@@ -874,14 +931,24 @@ def test_sigterm_makes_every_role_save_what_it_owns_and_exit_within_10s(launch):
         if role == "memory":
             with np.load(saved["memory"]) as data:
                 held = min(int(data["inserted"]), int(data["capacity"]))
-    code = run.wait(150)
-    output = run.output()
-    assert code == 0, f"exit code {code}:\n{output}\n{run.logs()}"
+
     # The servers are restarted (a worker that exits 0 is not: Kubernetes restarts those);
     # the memory shard took back exactly what its SIGTERM snapshot held.
-    assert re.search(r"memory-0 exited with code 0; restarting it", output), output
-    assert re.search(r"ps-0 exited with code 0; restarting it", output), output
-    memory = _counters(run.summary(), "memory/0")
+    def listening_again(role: str, name: str) -> bool:
+        log = (run.run_dir / "logs" / f"{role}-0.log").read_text()
+        return log.count(f"{name} 0 listening on") >= 2
+
+    def both_restarted():
+        output = run.output()
+        return (
+            re.search(r"memory-0 exited with code 0; restarting it", output)
+            and re.search(r"ps-0 exited with code 0; restarting it", output)
+            and listening_again("memory", "memory shard")
+            and listening_again("ps", "PS shard")
+        )
+
+    run.poll_until(both_restarted, 120, "the PS and memory shards restarted and listening")
+    memory = _counters(run.interrupt(), "memory/0")
     assert held > 0 and memory["memory/0/restored_items"] == held, (held, memory)
     _assert_no_processes_left(run.run_dir)
 
@@ -892,7 +959,7 @@ def test_aggregate_memory_killed_mid_round_the_round_is_redone(launch):
     run = launch(
         *overrides,
         "stop.max_env_steps=null",
-        "stop.max_seconds=45",
+        "stop.max_seconds=200",  # a backstop: the test interrupts the run once it saw enough
         "env.num_envs=4",
         config=config,
         base=("stop.episode_return_mean=null", "run.log_interval_s=0.5"),
@@ -903,15 +970,22 @@ def test_aggregate_memory_killed_mid_round_the_round_is_redone(launch):
 
     run.poll_until(round_at_least(3), 120, "three rounds")
     run.signal_role("memory", 0, signal.SIGKILL)
-    killed_round = run.metrics()[-1]["learner/round"]
-    run.poll_until(round_at_least(killed_round + 3), 120, "rounds after the memory restart")
-    code = run.wait(120)
-    output = run.output()
-    assert code == 0, f"exit code {code}:\n{output}\n{run.logs()}"
-    assert re.search(r"memory-0 exited with code -9; restarting it", output), output
+    run.poll_until(
+        lambda: re.search(r"memory-0 exited with code -9; restarting it", run.output()),
+        60,
+        "the memory shard's restart",
+    )
+
+    # The restarted shard lost the items shipped before the kill: the learner abandons
+    # that round (publishes the next one with the same weights) instead of waiting forever.
+    def abandoned():
+        last = (run.metrics() or [{}])[-1]
+        return last if last.get("learner/abandoned_rounds", 0) >= 1 else None
+
+    redone = run.poll_until(abandoned, 120, "the lost round abandoned")["learner/round"]
+    run.poll_until(round_at_least(redone + 3), 120, "rounds after the memory restart")
+    run.interrupt()
     last = run.metrics()[-1]
-    # The restarted shard lost the items shipped before the kill: the learner abandoned
-    # that round (published the next one with the same weights) instead of waiting forever.
     assert last["learner/abandoned_rounds"] >= 1, last
     assert "round" in (run.run_dir / "logs" / "learner-0.log").read_text()
     _assert_no_processes_left(run.run_dir)

@@ -340,16 +340,22 @@ def test_record_then_train_bc_with_no_actors(tmp_path):
     (tmp_path / "bc").mkdir()
     bc = Run(
         tmp_path / "bc",
-        ["stop.max_seconds=15", "eval.interval_s=0", "eval.episodes=2", "eval.num_envs=2"],
+        # A backstop: the run is interrupted once it trained and evaluated (a budget stop
+        # of an offline run, exit 0, is test_bcq's).
+        ["stop.max_seconds=200", "eval.interval_s=0", "eval.episodes=2", "eval.num_envs=2"],
         config=ROOT / "configs" / "cartpole_bc.yaml",
         base=(f"input.dir={data}", "stop.eval_return_mean=null", "run.log_interval_s=0.5"),
     )
+
+    def trained_and_evaluated():
+        last = (bc.metrics() or [{}])[-1]
+        return last.get("updates", 0) > 0 and "evaluator/eval_ope_wis" in last
+
     try:
-        code = bc.wait(120)
-        assert code == 0, f"{bc.output()}\n{bc.logs()}"
+        bc.poll_until(trained_and_evaluated, 120, "updates, an evaluation and its OPE")
+        summary = bc.interrupt()
     finally:
         bc.cleanup()
-    summary = bc.summary()
     assert set(summary["restarts"]) == {"ps-0", "memory-0", "learner-0", "evaluator-0"}
     memory = summary["servers"]["memory/0"]["counters"]
     assert memory["memory/0/loaded_items"] == len(steps["t"])

@@ -19,6 +19,7 @@ from easyrl.tools.plot import Curves
 
 ROOT = Path(__file__).resolve().parents[1]
 PPO = ROOT / "configs" / "cartpole_ppo.yaml"
+TARGET = 40  # the real sweep's mean return to reach: a random policy gets ~22 on CartPole
 
 
 def test_the_grid_is_the_cross_product_of_values_and_seeds():
@@ -86,7 +87,10 @@ def test_the_cores_are_split_between_parallel_trials(monkeypatch):
 def _sweep_command(directory: Path, *extra: str) -> list[str]:
     command = [sys.executable, "-m", "easyrl.cli", "sweep", str(PPO), "--dir", str(directory)]
     command += ["--grid", "algorithm.lr=0.0003,0.001", "--seeds", "1", "--parallel", "1"]
-    for override in ("stop.max_seconds=20", "cluster.actor=1"):
+    # A target PPO reaches in seconds (the trials stop there, exit 0, "reached"); 20 s of
+    # run clock is the budget of a trial that does not.
+    sets = (f"stop.episode_return_mean={TARGET}", "stop.max_seconds=20", "cluster.actor=1")
+    for override in sets:
         command += ["--set", override]
     return [*command, *extra]
 
@@ -128,12 +132,12 @@ def test_an_interrupted_sweep_resumes_and_writes_its_table_and_plot(tmp_path):
         rows = list(csv.DictReader(f))
     assert [r["trial"] for r in rows] == ["lr=0.0003,seed=0", "lr=0.001,seed=0"]
     assert [r["algorithm.lr"] for r in rows] == ["0.0003", "0.001"]
-    for row in rows:  # 20 s of training: the target (450) or the budget
+    for row in rows:  # the target (TARGET) or the budget (20 s)
         assert row["status"] in ("reached", "budget") and row["exit_code"] in ("0", "1"), row
         assert float(row["env_steps"]) > 0 and row["final_return"] != "", row
         assert (row["time_to_target_s"] != "") == (row["status"] == "reached"), row
     assert (directory / "sweep.png").stat().st_size > 0
-    summary = r"^lr=0\.001 +1 seed\(s\) +final return [\d.]+ \+- 0\.0 .*reached 450 in [01]/1"
+    summary = r"^lr=0\.001 +1 seed\(s\) +final return [\d.]+ \+- 0\.0 .*reached 40 in [01]/1"
     assert re.search(summary, second.stdout, re.M), second.stdout
 
     # Once more: every trial is finished, nothing runs.
