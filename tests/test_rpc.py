@@ -208,6 +208,26 @@ def test_call_gives_up_on_unavailable_after_retry_budget(connect):
     assert 0.15 <= elapsed < 1.0, elapsed
 
 
+def test_a_stopping_process_stops_retrying_at_once(connect, monkeypatch):
+    # SIGTERM sets rpc.STOPPING (roles.common.stop_event_on_signals): a role whose peer is
+    # gone must not sit out its 30 s retry budget, or it overruns the launcher's grace.
+    stopping = threading.Event()
+    monkeypatch.setattr(rpc, "STOPPING", stopping)
+    client = connect(f"127.0.0.1:{free_port()}", TOKEN, timeout_s=2.0, retry_s=30.0)
+    timer = threading.Timer(0.5, stopping.set)
+    timer.start()
+    start = time.monotonic()
+    with pytest.raises(TransportError) as info:
+        status_of(client)
+    timer.join()
+    assert info.value.code == grpc.StatusCode.UNAVAILABLE
+    assert 0.4 <= time.monotonic() - start < 10.0  # not the 30 s budget
+    start = time.monotonic()
+    with pytest.raises(TransportError):  # and no retries at all from then on
+        status_of(client)
+    assert time.monotonic() - start < 2.0
+
+
 def test_unreachable_peer_is_logged_once_per_interval_not_per_retry(connect, caplog, monkeypatch):
     monkeypatch.setattr(rpc.Client, "WARN_AFTER_S", 0.3)
     address = f"127.0.0.1:{free_port()}"

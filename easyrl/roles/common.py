@@ -170,6 +170,7 @@ def stop_event_on_signals() -> StopSignal:
 
     def handler(signum, frame):
         log.info("received signal %d, stopping", signum)
+        rpc.STOPPING.set()  # no more waiting for peers that are gone
         event.set()
 
     signal.signal(signal.SIGTERM, handler)

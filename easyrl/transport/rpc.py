@@ -37,6 +37,11 @@ UNLIMITED_MESSAGE_BYTES = 2**31 - 1
 """gRPC's largest limit: what clients set (see `_client_options`)."""
 _AUTH_KEY = "authorization"
 _TOO_LARGE = "larger than max"
+
+STOPPING = threading.Event()
+"""Set once this process is asked to stop (a role's SIGTERM or SIGINT, see
+`easyrl.roles.common.stop_event_on_signals`): clients then stop retrying an unreachable peer
+at once, so that a role whose peer is gone still exits within its grace period."""
 """What gRPC's status details say of a message over a limit."""
 HEALTH_METHODS = "/grpc.health.v1.Health/"
 """Method prefix of the health service: answered without the token (it tells only whether the
@@ -447,11 +452,11 @@ class Client:
     def call(
         self, method: str, request, *, timeout_s: float | None = None, retry_s: float | None = None
     ):
-        """Calls `method` with retries on UNAVAILABLE.
+        """Calls `method` with retries on UNAVAILABLE (none once `STOPPING` is set).
 
         Raises:
-            TransportError: a non-retryable status, or UNAVAILABLE past `retry_s`.
-                Its `code` attribute holds the grpc.StatusCode.
+            TransportError: a non-retryable status, or UNAVAILABLE past `retry_s` or while
+                the process stops. Its `code` attribute holds the grpc.StatusCode.
         """
         timeout = self.timeout_s if timeout_s is None else timeout_s
         started = time.monotonic()
@@ -464,7 +469,7 @@ class Client:
             except grpc.RpcError as err:
                 code = err.code()
                 retry = code == grpc.StatusCode.UNAVAILABLE and time.monotonic() < give_up
-                if not retry:
+                if not retry or STOPPING.is_set():
                     details = f"{method} to {self.address} failed: {code.name}: {err.details()}"
                     if code == grpc.StatusCode.RESOURCE_EXHAUSTED and _TOO_LARGE in details:
                         error: TransportError = MessageTooLarge(
@@ -486,7 +491,8 @@ class Client:
                         now - started,
                         max(0.0, give_up - now),
                     )
-            time.sleep(min(delay, max(0.0, give_up - time.monotonic())) * random.uniform(0.5, 1))
+            pause = min(delay, max(0.0, give_up - time.monotonic())) * random.uniform(0.5, 1)
+            STOPPING.wait(pause)  # a stop ends the pause: the next failure is not retried
             delay = min(delay * 2, self.BACKOFF_CAP_S)
 
     def serving(self, timeout_s: float) -> bool:
