@@ -597,6 +597,19 @@ def test_restored_shard_keeps_the_run_clock(serve_ps, tmp_path):
     assert fresh.elapsed() < 0.3 <= restored.elapsed()
 
 
+def test_the_run_clock_stops_when_the_run_stops(serve_ps, tmp_path):
+    path = tmp_path / "checkpoints" / "ps-0.npz"
+    ps, client = serve_ps(checkpoint_path=path, stats=RunStats(window=3))
+    assign(client, initial_values())
+    ps.stop_clock()  # a stop condition (or Shutdown) was reached
+    stopped = ps.elapsed()
+    time.sleep(0.3)  # winding down: roles exit, the final checkpoint is written
+    ps.checkpoint()
+    assert ps.elapsed() == stopped
+    restored, _ = serve_ps(checkpoint_path=path, stats=RunStats(window=3))
+    assert stopped <= restored.elapsed() < stopped + 0.25  # resumed from the stop, not later
+
+
 def test_checkpoint_without_path_is_noop(serve_ps, tmp_path):
     ps, client = serve_ps()
     assign(client, initial_values())

@@ -84,6 +84,7 @@ class ParameterServer(pb_grpc.ParameterServerServicer):
         """Why the run stops (shard 0, once a stop condition is met)."""
         self.shutdown_requested = threading.Event()
         self._clock = time.monotonic()  # when the run started, as if it had never stopped
+        self._clock_stopped: float | None = None  # when the run began to stop
         if checkpoint_path is not None and checkpoint_path.exists():
             self._restore(checkpoint_path)
 
@@ -153,8 +154,16 @@ class ParameterServer(pb_grpc.ParameterServerServicer):
     def elapsed(self) -> float:
         """Seconds the run has trained: since this shard started plus what its checkpoint
         had counted (a restarted shard 0 keeps `stop.max_seconds` and metric times going;
-        the time between the last checkpoint and the restart is not counted)."""
-        return time.monotonic() - self._clock
+        the time between the last checkpoint and the restart is not counted), up to when
+        the run began to stop (`stop_clock`)."""
+        end = time.monotonic() if self._clock_stopped is None else self._clock_stopped
+        return end - self._clock
+
+    def stop_clock(self) -> None:
+        """Stops the run clock: the run is stopping, and winding down is not training (a run
+        stopped by `stop.max_seconds` and resumed goes on from exactly that budget)."""
+        if self._clock_stopped is None:
+            self._clock_stopped = time.monotonic()
 
     # --- RPCs ------------------------------------------------------------------------
 
@@ -328,6 +337,7 @@ class ParameterServer(pb_grpc.ParameterServerServicer):
 
     def Shutdown(self, request, context):
         with self._lock:
+            self.stop_clock()
             self.stopping.set()
             self.shutdown_requested.set()
             self._round_published.notify_all()  # long-polling Pulls answer at once
@@ -346,6 +356,7 @@ def metrics_loop(ps: ParameterServer, stats: RunStats, cfg, run_dir: Path, done:
             reason = stop_reason(cfg.stop, snapshot, elapsed, cfg.output)
         if reason:
             log.info("stop condition: %s", reason.text)
+            ps.stop_clock()
             ps.stop = reason
             ps.stopping.set()
         log.info("%s", progress_line(elapsed, snapshot))  # `kubectl logs`, bare-metal logs
