@@ -216,8 +216,7 @@ class AlgorithmModule(Protocol):
     "only": it is required; default False), `OFFLINE_ONLY` (default False), `ACTION_MASKS`
     (default False: True when its agents honour an observation's action mask,
     `easyrl.envs.flat`), `round_share` (sync_rounds only: the items one actor ships per round)
-    and `dataset_items` (async_replay
-    only: replay items from a recorded dataset's rows).
+    and `dataset_items` (async_replay only: replay items from a recorded dataset's rows).
     """
 
     FLOW: Flow

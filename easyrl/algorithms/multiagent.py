@@ -19,8 +19,7 @@ runtime sees one agent of the algorithm's flow:
 - learning: each policy's agent learns on its rows; the gradients are merged in the order of
   `variables`, None for a policy without rows in the batch (the PS leaves its variables
   alone: each policy has its own optimizer group, `optimizer`); stats are reported as
-  `{policy}.{stat}`. Synchronous rounds (PPO) zip the
-  policies' updates of the round.
+  `{policy}.{stat}`. Synchronous rounds (PPO) zip the policies' updates of the round.
 
 Supported algorithms: `ALGORITHMS`. Greedy play (`easyrl rollout`, `easyrl export`, the
 evaluator) refuses multi-agent runs.

@@ -67,7 +67,8 @@ def action_mask_size(space: spaces.Space) -> int:
 
 
 def observation_parts(space: spaces.Space) -> tuple[Part, ...]:
-    """The top-level keys of a flattened Dict/Tuple observation space (): not one)."""
+    """Where the top-level keys of a flattened Dict/Tuple observation space lie (`FlatBox.parts`);
+    () for any other space."""
     return space.parts if isinstance(space, FlatBox) else ()
 
 

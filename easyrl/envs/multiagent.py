@@ -346,8 +346,10 @@ class SlotVectorEnv:
                 truncated[s] = not terminated[s] and (bool(trunc.get(agent, False)) or limit)
                 if agent not in staying:  # gone: a slot episode end, whatever the env said
                     truncated[s] |= not terminated[s]
-                    blank = self._blank_obs()[s]  # an agent gone without an observation
-                    final[s] = self._with_id(s, nxt[agent]) if agent in nxt else blank
+                    # an agent gone without an observation ends on a blank one
+                    final[s] = (
+                        self._with_id(s, nxt[agent]) if agent in nxt else self._blank_obs()[s]
+                    )
             for agent in staying:
                 s = self._slot(e, agent)
                 obs[s], self.present[s] = self._with_id(s, nxt[agent]), True

@@ -37,12 +37,11 @@ UNLIMITED_MESSAGE_BYTES = 2**31 - 1
 """gRPC's largest limit: what clients set (see `_client_options`)."""
 _AUTH_KEY = "authorization"
 _TOO_LARGE = "larger than max"
-
+"""What gRPC's status details say of a message over a limit."""
 STOPPING = threading.Event()
 """Set once this process is asked to stop (a role's SIGTERM or SIGINT, see
 `easyrl.roles.common.stop_event_on_signals`): clients then stop retrying an unreachable peer
 at once, so that a role whose peer is gone still exits within its grace period."""
-"""What gRPC's status details say of a message over a limit."""
 HEALTH_METHODS = "/grpc.health.v1.Health/"
 """Method prefix of the health service: answered without the token (it tells only whether the
 server is serving, and probes carry no metadata)."""
