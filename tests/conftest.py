@@ -22,6 +22,47 @@ if TYPE_CHECKING:
     from easyrl.roles.ps import ParameterServer
 
 CONFIGS = Path(__file__).resolve().parent.parent / "configs"
+PS_TOKEN = "ps-test-token"
+"""The token of `serve_ps`'s shards."""
+
+
+@pytest.fixture
+def serve_ps():
+    """Starts ParameterServer shards on 127.0.0.1 and returns a factory of (servicer, client);
+    the optimizer is SGD with lr 0.1 unless given, the client's token `PS_TOKEN` unless
+    given."""
+    from easyrl.algorithms.optimizers import OptimizerSpec
+    from easyrl.roles.ps import ParameterServer
+    from easyrl.transport import rpc
+
+    servers, clients = [], []
+
+    def start(
+        shard=0,
+        optimizer=None,
+        max_staleness=10,
+        checkpoint_path=None,
+        stats=None,
+        token=PS_TOKEN,
+    ):
+        optimizer = optimizer or OptimizerSpec(kind="sgd", lr=0.1)
+        ps = ParameterServer(shard, optimizer, max_staleness, checkpoint_path, stats)
+        server, port = rpc.make_server("127.0.0.1:0", PS_TOKEN, max_workers=4)
+        rpc.add_servicer("ps", ps, server)
+        server.start()
+        servers.append(server)
+        client = rpc.Client(
+            rpc.stub_class("ps"), f"127.0.0.1:{port}", token, timeout_s=5, retry_s=1
+        )
+        clients.append(client)
+        return ps, client
+
+    yield start
+    for client in clients:
+        client.close()
+    for server in servers:
+        server.stop(None).wait()
+
 
 _SMALL_RUN = ("env.num_envs=2", "cluster.actor=1")
 _SMALL_REPLAY = (

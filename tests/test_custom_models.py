@@ -310,3 +310,31 @@ def test_two_variables_of_one_name_are_refused():
     module.b = tf.Variable(2.0, name="pi/w")
     with pytest.raises(ValueError, match="two variables are named 'pi/w'"):
         named_variables(module)
+
+
+def test_compiled_call_converts_checks_and_matches_the_function():
+    """`Compiled` calls the concrete function's flat entry point: numpy inputs of another
+    dtype are converted to the signature's, a shape outside the signature is refused, the
+    result equals the tf.function's, and nothing retraces."""
+    from easyrl.models import Compiled
+
+    v = tf.Variable([[1.0, 2.0], [3.0, 4.0]])
+
+    def fn(x, k):
+        return tf.matmul(x, v) * tf.cast(k, tf.float32)[:, None], tf.reduce_sum(x, axis=1)
+
+    spec = (tf.TensorSpec([None, 2], tf.float32), tf.TensorSpec([None], tf.int64))
+    compiled = Compiled(fn, *spec)
+    x = np.array([[1.0, 0.0], [0.5, 2.0]])  # float64: converted
+    out, total = compiled(x, np.array([1, 2]))
+    ref_out, ref_total = tf.function(fn)(tf.constant(x, tf.float32), tf.constant([1, 2], tf.int64))
+    np.testing.assert_allclose(out.numpy(), ref_out.numpy())
+    np.testing.assert_allclose(total.numpy(), ref_total.numpy())
+    v.assign([[0.0, 0.0], [0.0, 1.0]])  # captured variables are read at call time
+    assert compiled(x, np.array([1, 1]))[0].numpy().tolist() == [[0.0, 0.0], [0.0, 2.0]]
+    with pytest.raises(ValueError, match=r"shape \(2, 3\)"):
+        compiled(np.zeros((2, 3), np.float32), np.array([1, 1]))
+    with pytest.raises(TypeError, match="expected 2 arguments"):
+        compiled(x)
+    compiled(np.zeros((5, 2), np.float32), np.arange(5))  # another batch size
+    assert compiled.experimental_get_tracing_count() == 1

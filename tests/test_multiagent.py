@@ -9,6 +9,7 @@ import gymnasium as gym
 import numpy as np
 import pytest
 from test_cluster import ROOT, _assert_no_processes_left, _counters
+from test_ps import assign, pull, push
 
 from easyrl import config as config_lib
 from easyrl.algorithms import multiagent, registry
@@ -22,9 +23,6 @@ from easyrl.envs.multiagent import (
 from easyrl.errors import ConfigError, EasyRLError
 from easyrl.metrics import RunStats, check_policies
 from easyrl.roles.actor import EpisodeTracker
-from easyrl.roles.ps import ParameterServer
-from easyrl.transport import codec
-from easyrl.transport import easyrl_pb2 as pb
 
 ENV_ID = "easyrl/TwoRunners-v0"
 MAPPING = {"policies": ["p0", "p1"], "policy_mapping": {"runner_0": "p0", "runner_1": "p1"}}
@@ -318,7 +316,9 @@ def test_each_policy_has_its_own_prefixed_variables_with_their_own_initial_value
         ({"name": "dqn", "batch_size": 8, "n_step": 2}, 0),
     ],
 )
-def test_a_replay_update_gives_gradients_to_the_policies_in_the_batch_only(algorithm, lstm):
+def test_a_replay_update_gives_gradients_to_the_policies_in_the_batch_only(
+    algorithm, lstm, serve_ps
+):
     cfg, agent = build(algorithm, **{"model.lstm": lstm})
     parts = collect(agent, 12)
     batch = {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
@@ -335,13 +335,13 @@ def test_a_replay_update_gives_gradients_to_the_policies_in_the_batch_only(algor
     assert all(g is None for g in step.grads[sizes[0] :])  # p1's variables left alone
     assert step.stats and all(k.startswith("p0.") for k in step.stats)
     # The PS takes that push: each policy is its own optimizer group; p1 stays as it was.
-    ps = ParameterServer(0, multiagent.optimizer(cfg, registry.module(cfg.algorithm.name)), 10)
+    _, client = serve_ps(optimizer=multiagent.optimizer(cfg, registry.module(cfg.algorithm.name)))
     values = {n: v.numpy() for n, v in agent.variables.items()}
-    _assign(ps, values)
+    version = assign(client, values).version
     named = {n: g for n, g in zip(agent.variables, step.grads, strict=True) if g is not None}
-    reply = _push(ps, named)
+    reply = push(client, named, version)
     assert reply.applied, reply
-    after = _pull(ps)
+    _, after = pull(client)
     assert all(np.array_equal(after[n], values[n]) for n in values if n.startswith("p1/"))
     assert any(not np.array_equal(after[n], values[n]) for n in values if n.startswith("p0/"))
     both = agent.learn(batch, np.ones(len(batch["policy"]), np.float32))
@@ -352,23 +352,6 @@ def test_a_replay_update_gives_gradients_to_the_policies_in_the_batch_only(algor
         np.testing.assert_allclose(
             both.priorities[batch["policy"] == 0], step.priorities, rtol=1e-5
         )
-
-
-def _assign(ps, values: dict) -> None:
-    body = codec.Body()
-    request = pb.AssignRequest(tensors=body.named(values))
-    ps.Assign(codec.parser(pb.AssignRequest)(body.frame(request).SerializeToString()), None)
-
-
-def _push(ps, grads: dict):
-    body = codec.Body()
-    request = pb.PushRequest(version=ps.version, gradients=body.named(grads))
-    return ps.Push(codec.parser(pb.PushRequest)(body.frame(request).SerializeToString()), None)
-
-
-def _pull(ps) -> dict:
-    reply = ps.Pull(pb.PullRequest(), None)
-    return codec.decode_named(reply.tensors, reply.body)
 
 
 @pytest.mark.parametrize("lstm", [0, 8])

@@ -6,17 +6,16 @@ import time
 import grpc
 import numpy as np
 import pytest
+from conftest import PS_TOKEN as TOKEN
 from test_memory_server import abandon_calls
 
 from easyrl.algorithms.optimizers import OptimizerSpec
 from easyrl.errors import TransportError
 from easyrl.metrics import RunStats, Stop, StopKind
-from easyrl.roles.ps import ParameterServer
-from easyrl.transport import codec, rpc
+from easyrl.transport import codec
 from easyrl.transport import easyrl_pb2 as pb
 from easyrl.transport.clients import ParameterClient, ShardClient
 
-TOKEN = "ps-test-token"
 SGD = OptimizerSpec(kind="sgd", lr=0.1)
 ADAM = OptimizerSpec(kind="adam", lr=0.01, beta1=0.9, beta2=0.999, epsilon=1e-8)
 
@@ -36,37 +35,6 @@ def gradients(scale: float = 1.0) -> dict[str, np.ndarray]:
         "q/torso/0/b": np.array([0.1, 0.2, -0.3], np.float32) * scale,
         "q/head/w": np.array([[3.0], [-0.5], [0.0]], np.float32) * scale,
     }
-
-
-@pytest.fixture
-def serve_ps():
-    """Starts ParameterServer shards on 127.0.0.1 and returns (servicer, client)."""
-    servers, clients = [], []
-
-    def start(
-        shard=0,
-        optimizer=SGD,
-        max_staleness=10,
-        checkpoint_path=None,
-        stats=None,
-        token=TOKEN,
-    ):
-        ps = ParameterServer(shard, optimizer, max_staleness, checkpoint_path, stats)
-        server, port = rpc.make_server("127.0.0.1:0", TOKEN, max_workers=4)
-        rpc.add_servicer("ps", ps, server)
-        server.start()
-        servers.append(server)
-        client = rpc.Client(
-            rpc.stub_class("ps"), f"127.0.0.1:{port}", token, timeout_s=5, retry_s=1
-        )
-        clients.append(client)
-        return ps, client
-
-    yield start
-    for client in clients:
-        client.close()
-    for server in servers:
-        server.stop(None).wait()
 
 
 def assign(client, values, only_if_empty=True) -> pb.AssignResponse:

@@ -17,7 +17,7 @@ and, for prioritized replay, the batch's new priorities. Nothing here imports Te
 loading a config stays cheap.
 """
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any, Literal, NamedTuple, Protocol
 
 import numpy as np
@@ -244,6 +244,12 @@ class AlgorithmModule(Protocol):
     ) -> Agent:
         """The TF side (imports TensorFlow)."""
         ...
+
+
+def concat(parts: Sequence[Batch], keys: Iterable[str] | None = None) -> Batch:
+    """The columns `keys` (default: those of the first part) of `parts`, each concatenated
+    along the first axis."""
+    return {k: np.concatenate([p[k] for p in parts]) for k in (parts[0] if keys is None else keys)}
 
 
 def check_model_kind(name: str, model: Any, kinds: tuple[str, ...]) -> None:

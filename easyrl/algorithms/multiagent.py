@@ -42,6 +42,7 @@ from easyrl.algorithms.contract import (
     ReplayAgent,
     RoundCollector,
     RoundsAgent,
+    concat,
 )
 from easyrl.errors import ConfigError, EasyRLError, did_you_mean
 from easyrl.seeds import derive_seed
@@ -407,7 +408,7 @@ class SlotCollector:
                 rewards, next_obs, real_next_obs, terminated, truncated
             )
         ]
-        return _concat(parts) if parts else None
+        return concat(parts) if parts else None
 
     def stats(self) -> dict[str, float]:
         """Each acting stat as `{policy}.{stat}`, the mean over the policy's slots."""
@@ -456,9 +457,4 @@ class SlotRoundCollector(SlotCollector):
                 self._parts[s] = out
         if any(part is None for part in self._parts):
             return None
-        return _concat(cast(list[Batch], self._parts))
-
-
-def _concat(parts: list[Batch]) -> Batch:
-    """The columns of `parts` concatenated."""
-    return {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
+        return concat(cast(list[Batch], self._parts))

@@ -14,7 +14,7 @@ from typing import cast
 
 import numpy as np
 
-from easyrl.algorithms.contract import ReplayAgent, ReplayLearner
+from easyrl.algorithms.contract import ReplayAgent, ReplayLearner, concat
 from easyrl.errors import EasyRLError
 from easyrl.flows import ActorPlumbing, LearnerPlumbing
 from easyrl.roles.common import put_until_stopped, threads_running
@@ -39,7 +39,7 @@ def act(actor: ActorPlumbing, env, seed: int) -> None:
             if vector_steps % cfg.actor.weight_sync_every == 0:
                 actor.sync_requested.set()
             if vector_steps % cfg.actor.send_every == 0 and parts:
-                batch = {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
+                batch = concat(parts)
                 if not actor.ship(batch):
                     return
                 parts = []

@@ -15,7 +15,7 @@ import grpc
 import numpy as np
 import tensorflow as tf
 
-from easyrl.algorithms.contract import Agent
+from easyrl.algorithms.contract import Agent, concat
 from easyrl.errors import TransportError
 from easyrl.flows import async_replay, sync_rounds
 from easyrl.roles.common import (
@@ -191,7 +191,7 @@ class Learner:
                 self.report({"round": float(round_)})
         if len(parts) < len(self.memories):
             return None, round_
-        batch = {k: np.concatenate([parts[i][k] for i in sorted(parts)]) for k in parts[0]}
+        batch = concat([parts[i] for i in sorted(parts)])
         if not self.updates:
             log_columns(batch)
         return batch, round_

@@ -17,7 +17,7 @@ docstring).
 import numpy as np
 import tensorflow as tf
 
-from easyrl.algorithms.contract import Flow, LearnStep
+from easyrl.algorithms.contract import Flow, LearnStep, concat
 from easyrl.algorithms.linucb import FLOW, Params, replay_spec
 from easyrl.algorithms.shared import CompiledGreedy, NoTargetNetwork, checked_columns, compiled
 from easyrl.errors import EasyRLError
@@ -212,7 +212,7 @@ def regret_run(
             rewards.append(reward)
             pending.append(collector.observe(reward, obs, obs, terminated, truncated))
             while sum(len(p["arm"]) for p in pending) >= params.batch_size:
-                items = {k: np.concatenate([p[k] for p in pending]) for k in pending[0]}
+                items = concat(pending)
                 batch = {k: v[: params.batch_size] for k, v in items.items()}
                 pending = [{k: v[params.batch_size :] for k, v in items.items()}]
                 grads, _, _ = agent.learn(batch)
