@@ -26,6 +26,35 @@ PS_TOKEN = "ps-test-token"
 """The token of `serve_ps`'s shards."""
 
 
+class Served:
+    """Servicers behind real gRPC servers on 127.0.0.1 and clients to them, as the
+    `serve_*` fixtures start them; `close` closes the clients and stops the servers."""
+
+    def __init__(self):
+        self.servers, self.clients = [], []
+
+    def start(self, role, servicer, token, client_token, timeout_s=5.0, max_workers=4):
+        """Serves `servicer` as `role` ("ps" or "memory") with `token`; returns a client
+        that sends `client_token`."""
+        from easyrl.transport import rpc
+
+        server, port = rpc.make_server("127.0.0.1:0", token, max_workers=max_workers)
+        rpc.add_servicer(role, servicer, server)
+        server.start()
+        self.servers.append(server)
+        address = f"127.0.0.1:{port}"
+        stub = rpc.stub_class(role)
+        client = rpc.Client(stub, address, client_token, timeout_s=timeout_s, retry_s=1)
+        self.clients.append(client)
+        return client
+
+    def close(self):
+        for client in self.clients:
+            client.close()
+        for server in self.servers:
+            server.stop(None).wait()
+
+
 @pytest.fixture
 def serve_ps():
     """Starts ParameterServer shards on 127.0.0.1 and returns a factory of (servicer, client);
@@ -33,9 +62,8 @@ def serve_ps():
     given."""
     from easyrl.algorithms.optimizers import OptimizerSpec
     from easyrl.roles.ps import ParameterServer
-    from easyrl.transport import rpc
 
-    servers, clients = [], []
+    served = Served()
 
     def start(
         shard=0,
@@ -47,21 +75,10 @@ def serve_ps():
     ):
         optimizer = optimizer or OptimizerSpec(kind="sgd", lr=0.1)
         ps = ParameterServer(shard, optimizer, max_staleness, checkpoint_path, stats)
-        server, port = rpc.make_server("127.0.0.1:0", PS_TOKEN, max_workers=4)
-        rpc.add_servicer("ps", ps, server)
-        server.start()
-        servers.append(server)
-        client = rpc.Client(
-            rpc.stub_class("ps"), f"127.0.0.1:{port}", token, timeout_s=5, retry_s=1
-        )
-        clients.append(client)
-        return ps, client
+        return ps, served.start("ps", ps, PS_TOKEN, token)
 
     yield start
-    for client in clients:
-        client.close()
-    for server in servers:
-        server.stop(None).wait()
+    served.close()
 
 
 _SMALL_RUN = ("env.num_envs=2", "cluster.actor=1")

@@ -6,6 +6,7 @@ import time
 import grpc
 import numpy as np
 import pytest
+from conftest import Served
 
 from easyrl.errors import ReplayError, TransportError
 from easyrl.replay import PrioritizedTable, RateLimiter, UniformTable
@@ -41,7 +42,7 @@ def check_items(data: dict, keys: np.ndarray | None = None) -> None:
 @pytest.fixture
 def serve_memory():
     """Starts MemoryServers on 127.0.0.1; returns a factory of (memory, client)."""
-    servers, clients, memories = [], [], []
+    served, memories = Served(), []
 
     def start(
         table=None,
@@ -57,22 +58,14 @@ def serve_memory():
         beta = BetaSchedule(0.4, 1.0, 100) if beta is None else beta
         memory = MemoryServer(table, limiter, batch_size, prefetch, beta)
         memories.append(memory)
-        server, port = rpc.make_server("127.0.0.1:0", TOKEN, max_workers=8)
-        rpc.add_servicer("memory", memory, server)
-        server.start()
-        servers.append(server)
-        client = rpc.Client(
-            rpc.stub_class("memory"), f"127.0.0.1:{port}", token, timeout_s=timeout_s, retry_s=1
-        )
-        clients.append(client)
-        return memory, client
+        return memory, served.start("memory", memory, TOKEN, token, timeout_s, max_workers=8)
 
     yield start
-    for client in clients:
+    for client in served.clients:
         client.close()
     for memory in memories:
         memory.close()
-    for server in servers:
+    for server in served.servers:
         server.stop(None).wait()
 
 
