@@ -1,6 +1,6 @@
 """Tests of easyrl.algorithms.sac: the tanh-squashed log-probability against numerical
 references, the critic/actor/temperature losses and gradients against an independent float64
-numpy computation, the direction the temperature moves, optimizer groups, Polyak targets,
+numpy computation, the direction the temperature moves, Polyak targets,
 initial priorities, the collector on Pendulum and the config checks."""
 
 import math
@@ -9,9 +9,24 @@ import gymnasium as gym
 import numpy as np
 import pytest
 import tensorflow as tf
+from test_td3 import (
+    ACTION,
+    ACTION_SPACE,
+    DISCOUNT,
+    MODEL,
+    NEXT_OBS,
+    OBS,
+    OBS_SPACE,
+    REWARD,
+    WEIGHTS,
+    f64,
+    known_values,
+    make_batch,
+    target_variables,
+)
+from test_td3 import build as build_agent
 
 from easyrl.algorithms import sac
-from easyrl.algorithms.optimizers import OptimizerSpec
 from easyrl.algorithms.sac import Params
 from easyrl.algorithms.sac.agent import LOG_STD_MAX, LOG_STD_MIN, squashed_log_prob
 from easyrl.algorithms.sac.agent import log_one_minus_tanh_sq as stable_log_jacobian
@@ -20,18 +35,6 @@ from easyrl.config import ModelConfig
 from easyrl.envs import final_observations, make_vector_env
 from easyrl.errors import ConfigError
 
-OBS_SPACE = gym.spaces.Box(-10.0, 10.0, shape=(3,), dtype=np.float32)
-ACTION_SPACE = gym.spaces.Box(
-    np.array([-2.0, 0.0], np.float32), np.array([2.0, 1.0], np.float32), dtype=np.float32
-)
-MODEL = ModelConfig(hidden=(3,), activation="tanh")  # smooth: finite differences are exact
-
-OBS = [[1.0, 0.5, -0.5], [-1.0, 1.5, 0.5], [0.3, -0.7, 1.2], [0.8, 1.0, -0.2], [0.0, 2.0, 1.0]]
-NEXT_OBS = [[0.8, 1.0, -0.2], [0.0, 2.0, 1.0], [1.5, -1.0, 0.6], [-0.4, 0.2, 0.9], [1.1, 0.3, 0.0]]
-ACTION = [[0.5, -0.2], [-0.9, 0.3], [0.1, 0.8], [-0.3, -0.6], [0.95, 0.0]]
-REWARD = [1.0, -2.0, 0.3, 0.5, -0.4]
-DISCOUNT = [0.9, 0.0, 0.81, 0.9, 0.9]  # the second transition ends its episode
-WEIGHTS = [1.0, 0.5, 2.0, 1.5, 0.25]
 # Standard normal: [0] for a' ~ pi(.|s') in the target, [1] for a ~ pi(.|s).
 NOISE = [
     [[0.3, -0.1], [1.2, 1.5], [-1.4, 0.2], [0.0, -0.4], [0.7, 2.1]],
@@ -40,36 +43,8 @@ NOISE = [
 LOG_2PI = math.log(2 * math.pi)
 
 
-def f64(x) -> np.ndarray:
-    """What the module sees: the float32 value, as float64 for the reference."""
-    return np.asarray(x, np.float32).astype(np.float64)
-
-
-def make_batch() -> dict:
-    return {
-        "obs": np.array(OBS, np.float32),
-        "action": np.array(ACTION, np.float32),
-        "reward": np.array(REWARD, np.float32),
-        "next_obs": np.array(NEXT_OBS, np.float32),
-        "discount": np.array(DISCOUNT, np.float32),
-    }
-
-
 def build(**changes):
-    return sac.build(Params(**changes), OBS_SPACE, ACTION_SPACE, MODEL, seed=3)
-
-
-def known_values(algo, seed: int) -> dict[str, np.ndarray]:
-    """Values for every online variable, rounded to 0.01, from a seeded stream."""
-    rng = np.random.default_rng(seed)
-    return {
-        name: f64(np.round(rng.uniform(-0.9, 0.9, size=var.shape), 2))
-        for name, var in algo.variables.items()
-    }
-
-
-def target_variables(algo) -> dict:
-    return {dst.name.removesuffix(":0"): dst for _, dst in algo.polyak.pairs}
+    return build_agent(sac, **changes)
 
 
 def set_networks(algo, online: dict, target: dict) -> None:
@@ -301,20 +276,6 @@ def test_temperature_moves_towards_the_target_entropy(target_entropy, grows):
 
 
 # --- hooks --------------------------------------------------------------------------------
-
-
-def test_optimizer_groups_cover_every_variable_once():
-    params = Params(actor_lr=1e-4, critic_lr=2e-3, alpha_lr=5e-3, optimizer="sgd")
-    groups = sac.optimizer(params)
-    assert groups == {
-        "actor/": OptimizerSpec(kind="sgd", lr=1e-4),
-        "critic/": OptimizerSpec(kind="sgd", lr=2e-3),
-        "alpha/": OptimizerSpec(kind="sgd", lr=5e-3),
-    }
-    variables = sac.build(params, OBS_SPACE, ACTION_SPACE, MODEL).variables
-    for name in variables:
-        assert sum(name.startswith(prefix) for prefix in groups) == 1, name
-    assert {p for p in groups if any(n.startswith(p) for n in variables)} == set(groups)
 
 
 def test_variables_replay_spec_and_hooks():

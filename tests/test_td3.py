@@ -9,7 +9,7 @@ import gymnasium as gym
 import numpy as np
 import pytest
 
-from easyrl.algorithms import ddpg, td3
+from easyrl.algorithms import ddpg, sac, td3
 from easyrl.algorithms.optimizers import OptimizerSpec
 from easyrl.algorithms.td3 import Params, actor_noise_scale, scale_actions
 from easyrl.config import ModelConfig
@@ -433,14 +433,16 @@ def test_initial_priorities_use_the_online_networks():
 # --- hooks, params, config checks ---------------------------------------------------------
 
 
-@pytest.mark.parametrize("algo", [td3, ddpg], ids=["td3", "ddpg"])
-def test_optimizer_groups_cover_every_variable_once(algo):
-    params = algo.Params(actor_lr=1e-4, critic_lr=2e-3, optimizer="rmsprop")
+@pytest.mark.parametrize(
+    "algo, lrs",
+    [(td3, {}), (ddpg, {}), (sac, {"alpha": 5e-3})],
+    ids=["td3", "ddpg", "sac"],
+)
+def test_optimizer_groups_cover_every_variable_once(algo, lrs):
+    lrs = {"actor": 1e-4, "critic": 2e-3, **lrs}  # SAC's temperature has its own group
+    params = algo.Params(optimizer="rmsprop", **{f"{k}_lr": lr for k, lr in lrs.items()})
     groups = algo.optimizer(params)
-    assert groups == {
-        "actor/": OptimizerSpec(kind="rmsprop", lr=1e-4),
-        "critic/": OptimizerSpec(kind="rmsprop", lr=2e-3),
-    }
+    assert groups == {f"{k}/": OptimizerSpec(kind="rmsprop", lr=lr) for k, lr in lrs.items()}
     variables = algo.build(params, OBS_SPACE, ACTION_SPACE, MODEL).variables
     for name in variables:
         assert sum(name.startswith(prefix) for prefix in groups) == 1, name
