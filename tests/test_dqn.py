@@ -4,6 +4,7 @@ an independent float64 numpy computation, initial priorities, acting and build c
 import gymnasium as gym
 import numpy as np
 import pytest
+from numeric import central_differences
 
 from easyrl.algorithms import dqn, registry
 from easyrl.algorithms.dqn import Params, actor_epsilon
@@ -111,23 +112,13 @@ def reference(online: dict, target: dict, double_q: bool, dueling: bool) -> dict
     return {"loss": loss, "td": td, "q_sa": q_s[rows, action], "best": best}
 
 
-def finite_difference_grads(dueling: bool, double_q: bool, h: float = 1e-6) -> dict:
+def finite_difference_grads(dueling: bool, double_q: bool) -> dict:
     """d loss / d online parameter, central differences; the target network is fixed."""
-    online = params_of(dueling, ONLINE)
     target = params_of(dueling, TARGET)
-    grads = {}
-    for name, value in online.items():
-        grad = np.zeros_like(value)
-        for index in np.ndindex(value.shape):
-            plus = {**online, name: value.copy()}
-            minus = {**online, name: value.copy()}
-            plus[name][index] += h
-            minus[name][index] -= h
-            up = reference(plus, target, double_q, dueling)["loss"]
-            down = reference(minus, target, double_q, dueling)["loss"]
-            grad[index] = (up - down) / (2 * h)
-        grads[f"q/{name}"] = grad
-    return grads
+    grads = central_differences(
+        params_of(dueling, ONLINE), lambda p: reference(p, target, double_q, dueling)["loss"]
+    )
+    return {f"q/{name}": grad for name, grad in grads.items()}
 
 
 # --- actor_epsilon ------------------------------------------------------------------------

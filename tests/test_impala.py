@@ -5,6 +5,7 @@ computation, unroll collection on real envs, a conv smoke test, hooks and valida
 import gymnasium as gym
 import numpy as np
 import pytest
+from numeric import central_differences
 
 from easyrl.algorithms import a3c, impala
 from easyrl.algorithms.impala import Params
@@ -132,20 +133,9 @@ def reference_loss(p: dict, batch: dict, targets, settings) -> dict:
     }
 
 
-def finite_difference_grads(p: dict, batch: dict, settings, h=1e-6) -> dict:
+def finite_difference_grads(p: dict, batch: dict, settings) -> dict:
     targets = reference_targets(p, batch, settings)
-    grads = {}
-    for name, value in p.items():
-        grad = np.zeros_like(value)
-        for index in np.ndindex(value.shape):
-            plus, minus = value.copy(), value.copy()
-            plus[index] += h
-            minus[index] -= h
-            up = reference_loss({**p, name: plus}, batch, targets, settings)["loss"]
-            down = reference_loss({**p, name: minus}, batch, targets, settings)["loss"]
-            grad[index] = (up - down) / (2 * h)
-        grads[name] = grad
-    return grads
+    return central_differences(p, lambda q: reference_loss(q, batch, targets, settings)["loss"])
 
 
 # --- V-trace ------------------------------------------------------------------------------

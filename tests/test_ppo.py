@@ -11,6 +11,7 @@ import textwrap
 import gymnasium as gym
 import numpy as np
 import pytest
+from numeric import central_differences
 
 from easyrl.algorithms import ppo
 from easyrl.algorithms.optimizers import OptimizerSpec
@@ -153,20 +154,11 @@ def reference(p: dict, batch: dict, discrete: bool, params: Params) -> dict:
     }
 
 
-def finite_difference_grads(batch, discrete, params, h=1e-6) -> dict[str, np.ndarray]:
-    base = values_for(discrete)
-    grads = {}
-    for name, value in base.items():
-        grad = np.zeros_like(value)
-        for index in np.ndindex(value.shape):
-            plus, minus = value.copy(), value.copy()
-            plus[index] += h
-            minus[index] -= h
-            up = reference({**base, name: plus}, batch, discrete, params)["loss"]
-            down = reference({**base, name: minus}, batch, discrete, params)["loss"]
-            grad[index] = (up - down) / (2 * h)
-        grads[name] = grad
-    return grads
+def finite_difference_grads(batch, discrete, params) -> dict[str, np.ndarray]:
+    def loss(p):
+        return reference(p, batch, discrete, params)["loss"]
+
+    return central_differences(values_for(discrete), loss)
 
 
 # --- GAE ----------------------------------------------------------------------------------

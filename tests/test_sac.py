@@ -9,6 +9,7 @@ import gymnasium as gym
 import numpy as np
 import pytest
 import tensorflow as tf
+from numeric import central_differences
 from test_td3 import (
     ACTION,
     ACTION_SPACE,
@@ -180,22 +181,10 @@ def reference(online, target, target_entropy=-2.0, weights=WEIGHTS) -> dict:
     }
 
 
-def finite_difference(online, target, loss: str, prefix: str, h=1e-6) -> dict:
+def finite_difference(online, target, loss: str, prefix: str) -> dict:
     """d reference[loss] / d online variable, central differences, for names under prefix."""
-    grads = {}
-    for name, value in online.items():
-        if not name.startswith(prefix):
-            continue
-        grad = np.zeros_like(value)
-        for index in np.ndindex(value.shape):
-            plus, minus = value.copy(), value.copy()
-            plus[index] += h
-            minus[index] -= h
-            up = reference({**online, name: plus}, target)[loss]
-            down = reference({**online, name: minus}, target)[loss]
-            grad[index] = (up - down) / (2 * h)
-        grads[name] = grad
-    return grads
+    names = [n for n in online if n.startswith(prefix)]
+    return central_differences(online, lambda p: reference(p, target)[loss], names)
 
 
 # --- the losses ---------------------------------------------------------------------------

@@ -8,6 +8,7 @@ import dataclasses
 import gymnasium as gym
 import numpy as np
 import pytest
+from numeric import central_differences
 
 from easyrl.algorithms import ddpg, sac, td3
 from easyrl.algorithms.optimizers import OptimizerSpec
@@ -110,22 +111,10 @@ def reference(online, target, twin, sigma=0.2, clip=0.5, noise=NOISE, weights=WE
     }
 
 
-def finite_difference(online, target, twin, loss: str, prefix: str, h=1e-6) -> dict:
+def finite_difference(online, target, twin, loss: str, prefix: str) -> dict:
     """d reference[loss] / d online variable, central differences, for names under prefix."""
-    grads = {}
-    for name, value in online.items():
-        if not name.startswith(prefix):
-            continue
-        grad = np.zeros_like(value)
-        for index in np.ndindex(value.shape):
-            plus, minus = value.copy(), value.copy()
-            plus[index] += h
-            minus[index] -= h
-            up = reference({**online, name: plus}, target, twin)[loss]
-            down = reference({**online, name: minus}, target, twin)[loss]
-            grad[index] = (up - down) / (2 * h)
-        grads[name] = grad
-    return grads
+    names = [n for n in online if n.startswith(prefix)]
+    return central_differences(online, lambda p: reference(p, target, twin)[loss], names)
 
 
 # --- the losses ---------------------------------------------------------------------------
