@@ -396,8 +396,8 @@ class Compiled:
     its one concrete function's flat entry point: numpy inputs are converted to the
     signature's dtypes and checked against its shapes here, nothing retraces, and a call
     skips both the tf.function dispatch (cache lookup) and the concrete function's argument
-    binding (~200 of the ~500 µs that a small network's call takes on these cores). Traced
-    on the first call.
+    binding (together ~100-250 of the ~500 µs that a small network's call took on these
+    cores). Traced on the first call.
 
     Args:
         fn: the Python function to compile.
