@@ -300,7 +300,10 @@ def main(argv=None) -> int:
     """Entry point of the `easyrl` console script."""
     args = _parser().parse_args(argv)
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    if args.command in ("train", "run", "rollout", "export"):
+    # A memory shard never uses TensorFlow: its process skips the import (seconds of CPU).
+    if args.command in ("train", "rollout", "export") or (
+        args.command == "run" and args.role != "memory"
+    ):
         import_tensorflow_quietly()
     role = f"{args.role}-{args.task}" if args.command == "run" else "launcher"
     if args.command in TOOLS:

@@ -61,6 +61,10 @@ from easyrl.transport.rpc import caller_active, invalid_argument_on_error, withi
 log = logging.getLogger(__name__)
 STORED_KEY = "inserts/stored"
 """The snapshot's [actor, sender, last sequence] rows (see `MemoryServer._state`)."""
+INSERT_WAIT_S = 2.0
+"""How long an Insert the rate limiter (or a full queue) holds back waits here before it is
+refused (RESOURCE_EXHAUSTED): the actor sends it again, and in between asks whether the run
+is stopping, so once the learners stop its actors exit within about this long."""
 
 
 def _always() -> bool:
@@ -317,7 +321,7 @@ class MemoryServer(pb_grpc.ReplayMemoryServicer):
         priorities = None
         if request.HasField("priorities"):
             priorities = codec.decode_array(request.priorities, request.body)
-        timeout, table = within_deadline(context, 5.0), self.table
+        timeout, table = within_deadline(context, INSERT_WAIT_S), self.table
         if isinstance(table, AggregateTable):
             n = validate_batch(table.spec, batch)
             if priorities is not None or request.round < 0:
