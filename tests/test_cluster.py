@@ -29,6 +29,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import yaml
 
 from easyrl import config as config_lib
 
@@ -1099,3 +1100,37 @@ def test_children_keep_large_buffers_in_the_heap(tmp_path, monkeypatch):
     env = LocalCluster(cfg, "token")._env("memory")
     assert env["MALLOC_MMAP_THRESHOLD_"] == MALLOC_ENV["MALLOC_MMAP_THRESHOLD_"]
     assert env["MALLOC_TRIM_THRESHOLD_"] == "12345"
+
+
+def test_a_memory_shard_process_serves_without_tensorflow(tmp_path):
+    """`easyrl run --role memory` never imports TensorFlow (a memory shard does not use it:
+    seconds of CPU less per shard at start-up), and serves."""
+    from easyrl.cluster.launcher import free_ports
+    from easyrl.transport import easyrl_pb2 as pb
+    from easyrl.transport import rpc
+
+    raw = yaml.safe_load((ROOT / "configs" / "cartpole_apex.yaml").read_text())
+    raw["run"] = {**raw.get("run", {}), "dir": str(tmp_path / "run")}
+    config = tmp_path / "config.yaml"
+    config.write_text(yaml.safe_dump(raw))
+    ps_port, memory_port = free_ports("127.0.0.1", 2)
+    token = "memory-without-tf-token-0123456789"
+    command = [
+        *[sys.executable, "-m", "easyrl.cli", "run", "--role", "memory", "--task", "0"],
+        *["--config", str(config), "--ps-hosts", f"127.0.0.1:{ps_port}"],
+        *["--memory-hosts", f"127.0.0.1:{memory_port}"],
+    ]
+    env = {**_env(), rpc.TOKEN_ENV: token}
+    process = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    try:
+        address = f"127.0.0.1:{memory_port}"
+        client = rpc.Client(rpc.stub_class("memory"), address, token, timeout_s=5, retry_s=60)
+        reply = client.call("Status", pb.StatusRequest())
+        assert reply.role == "memory", reply
+        libraries = Path(f"/proc/{process.pid}/maps").read_text()
+        assert "tensorflow" not in libraries
+        client.close()
+    finally:
+        process.terminate()
+        output = process.communicate(timeout=30)[0].decode(errors="replace")
+    assert "Traceback" not in output, output
