@@ -3,6 +3,7 @@
 a run directory: `rollout` (play its policy), `export` (SavedModel), `plot`."""
 
 import argparse
+import contextlib
 import logging
 import os
 import re
@@ -27,16 +28,38 @@ TF_PROBE_NOISE = re.compile(
 without one (or without its driver): notices, not errors."""
 
 
+KERAS_AT_IMPORT = "keras.src.optimizers"
+"""What `import tensorflow` imports of Keras at once (to register Keras's optimizers early):
+all of Keras, and matplotlib where it is installed, ~1 CPU-second. easyrl's networks are
+`tf.Module`s, so its processes import TensorFlow without it; Keras is imported on first use
+(`tf.keras`, `import keras`, a Keras `model.kind`), which registers its optimizers then."""
+
+
+@contextlib.contextmanager
+def _keras_deferred():
+    """Within it, importing `KERAS_AT_IMPORT` fails (TensorFlow skips it: it catches the
+    ImportError); afterwards it imports as usual."""
+    deferred = KERAS_AT_IMPORT not in sys.modules
+    if deferred:
+        sys.modules[KERAS_AT_IMPORT] = None  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        if deferred and KERAS_AT_IMPORT in sys.modules and sys.modules[KERAS_AT_IMPORT] is None:
+            del sys.modules[KERAS_AT_IMPORT]
+
+
 def import_tensorflow_quietly() -> None:
-    """Imports TensorFlow and lets it look for GPUs with stderr (fd 2) captured, then
-    replays every captured line but `TF_PROBE_NOISE`: a CPU-only machine's probe notices
-    (its C++ logging ignores TF_CPP_MIN_LOG_LEVEL before absl is initialised, and a failed
-    cuInit is logged as an error) are dropped; anything else, an import error's traceback
-    included, is still printed."""
+    """Imports TensorFlow (without Keras, see `KERAS_AT_IMPORT`) and lets it look for GPUs
+    with stderr (fd 2) captured, then replays every captured line but `TF_PROBE_NOISE`: a
+    CPU-only machine's probe notices (its C++ logging ignores TF_CPP_MIN_LOG_LEVEL before
+    absl is initialised, and a failed cuInit is logged as an error) are dropped; anything
+    else, an import error's traceback included, is still printed."""
     try:
         capture_file = tempfile.TemporaryFile()
     except OSError:  # no writable temporary directory: import it as it is, notices and all
-        import tensorflow  # noqa: F401
+        with _keras_deferred():
+            import tensorflow  # noqa: F401
 
         return
     sys.stderr.flush()
@@ -44,7 +67,8 @@ def import_tensorflow_quietly() -> None:
     with capture_file as capture:
         os.dup2(capture.fileno(), 2)
         try:
-            import tensorflow as tf
+            with _keras_deferred():
+                import tensorflow as tf
 
             tf.config.list_physical_devices("GPU")
         finally:

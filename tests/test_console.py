@@ -59,3 +59,22 @@ def test_a_failing_import_still_shows_its_traceback(tmp_path):
     assert "a real error of the import" in done.stderr
     assert "ImportError: libtensorflow_framework.so.2: cannot open" in done.stderr
     assert "cuda" not in done.stderr.lower()
+
+
+def test_tensorflow_is_imported_without_keras_which_still_imports_on_first_use(tmp_path):
+    """Real TensorFlow in a child: `import_tensorflow_quietly` leaves Keras (and matplotlib,
+    which Keras imports when installed) out of the process; `tf.keras` still works after."""
+    code = textwrap.dedent(
+        """
+        import sys
+        from easyrl.cli import import_tensorflow_quietly
+        import_tensorflow_quietly()
+        import tensorflow as tf
+        print(sorted(m for m in ("keras", "matplotlib") if m in sys.modules))
+        layer = tf.keras.layers.Dense(2)
+        print(tuple(layer(tf.zeros([1, 3])).shape), "keras" in sys.modules)
+        """
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == ["[]", "(1, 2) True"]
