@@ -36,21 +36,36 @@ class Served:
     def start(self, role, servicer, token, client_token, timeout_s=5.0, max_workers=4):
         """Serves `servicer` as `role` ("ps" or "memory") with `token`; returns a client
         that sends `client_token`."""
+        address = self.serve(role, servicer, token, max_workers)
+        return self.connect(role, address, client_token, timeout_s)
+
+    def serve(self, role, servicer, token, max_workers=4) -> str:
+        """Serves `servicer` as `role` with `token`; returns its address."""
         from easyrl.transport import rpc
 
         server, port = rpc.make_server("127.0.0.1:0", token, max_workers=max_workers)
         rpc.add_servicer(role, servicer, server)
         server.start()
         self.servers.append(server)
-        address = f"127.0.0.1:{port}"
-        stub = rpc.stub_class(role)
-        client = rpc.Client(stub, address, client_token, timeout_s=timeout_s, retry_s=1)
+        return f"127.0.0.1:{port}"
+
+    def connect(self, role, address, client_token, timeout_s=5.0):
+        """Another client to the `role` server at `address`, sending `client_token`."""
+        from easyrl.transport import rpc
+
+        client = rpc.Client(
+            rpc.stub_class(role), address, client_token, timeout_s=timeout_s, retry_s=1
+        )
         self.clients.append(client)
         return client
 
-    def close(self):
+    def close(self, *closers):
+        """Closes the clients, calls each of `closers` (e.g. the servicers' own `close`),
+        then stops the servers."""
         for client in self.clients:
             client.close()
+        for close in closers:
+            close()
         for server in self.servers:
             server.stop(None).wait()
 

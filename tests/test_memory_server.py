@@ -61,12 +61,7 @@ def serve_memory():
         return memory, served.start("memory", memory, TOKEN, token, timeout_s, max_workers=8)
 
     yield start
-    for client in served.clients:
-        client.close()
-    for memory in memories:
-        memory.close()
-    for server in served.servers:
-        server.stop(None).wait()
+    served.close(*(memory.close for memory in memories))
 
 
 def insert(client, batch, priorities=None, timeout_s=None) -> pb.InsertResponse:

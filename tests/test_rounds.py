@@ -2,6 +2,7 @@
 shard's round publishing and long-polling Pull, and `ShardedWeights.wait_round`, over real
 gRPC on 127.0.0.1."""
 
+import functools
 import os
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -14,6 +15,7 @@ import grpc  # noqa: E402
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 import tensorflow as tf  # noqa: E402
+from conftest import Served  # noqa: E402
 
 from easyrl.algorithms import ppo, registry  # noqa: E402
 from easyrl.algorithms.optimizers import OptimizerSpec  # noqa: E402
@@ -26,7 +28,7 @@ from easyrl.roles import memory as memory_role  # noqa: E402
 from easyrl.roles.common import ShardedWeights  # noqa: E402
 from easyrl.roles.memory import BetaSchedule, MemoryServer  # noqa: E402
 from easyrl.roles.ps import ParameterServer  # noqa: E402
-from easyrl.transport import codec, rpc  # noqa: E402
+from easyrl.transport import codec  # noqa: E402
 from easyrl.transport import easyrl_pb2 as pb  # noqa: E402
 from easyrl.transport.clients import ParameterClient  # noqa: E402
 
@@ -323,38 +325,19 @@ def test_constructor_accepts_round_size(capacity, round_size):
 def serve_rounds():
     """Starts memory shards holding an AggregateTable; returns a factory of
     (memory, client, connect) where connect() opens another client to the same shard."""
-    servers, clients, memories = [], [], []
+    served, memories = Served(), []
 
     def start(capacity=16, round_size=8, timeout_s=5.0):
         memory = MemoryServer(
             AggregateTable(SPEC, capacity, round_size), None, 1, 1, BetaSchedule(0, 0, 0)
         )
         memories.append(memory)
-        server, port = rpc.make_server("127.0.0.1:0", TOKEN, max_workers=8)
-        rpc.add_servicer("memory", memory, server)
-        server.start()
-        servers.append(server)
-
-        def connect():
-            client = rpc.Client(
-                rpc.stub_class("memory"),
-                f"127.0.0.1:{port}",
-                TOKEN,
-                timeout_s=timeout_s,
-                retry_s=1,
-            )
-            clients.append(client)
-            return client
-
+        address = served.serve("memory", memory, TOKEN, max_workers=8)
+        connect = functools.partial(served.connect, "memory", address, TOKEN, timeout_s)
         return memory, connect(), connect
 
     yield start
-    for client in clients:
-        client.close()
-    for memory in memories:
-        memory.close()
-    for server in servers:
-        server.stop(None).wait()
+    served.close(*(memory.close for memory in memories))
 
 
 def insert(client, batch, round_, actor=0) -> pb.InsertResponse:
@@ -668,29 +651,19 @@ def ps_values(shift: float = 0.0) -> dict[str, np.ndarray]:
 @pytest.fixture
 def serve_ps():
     """Starts ParameterServer shards; returns a factory of (ps, client, connect)."""
-    servers, clients = [], []
+    served = Served()
 
     def start(shard=0, checkpoint_path=None, stats=None):
         ps = ParameterServer(shard, SGD, 10, checkpoint_path, stats)
-        server, port = rpc.make_server("127.0.0.1:0", TOKEN, max_workers=8)
-        rpc.add_servicer("ps", ps, server)
-        server.start()
-        servers.append(server)
+        address = served.serve("ps", ps, TOKEN, max_workers=8)
 
         def connect():
-            address = f"127.0.0.1:{port}"
-            stub = rpc.stub_class("ps")
-            client = ParameterClient(rpc.Client(stub, address, TOKEN, timeout_s=10, retry_s=1))
-            clients.append(client)
-            return client
+            return ParameterClient(served.connect("ps", address, TOKEN, timeout_s=10))
 
         return ps, connect(), connect
 
     yield start
-    for client in clients:
-        client.close()
-    for server in servers:
-        server.stop(None).wait()
+    served.close()
 
 
 def assign(client, values, only_if_empty=True) -> pb.AssignResponse:
