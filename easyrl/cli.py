@@ -323,6 +323,9 @@ TOOLS = {"rollout": rollout_cmd, "export": export_cmd, "plot": plot_cmd}
 def main(argv=None) -> int:
     """Entry point of the `easyrl` console script."""
     args = _parser().parse_args(argv)
+    from easyrl.cluster.launcher import adopt_start_env
+
+    adopt_start_env()  # started by a launcher or a sweep: its cores, dying with it
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     # A memory shard never uses TensorFlow: its process skips the import (seconds of CPU).
     if args.command in ("train", "rollout", "export") or (

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from easyrl.algorithms.optimizers import Optimizer, OptimizerSpec
+from easyrl.algorithms.optimizers import Optimizer, OptimizerGroups, OptimizerSpec
 
 # Two variables of different shapes, so per-variable slots and the zip over them are exercised.
 X0 = [
@@ -227,41 +227,61 @@ def test_no_decay_by_default():
 # --- state / load_state -------------------------------------------------------------------
 
 
+def make_groups(spec: OptimizerSpec, values=X0) -> OptimizerGroups:
+    """A PS shard's optimizer over X0's two variables (one group), as `v0`, `v1`."""
+    return OptimizerGroups(spec, {f"v{i}": np.asarray(v, np.float32) for i, v in enumerate(values)})
+
+
+def apply_groups(groups: OptimizerGroups, grads) -> None:
+    groups.apply({f"v{i}": np.asarray(g, np.float32) for i, g in enumerate(grads)})
+
+
 @pytest.mark.parametrize("kind", ["adam", "rmsprop", "sgd"])
 def test_state_round_trip_continues_identically(kind):
     spec = OptimizerSpec(kind=kind, lr=0.05, decay_rate=0.5, decay_steps=2)
-    original, original_vars = make(spec)
+    original = make_groups(spec)
     for grads in GRADS[:3]:
-        apply(original, grads)
+        apply_groups(original, grads)
     state = original.state()
     assert isinstance(state["step"], np.ndarray | np.integer) and int(state["step"]) == 3
-    expected_keys = {"step"} | {
-        f"slot{k}/{i}" for k in range({"adam": 2, "rmsprop": 1, "sgd": 0}[kind]) for i in range(2)
-    }
+    num_slots = {"adam": 2, "rmsprop": 1, "sgd": 0}[kind]
+    expected_keys = {"step"} | {f"slot{k}/{i}" for k in range(num_slots) for i in range(2)}
     assert set(state) == expected_keys
     for key, value in state.items():
         assert isinstance(value, np.ndarray | np.integer), key
+        if key != "step":  # a slot is shaped like its variable, as in every checkpoint
+            assert value.shape == X0[int(key[-1])].shape, key
 
-    # A fresh optimizer over variables holding the same values, restored from `state`.
-    restored, restored_vars = make(spec, values(original_vars))
+    # A fresh optimizer over the same values, restored from `state`.
+    restored = make_groups(spec, list(original.values().values()))
     restored.load_state({k: np.copy(v) for k, v in state.items()})
-    assert float(restored.learning_rate()) == pytest.approx(0.025, rel=1e-6)
+    assert float(restored.optimizers[""].learning_rate()) == pytest.approx(0.025, rel=1e-6)
     for grads in GRADS[3:]:
-        apply(original, grads)
-        apply(restored, grads)
-        for a, b in zip(original_vars, restored_vars, strict=True):
-            np.testing.assert_array_equal(a.numpy(), b.numpy())
+        apply_groups(original, grads)
+        apply_groups(restored, grads)
+        for name, value in original.values().items():
+            np.testing.assert_array_equal(restored.values()[name], value)
     final = restored.state()
     for key, value in original.state().items():
         np.testing.assert_array_equal(final[key], value)
 
 
+def test_groups_apply_the_documented_adam_per_variable():
+    """The flat group's one fused step is the per-variable Adam of the reference."""
+    spec = OptimizerSpec(kind="adam", lr=0.05)
+    groups = make_groups(spec)
+    for grads in GRADS:
+        apply_groups(groups, grads)
+    x, _, _ = ref_adam(spec, X0, GRADS)[-1]
+    assert_close(list(groups.values().values()), x)
+
+
 def test_state_is_a_copy():
-    opt, _ = make(OptimizerSpec(kind="adam"))
-    apply(opt, GRADS[0])
-    state = opt.state()
+    groups = make_groups(OptimizerSpec(kind="adam"))
+    apply_groups(groups, GRADS[0])
+    state = groups.state()
     saved = state["slot0/0"].copy()
-    apply(opt, GRADS[1])
+    apply_groups(groups, GRADS[1])
     np.testing.assert_array_equal(state["slot0/0"], saved)
     assert int(state["step"]) == 1
 
@@ -269,13 +289,13 @@ def test_state_is_a_copy():
 def test_without_load_state_the_continuation_differs():
     """Guards the round-trip test: a fresh (unrestored) optimizer does not match."""
     spec = OptimizerSpec(kind="adam", lr=0.05)
-    original, original_vars = make(spec)
+    original = make_groups(spec)
     for grads in GRADS[:3]:
-        apply(original, grads)
-    fresh, fresh_vars = make(spec, values(original_vars))
-    apply(original, GRADS[3])
-    apply(fresh, GRADS[3])
-    assert not np.allclose(original_vars[0].numpy(), fresh_vars[0].numpy(), atol=1e-5)
+        apply_groups(original, grads)
+    fresh = make_groups(spec, list(original.values().values()))
+    apply_groups(original, GRADS[3])
+    apply_groups(fresh, GRADS[3])
+    assert not np.allclose(original.values()["v0"], fresh.values()["v0"], atol=1e-5)
 
 
 # --- OptimizerSpec validation -------------------------------------------------------------
@@ -325,41 +345,33 @@ def test_spec_rejects_nan_and_degenerate_settings(kwargs):
 
 
 def test_groups_step_only_the_groups_they_get_gradients_for():
-    from easyrl.algorithms.optimizers import OptimizerGroups
-
     names = ["actor/w", "actor/b", "critic/w"]
-    variables = {n: tf.Variable(np.ones(2, np.float32), name=n) for n in names}
-    groups = OptimizerGroups(
-        {"actor/": OptimizerSpec(kind="adam", lr=0.1), "critic/": OptimizerSpec("sgd", lr=0.5)},
-        variables,
-    )
+    specs = {"actor/": OptimizerSpec(kind="adam", lr=0.1), "critic/": OptimizerSpec("sgd", lr=0.5)}
+    groups = OptimizerGroups(specs, {n: np.ones(2, np.float32) for n in names})
     assert groups.members == {"actor/": ["actor/w", "actor/b"], "critic/": ["critic/w"]}
     g = np.array([1.0, -2.0], np.float32)
     groups.apply({"critic/w": g})  # the actor gets no gradient: Adam must not move it
-    np.testing.assert_allclose(variables["critic/w"].numpy(), 1 - 0.5 * g)
-    np.testing.assert_allclose(variables["actor/w"].numpy(), 1.0)
+    np.testing.assert_allclose(groups.values()["critic/w"], 1 - 0.5 * g)
+    np.testing.assert_allclose(groups.values()["actor/w"], 1.0)
     groups.apply({"actor/w": g, "actor/b": g, "critic/w": g})
     # First Adam step moves each coordinate by lr against the gradient's sign.
-    np.testing.assert_allclose(variables["actor/w"].numpy(), 1 - 0.1 * np.sign(g), rtol=1e-5)
+    np.testing.assert_allclose(groups.values()["actor/w"], 1 - 0.1 * np.sign(g), rtol=1e-5)
+    assert list(groups.values()) == names  # in the order given
     state = groups.state()
     assert int(state["actor/step"]) == 1 and int(state["critic/step"]) == 2
     with pytest.raises(ValueError, match="lack"):
         groups.apply({"actor/w": g})
-    fresh = {n: tf.Variable(v.numpy(), name=n) for n, v in variables.items()}
-    other = OptimizerGroups(
-        {"actor/": OptimizerSpec(kind="adam", lr=0.1), "critic/": OptimizerSpec("sgd", lr=0.5)},
-        fresh,
-    )
+    other = OptimizerGroups(specs, groups.values())
     other.load_state(state)
     assert {k: np.asarray(v).tolist() for k, v in other.state().items()} == {
         k: np.asarray(v).tolist() for k, v in state.items()
     }
+    other.assign({n: np.full(2, 3.0, np.float32) for n in names})
+    assert all(v.tolist() == [3.0, 3.0] for v in other.values().values())
 
 
 def test_every_variable_needs_exactly_one_group():
-    from easyrl.algorithms.optimizers import OptimizerGroups
-
-    variables = {"actor/w": tf.Variable(np.ones(1, np.float32)), "other/w": tf.Variable([1.0])}
+    variables = {"actor/w": np.ones(1, np.float32), "other/w": np.ones(1, np.float32)}
     with pytest.raises(ValueError, match="'other/w' matches optimizer groups \\[\\]"):
         OptimizerGroups({"actor/": OptimizerSpec()}, variables)
     with pytest.raises(ValueError, match="matches optimizer groups"):

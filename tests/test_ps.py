@@ -219,6 +219,33 @@ def test_nonfinite_push_dropped_and_counted(serve_ps, bad):
     assert counters["ps/0/applied"] == 0
 
 
+def test_huge_but_finite_push_is_applied(serve_ps):
+    """The finiteness check's fast path (a sum of squares) overflows here; the gradient is
+    still finite, so the shard applies it."""
+    _, client = serve_ps()
+    assign(client, initial_values())
+    grads = gradients()
+    grads["q/torso/0/b"][:] = 1e30
+    reply = push(client, grads, version=1)
+    assert reply.applied and reply.version == 2
+
+
+def test_all_finite():
+    from easyrl.roles.ps import all_finite
+
+    x = np.ones(1000, np.float32)
+    assert all_finite(x) and all_finite(x[:0])
+    for bad in (np.nan, np.inf, -np.inf):
+        y = x.copy()
+        y[500] = bad
+        assert not all_finite(y)
+    y = x.copy()
+    y[7] = 3e38  # finite, and its square overflows
+    assert all_finite(y)
+    y[8] = np.nan
+    assert not all_finite(y)
+
+
 def _renamed(grads):
     grads = dict(grads)
     grads["q/torso/0/W"] = grads.pop("q/torso/0/w")
@@ -625,3 +652,15 @@ def test_round_waits_end_when_the_caller_gives_up(serve_ps, cancel):
     status(client)
     # With the handler threads parked in the abandoned waits, this took ~9.8 s.
     assert time.monotonic() - start < 3.0
+
+
+def test_all_finite_on_an_unaligned_view():
+    from easyrl.roles.ps import all_finite
+
+    data = b"x" + np.ones(100, np.float32).tobytes()
+    x = np.frombuffer(data, np.float32, count=100, offset=1)  # as received: any byte offset
+    assert not x.flags.aligned and all_finite(x)
+    bad = np.ones(100, np.float32)
+    bad[3] = np.inf
+    y = np.frombuffer(b"x" + bad.tobytes(), np.float32, count=100, offset=1)
+    assert not all_finite(y)

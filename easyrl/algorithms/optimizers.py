@@ -123,28 +123,17 @@ class Optimizer(tf.Module):
             for x, g in zip(self.variables_, grads, strict=True):
                 tf.raw_ops.ResourceApplyGradientDescent(var=x.handle, alpha=lr, delta=g)
 
-    def _named_slots(self) -> list[tuple[str, tf.Variable]]:
-        """(checkpoint key `slot<k>/<i>`, variable) of every slot variable."""
-        return [
-            (f"slot{k}/{i}", v) for k, slot in enumerate(self.slots) for i, v in enumerate(slot)
-        ]
-
-    def state(self) -> dict[str, np.ndarray]:
-        """Slots and step as numpy arrays, for checkpoints."""
-        return {"step": self.step.numpy(), **{key: v.numpy() for key, v in self._named_slots()}}
-
-    def load_state(self, state: dict[str, np.ndarray]) -> None:
-        """Restores what `state` returned."""
-        self.step.assign(int(state["step"]))
-        for key, var in self._named_slots():
-            var.assign(state[key])
-
 
 class OptimizerGroups:
-    """The optimizers of one PS shard: one per variable group, each group the variables
-    whose names start with its prefix (e.g. "actor/", "critic/", "alpha/"), each applied
-    with its own optimizer, learning rate and step counter. A single spec is one group of
-    every variable (prefix "").
+    """The variables of one PS shard and their optimizers: one per variable group, each
+    group the variables whose names start with its prefix (e.g. "actor/", "critic/",
+    "alpha/"), each applied with its own optimizer, learning rate and step counter. A single
+    spec is one group of every variable (prefix "").
+
+    A group's variables live in one flat TF variable (and each optimizer slot in one flat
+    slot): a step is one fused kernel call per group however many variables it holds (Adam
+    on the 2.1 MB and 21 MB test networks: 2.2 -> 1.2 ms and 15 -> 7.6 ms per step on 2
+    cores). `values`, `state` and `load_state` speak per variable, as checkpoints do.
 
     A push may carry gradients for some groups only (TD3 updates its actor every other
     step): only those groups' optimizers step, so Adam never moves a variable it got no
@@ -152,16 +141,19 @@ class OptimizerGroups:
 
     Args:
         specs: one spec, or {prefix: spec}.
-        variables: {name: variable} of the shard, in the order gradients are given.
+        values: {name: initial float32 value} of the shard's variables, in the order their
+            gradients and values are given.
 
     Raises:
         ValueError: a variable matches no prefix or more than one.
     """
 
-    def __init__(self, specs, variables: dict[str, tf.Variable]):
+    def __init__(self, specs, values: dict[str, np.ndarray]):
+        from easyrl.models import Compiled, FlatLayout
+
         specs = {"": specs} if isinstance(specs, OptimizerSpec) else dict(specs)
         members: dict[str, list[str]] = {prefix: [] for prefix in specs}
-        for name in variables:
+        for name in values:
             matches = [p for p in specs if name.startswith(p)]
             if len(matches) != 1:
                 raise ValueError(
@@ -169,15 +161,23 @@ class OptimizerGroups:
                     f"needs exactly one of {sorted(specs)}"
                 )
             members[matches[0]].append(name)
+        self.names = list(values)
         self.members = {p: names for p, names in members.items() if names}
         """{prefix: variable names} of the groups this shard holds variables of."""
         self.group_of = {name: p for p, names in self.members.items() for name in names}
+        self.layouts: dict[str, FlatLayout] = {}
+        self.variables: dict[str, tf.Variable] = {}
+        """{prefix: the group's variables as one flat variable}."""
         self.optimizers: dict[str, Optimizer] = {}
-        self._flat: dict[str, _FlatApply] = {}
+        self._steps: dict[str, Compiled] = {}
         for p, names in self.members.items():
-            group = [variables[n] for n in names]
-            self.optimizers[p] = Optimizer(specs[p], group)
-            self._flat[p] = _FlatApply(self.optimizers[p], group)
+            layout = self.layouts[p] = FlatLayout([np.shape(values[n]) for n in names])
+            flat = layout.concat([np.asarray(values[n], np.float32) for n in names])
+            # TF's stub types `initial_value` as a Tensor; tf.Variable takes any array.
+            self.variables[p] = tf.Variable(flat, name=f"group{len(self.variables)}")  # pyright: ignore[reportArgumentType]
+            optimizer = self.optimizers[p] = Optimizer(specs[p], [self.variables[p]])
+            spec = tf.TensorSpec([layout.size], tf.float32)
+            self._steps[p] = Compiled(lambda g, opt=optimizer: opt.apply([g]), spec)
 
     def groups_in(self, names) -> list[str]:
         """The groups `names` covers; each must be covered completely.
@@ -192,35 +192,55 @@ class OptimizerGroups:
                 raise ValueError(f"gradients for group {p!r} lack {missing}")
         return present
 
+    def flatten(self, grads: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """{prefix: flat gradient} of the groups `grads` ({name: gradient}) covers (views,
+        no copy, when a group's gradients lie back to back in one message).
+
+        Raises:
+            ValueError: `grads` holds part of a group only.
+        """
+        return {
+            p: self.layouts[p].concat([grads[n] for n in self.members[p]])
+            for p in self.groups_in(grads)
+        }
+
+    def apply_flat(self, flat_grads: dict[str, np.ndarray]) -> None:
+        """One step of each group in `flat_grads` (what `flatten` returned)."""
+        for p, flat in flat_grads.items():
+            self._steps[p](flat)
+
     def apply(self, grads: dict[str, np.ndarray]) -> None:
         """One step of each group `grads` ({name: gradient}) covers completely."""
-        for p in self.groups_in(grads):
-            self._flat[p]([grads[n] for n in self.members[p]])
+        self.apply_flat(self.flatten(grads))
+
+    def values(self) -> dict[str, np.ndarray]:
+        """{name: current value} of every variable, in the order they were given (views of
+        one copy per group)."""
+        parts = {}
+        for p, names in self.members.items():
+            parts.update(zip(names, self.layouts[p].split(self.variables[p].numpy())))
+        return {n: parts[n] for n in self.names}
+
+    def assign(self, values: dict[str, np.ndarray]) -> None:
+        """Sets every variable to `values` ({name: value}, all of them)."""
+        for p, names in self.members.items():
+            self.variables[p].assign(self.layouts[p].concat([values[n] for n in names]))
 
     def state(self) -> dict[str, np.ndarray]:
-        """Every group's slots and step, keys prefixed by the group's prefix."""
-        return {f"{p}{k}": v for p, opt in self.optimizers.items() for k, v in opt.state().items()}
+        """Every group's step and slots, keys prefixed by the group's prefix: `step`, and
+        `slot<k>/<i>` shaped like the group's i-th variable."""
+        state = {}
+        for p, opt in self.optimizers.items():
+            state[f"{p}step"] = opt.step.numpy()
+            for k, (slot,) in enumerate(opt.slots):
+                parts = self.layouts[p].split(slot.numpy())
+                state.update({f"{p}slot{k}/{i}": part for i, part in enumerate(parts)})
+        return state
 
     def load_state(self, state: dict[str, np.ndarray]) -> None:
         """Restores what `state` returned."""
         for p, opt in self.optimizers.items():
-            opt.load_state({k[len(p) :]: v for k, v in state.items() if k.startswith(p)})
-
-
-class _FlatApply:
-    """One compiled optimizer step from per-variable gradients, passed in as one flat vector
-    (one tensor conversion) and split inside the graph."""
-
-    def __init__(self, optimizer: Optimizer, variables: Sequence[tf.Variable]):
-        from easyrl.models import Compiled, FlatVariables
-
-        self._optimizer = optimizer
-        self._flat = FlatVariables(variables)
-        flat_spec = tf.TensorSpec([int(self._flat.offsets[-1])], tf.float32)
-        self._apply = Compiled(self._apply_fn, flat_spec)
-
-    def _apply_fn(self, flat: tf.Tensor) -> None:
-        self._optimizer.apply(self._flat.split_tensor(flat))
-
-    def __call__(self, grads: Sequence[np.ndarray]) -> None:
-        self._apply(self._flat.concat(grads))
+            opt.step.assign(int(state[f"{p}step"]))
+            for k, (slot,) in enumerate(opt.slots):
+                parts = [state[f"{p}slot{k}/{i}"] for i in range(len(self.members[p]))]
+                slot.assign(self.layouts[p].concat(parts))

@@ -67,12 +67,48 @@ def free_ports(host: str, count: int) -> list[int]:
             s.close()
 
 
-def die_with_parent() -> None:
-    """Runs in the child before exec: SIGTERM it when the launcher dies (Linux)."""
+PARENT_ENV = "EASYRL_PARENT_PID"
+"""The pid of the process that started an easyrl child process (`spawn_role`, a sweep's
+trials): the child dies with it (`adopt_start_env`)."""
+CORES_ENV = "EASYRL_CORES"
+"""Comma-separated cores a child pins itself to at start-up (a sweep's trials)."""
+
+
+def die_with_parent(parent_pid: int | None = None) -> None:
+    """Has the kernel SIGTERM this process when its parent dies (Linux; elsewhere nothing).
+    With `parent_pid` (the parent it was started by), it also ends now if that parent is
+    gone already (it then has another parent)."""
     try:
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
     except OSError:
         return
+    if parent_pid is not None and os.getppid() != parent_pid:
+        os.kill(os.getpid(), signal.SIGTERM)
+
+
+def start_env(cores: Sequence[int] = ()) -> dict[str, str]:
+    """Environment entries for an easyrl child process that must die with this one and, given
+    `cores`, run on those only; the child applies them itself (`adopt_start_env`). Not in a
+    `preexec_fn`: Python code between fork and exec in a process with gRPC threads crashed
+    the child (SIGSEGV before exec, an empty log) in about one start of three here."""
+    env = {PARENT_ENV: str(os.getpid())}
+    if cores:
+        env[CORES_ENV] = ",".join(str(c) for c in cores)
+    return env
+
+
+def adopt_start_env() -> None:
+    """At the start of an easyrl process: applies (and removes, so that its own children do
+    not inherit them) what `start_env` set. The cores are set for every thread there is
+    already (numpy's BLAS threads start at import); later threads inherit them."""
+    cores = os.environ.pop(CORES_ENV, None)
+    if cores:
+        wanted = [int(c) for c in cores.split(",")]
+        for thread in os.listdir("/proc/self/task"):
+            os.sched_setaffinity(int(thread), wanted)
+    parent = os.environ.pop(PARENT_ENV, None)
+    if parent:
+        die_with_parent(int(parent))
 
 
 def child_pythonpath(current: str | None = None) -> str:
@@ -102,7 +138,7 @@ def spawn_role(
 ) -> subprocess.Popen:
     """Starts `python -m easyrl.cli run --role ROLE --task TASK --config CONFIG` in its own
     session (Ctrl-C reaches the launcher only), logging to `log_path`, dying with its
-    parent."""
+    parent (`start_env`)."""
     command = [sys.executable, "-m", "easyrl.cli", "run", "--role", role]
     command += ["--task", str(task), "--config", str(config_path)]
     for override in overrides:
@@ -113,9 +149,8 @@ def spawn_role(
             stdout=out,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
-            env=env,
+            env={**env, **start_env()},
             start_new_session=True,
-            preexec_fn=die_with_parent,
         )
 
 

@@ -438,7 +438,38 @@ class Compiled:
         return self.function.experimental_get_tracing_count()
 
 
-class FlatVariables:
+class FlatLayout:
+    """Arrays of fixed shapes laid out back to back in one flat float32 vector.
+
+    Args:
+        shapes: the arrays' shapes, in the order of the flat vector.
+    """
+
+    def __init__(self, shapes: Sequence[tuple[int, ...]]):
+        self.shapes = [tuple(shape) for shape in shapes]
+        self.sizes = [int(np.prod(shape)) for shape in self.shapes]
+        self.offsets = np.cumsum([0, *self.sizes])
+        self.size = int(self.offsets[-1])
+
+    def split(self, flat: np.ndarray) -> list[np.ndarray]:
+        """Splits a flat numpy vector into views of the arrays' shapes."""
+        return [
+            flat[a:b].reshape(shape)
+            for a, b, shape in zip(self.offsets[:-1], self.offsets[1:], self.shapes, strict=True)
+        ]
+
+    def concat(self, arrays: Sequence[np.ndarray]) -> np.ndarray:
+        """Concatenates the arrays into one flat float32 vector (a view, no copy, when they
+        already lie back to back in one buffer: the tensors of one message)."""
+        if not arrays:
+            return np.zeros(0, np.float32)
+        joined = _back_to_back(arrays)
+        if joined is not None:
+            return joined
+        return np.concatenate([np.ravel(a) for a in arrays]).astype(np.float32, copy=False)
+
+
+class FlatVariables(FlatLayout):
     """A fixed list of float32 variables seen as one flat vector.
 
     One compiled call reads or assigns all of them: in eager mode every separate
@@ -451,10 +482,8 @@ class FlatVariables:
     def __init__(self, variables: Sequence[tf.Variable]):
         self.variables = list(variables)
         # A variable's shape is fully defined; TF's annotations allow None dimensions.
-        self.shapes = [tuple(int(d) for d in v.shape) for v in self.variables]  # pyright: ignore[reportArgumentType]
-        self.sizes = [int(np.prod(shape)) for shape in self.shapes]
-        self.offsets = np.cumsum([0, *self.sizes])
-        flat_spec = tf.TensorSpec([int(self.offsets[-1])], tf.float32)
+        super().__init__([tuple(int(d) for d in v.shape) for v in self.variables])  # pyright: ignore[reportArgumentType]
+        flat_spec = tf.TensorSpec([self.size], tf.float32)
         self.read = Compiled(self._read)
         self.assign = Compiled(self._assign, flat_spec)
 
@@ -471,23 +500,6 @@ class FlatVariables:
         """Splits a flat tensor into tensors shaped like the variables (inside TF)."""
         parts = tf.split(flat, self.sizes) if self.variables else []
         return [tf.reshape(p, s) for p, s in zip(parts, self.shapes, strict=True)]
-
-    def split(self, flat: np.ndarray) -> list[np.ndarray]:
-        """Splits a flat numpy vector into views shaped like the variables."""
-        return [
-            flat[a:b].reshape(shape)
-            for a, b, shape in zip(self.offsets[:-1], self.offsets[1:], self.shapes, strict=True)
-        ]
-
-    def concat(self, arrays: Sequence[np.ndarray]) -> np.ndarray:
-        """Concatenates per-variable arrays into one flat float32 vector (a view, no copy,
-        when they already lie back to back in one buffer: the tensors of one message)."""
-        if not arrays:
-            return np.zeros(0, np.float32)
-        joined = _back_to_back(arrays)
-        if joined is not None:
-            return joined
-        return np.concatenate([np.ravel(a) for a in arrays]).astype(np.float32, copy=False)
 
 
 def _back_to_back(arrays: Sequence[np.ndarray]) -> np.ndarray | None:

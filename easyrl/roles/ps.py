@@ -30,7 +30,6 @@ from easyrl.metrics import (
     progress_line,
     stop_reason,
 )
-from easyrl.models import FlatVariables
 from easyrl.transport import codec
 from easyrl.transport import easyrl_pb2 as pb
 from easyrl.transport import easyrl_pb2_grpc as pb_grpc
@@ -71,8 +70,9 @@ class ParameterServer(pb_grpc.ParameterServerServicer):
         self._checkpoint_path = checkpoint_path
         self._lock = threading.Lock()
         self._round_published = threading.Condition(self._lock)
-        self._variables: dict[str, tf.Variable] = {}
         self._optimizer: OptimizerGroups | None = None
+        """The variables, in flat groups, and their optimizers (None until the first Assign)."""
+        self._meta: dict[str, tuple] = {}
         self.version = 0
         self.round = 0
         names = "pushes applied dropped_stale dropped_nonfinite dropped_ahead pulls staleness_sum"
@@ -91,23 +91,20 @@ class ParameterServer(pb_grpc.ParameterServerServicer):
     # --- state -----------------------------------------------------------------------
 
     def _create(self, values: dict[str, np.ndarray], opt_state: dict | None = None) -> None:
-        self._variables = {n: tf.Variable(tf.constant(values[n]), name=n) for n in sorted(values)}
-        # Shapes and dtypes as plain Python values: reading them off TF variables costs
-        # microseconds each, on the hot path of every push.
-        self._meta = {n: (values[n].shape, values[n].dtype) for n in self._variables}
-        self._optimizer = OptimizerGroups(self._spec, self._variables)
+        # Shapes and dtypes as plain Python values, checked on every push.
+        self._meta = {n: (values[n].shape, values[n].dtype) for n in sorted(values)}
+        self._optimizer = OptimizerGroups(self._spec, {n: values[n] for n in self._meta})
         if opt_state is not None:
             self._optimizer.load_state(opt_state)
-        self._flat = FlatVariables(list(self._variables.values()))
 
     def _check_tensors(self, tensors: dict[str, np.ndarray], what: str, subset=False) -> None:
         """Raises ValueError unless `tensors` match this shard's variables exactly (or, with
         `subset`, some of them, in shape and dtype)."""
-        names, mine = set(tensors), set(self._variables)
+        names, mine = set(tensors), set(self._meta)
         if (not names <= mine) if subset else names != mine:
             raise ValueError(
                 f"{what}: variables {sorted(tensors)} do not match this shard's "
-                f"{sorted(self._variables)}"
+                f"{sorted(self._meta)}"
             )
         for name, value in tensors.items():
             shape, dtype = self._meta[name]
@@ -124,7 +121,7 @@ class ParameterServer(pb_grpc.ParameterServerServicer):
         with self._lock:
             if self._optimizer is None:  # no values yet
                 return
-            arrays = {f"var/{n}": v.numpy() for n, v in self._variables.items()}
+            arrays = {f"var/{n}": v for n, v in self._optimizer.values().items()}
             arrays.update({f"opt/{k}": v for k, v in self._optimizer.state().items()})
             meta = {
                 "version": self.version,
@@ -177,12 +174,11 @@ class ParameterServer(pb_grpc.ParameterServerServicer):
             if value.dtype != np.float32 or not np.all(np.isfinite(value)):
                 raise ValueError(f"Assign: {name} must be finite float32, got {value.dtype}")
         with self._lock:
-            if self._variables and request.only_if_empty:
+            if self._optimizer is not None and request.only_if_empty:
                 return pb.AssignResponse(assigned=False, version=self.version)
-            if self._variables:
+            if self._optimizer is not None:
                 self._check_tensors(values, "Assign")
-                for name, value in values.items():
-                    self._variables[name].assign(value)
+                self._optimizer.assign(values)
             else:
                 self._create(values)
             self.version += 1
@@ -216,9 +212,9 @@ class ParameterServer(pb_grpc.ParameterServerServicer):
         """`response` with the current values (read and laid out once per version; the
         caller holds the lock)."""
         if self._pull_cache[0] != self.version:
-            values = self._flat.split(self._flat.read().numpy())
+            assert self._optimizer is not None  # version > 0: assigned
             body = codec.Body()
-            self._pull_cache = (self.version, body.named(dict(zip(self._variables, values))), body)
+            self._pull_cache = (self.version, body.named(self._optimizer.values()), body)
         _, tensors, body = self._pull_cache
         response.tensors.extend(tensors)
         return body.frame(response)
@@ -233,7 +229,7 @@ class ParameterServer(pb_grpc.ParameterServerServicer):
                 raise ValueError("Push: expected gradients")
             # Whole optimizer groups only (e.g. TD3's critic without its actor).
             self._check_tensors(grads, "Push", subset=True)
-            self._optimizer.groups_in(grads)
+            flat_grads = self._optimizer.flatten(grads)
             if request.version < 1:
                 raise ValueError(f"Push: version {request.version} must be >= 1")
             self.counters["pushes"] += 1
@@ -246,12 +242,12 @@ class ParameterServer(pb_grpc.ParameterServerServicer):
             if staleness > self._max_staleness:
                 self.counters["dropped_stale"] += 1
                 return pb.PushResponse(version=self.version, staleness=staleness, reason="stale")
-            if not all(np.all(np.isfinite(g)) for g in grads.values()):
+            if not all(all_finite(g) for g in flat_grads.values()):
                 self.counters["dropped_nonfinite"] += 1
                 return pb.PushResponse(
                     version=self.version, staleness=staleness, reason="non-finite"
                 )
-            self._optimizer.apply(grads)
+            self._optimizer.apply_flat(flat_grads)
             self.version += 1
             self.counters["applied"] += 1
             self.counters["staleness_sum"] += staleness
@@ -317,7 +313,7 @@ class ParameterServer(pb_grpc.ParameterServerServicer):
     def Status(self, request, context):
         counters = self.own_counters()
         with self._lock:
-            initialized = bool(self._variables)
+            initialized = self._optimizer is not None
         returns = []
         if self.stats is not None:
             counters.update(self.stats.snapshot())
@@ -342,6 +338,18 @@ class ParameterServer(pb_grpc.ParameterServerServicer):
             self.shutdown_requested.set()
             self._round_published.notify_all()  # long-polling Pulls answer at once
         return pb.ShutdownResponse()
+
+
+def all_finite(x: np.ndarray) -> bool:
+    """Whether every element of the flat float32 vector `x` is finite. On aligned memory x.x
+    (one BLAS pass, no temporary) is finite only if every element is: infinities and NaNs
+    carry through a sum of squares; the element-wise check runs when it is not (an overflow
+    may be why) and on unaligned views of received bytes, where BLAS is slower than it."""
+    if x.flags.aligned:
+        with np.errstate(over="ignore", invalid="ignore"):
+            if np.isfinite(np.dot(x, x)):
+                return True
+    return bool(np.all(np.isfinite(x)))
 
 
 def metrics_loop(ps: ParameterServer, stats: RunStats, cfg, run_dir: Path, done: threading.Event):

@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import TextIO
 
 from easyrl import config as config_lib
-from easyrl.cluster.launcher import die_with_parent
+from easyrl.cluster.launcher import start_env
 from easyrl.errors import ConfigError, EasyRLError
 from easyrl.tools.plot import Curves, plot, read_curves
 
@@ -174,7 +174,7 @@ class _Running:
 
     def __init__(self, trial: Trial, command: list[str], cores: list[int], log: Path):
         self.trial, self.cores = trial, cores
-        env = dict(os.environ)
+        env = {**os.environ, **start_env(cores)}
         env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
         env["TF_NUM_INTRAOP_THREADS"] = env["TF_NUM_INTEROP_THREADS"] = str(len(cores))
         log.parent.mkdir(parents=True, exist_ok=True)
@@ -186,7 +186,6 @@ class _Running:
                 stdin=subprocess.DEVNULL,
                 env=env,
                 start_new_session=True,  # Ctrl-C reaches the sweep, which passes it on
-                preexec_fn=lambda: (os.sched_setaffinity(0, cores), die_with_parent()),
             )
 
 

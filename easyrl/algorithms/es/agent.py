@@ -84,7 +84,7 @@ class ES(CompiledGreedy):
             raise ConfigError(f"model: {err}") from err
         self.variables = named_variables(self.policy)
         self.flat = FlatVariables(list(self.variables.values()))
-        self.num_params = int(self.flat.offsets[-1])
+        self.num_params = self.flat.size
         self._activation = ACTIVATIONS[model.activation]
         self._scratch = scratch
         self._scratch_flat = (

@@ -201,7 +201,8 @@ def regret_run(
     env = make_vector_env(env_id, num_envs, seed=seed, kwargs=env_kwargs)
     try:
         agent = LinUCB(params, env.single_observation_space, env.single_action_space)
-        ps_optimizer = OptimizerGroups(optimizer(params), agent.variables)
+        values = {n: v.numpy() for n, v in agent.variables.items()}
+        ps_optimizer = OptimizerGroups(optimizer(params), values)
         collector = agent.collector(num_envs, seed)
         obs, _ = env.reset(seed=seed)
         regrets, rewards, pending = [], [], []
@@ -219,6 +220,8 @@ def regret_run(
                 # As the learner pushes them (LinUCB's gradients are never None).
                 named = {n: g for n, g in zip(agent.variables, grads, strict=True) if g is not None}
                 ps_optimizer.apply(named)
+                for name, value in ps_optimizer.values().items():
+                    agent.variables[name].assign(value)
     finally:
         env.close()
     return np.concatenate(regrets)[:steps], np.concatenate(rewards)[:steps]
