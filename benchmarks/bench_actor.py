@@ -46,6 +46,7 @@ import common  # noqa: E402
 import numpy as np  # noqa: E402
 import yaml  # noqa: E402
 
+from easyrl.algorithms.nstep import PRIORITY  # noqa: E402
 from easyrl.transport import codec  # noqa: E402
 from easyrl.transport import easyrl_pb2 as pb  # noqa: E402
 
@@ -106,10 +107,13 @@ def plain_loop(cfg, algo, duration_s: float, post: bool) -> common.Rate:
         if (state["steps"] // n) % cfg.actor.send_every == 0 and state["parts"]:
             parts = state["parts"]
             batch = {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
+            priorities = batch.pop(PRIORITY, None)  # as Actor.ship: the collector's if any
             body = codec.Body()  # as MemoryClient.insert builds the request
             request = pb.InsertRequest(tensors=body.batch(batch), actor=0)
             if cfg.replay.kind == "prioritized":
-                priorities = algo.initial_priorities(batch).astype(np.float32)
+                if priorities is None:
+                    priorities = algo.initial_priorities(batch)
+                priorities = priorities.astype(np.float32)
                 request.priorities.CopyFrom(body.tensor("priorities", priorities))
             body.frame(request).SerializeToString()
             state["parts"] = []

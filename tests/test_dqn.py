@@ -8,6 +8,7 @@ from numeric import central_differences
 
 from easyrl.algorithms import dqn, registry
 from easyrl.algorithms.dqn import Params, actor_epsilon
+from easyrl.algorithms.nstep import PRIORITY
 from easyrl.algorithms.optimizers import OptimizerSpec
 from easyrl.config import ModelConfig
 from easyrl.errors import ConfigError
@@ -318,6 +319,66 @@ def test_initial_priorities_use_the_online_net_max(dueling):
     # Not the learner's (target-network) TD: the test can tell the two apart.
     learner_td = reference(online, params_of(dueling, TARGET), True, dueling)["td"]
     assert not np.allclose(priorities, np.abs(learner_td), rtol=1e-2)
+
+
+def collect(algo, steps: int, num_envs: int = 3, seed: int = 0):
+    """Runs `algo`'s collector on CartPole envs cut at 12 steps (time limits and terminations
+    both happen); returns (its outputs, a plain NStepAccumulator's outputs on the same steps)."""
+    env = gym.vector.SyncVectorEnv(
+        [lambda: gym.make("CartPole-v1", max_episode_steps=12)] * num_envs,
+        autoreset_mode=gym.vector.AutoresetMode.SAME_STEP,
+    )
+    collector = algo.collector(num_envs, seed, 0, 1)
+    plain = algo.postprocessor(num_envs)
+    rng = np.random.default_rng(seed)
+    obs, _ = env.reset(seed=seed)
+    outs, expected = [], []
+    for _ in range(steps):
+        actions = collector.act(obs, rng)
+        next_obs, rewards, terminated, truncated, infos = env.step(actions)
+        real = next_obs.copy()
+        for e in np.flatnonzero(terminated | truncated):
+            real[e] = infos["final_obs"][e]
+        outs.append(collector.observe(rewards, next_obs, real, terminated, truncated))
+        expected.append(plain.add(obs, actions, rewards, real, terminated, truncated))
+        obs = next_obs
+    env.close()
+    return outs, expected
+
+
+@pytest.mark.parametrize("dueling", [True, False], ids=["dueling", "plain"])
+def test_collected_transitions_carry_the_networks_initial_priorities(dueling):
+    algo = build(dueling=dueling, n_step=3, gamma=0.9)
+    outs, expected = collect(algo, 60)
+    # A step's transitions come out at the next step (its next observations' V is computed
+    # when acting on them): the same transitions as a plain accumulator's, one step later.
+    assert outs[0] is None
+    kept = [(o, e) for o, e in zip(outs[1:], expected[:-1], strict=True) if e is not None]
+    assert all((o is None) == (e is None) for o, e in zip(outs[1:], expected[:-1], strict=True))
+    batch = {k: np.concatenate([o[k] for o, _ in kept]) for k in kept[0][0]}
+    plain = {k: np.concatenate([e[k] for _, e in kept]) for k in kept[0][1]}
+    assert set(batch) == {*plain, PRIORITY}
+    for key, column in plain.items():
+        np.testing.assert_array_equal(batch[key], column, err_msg=key)
+    # Terminations (discount 0), time limits (bootstrapping from a final observation never
+    # acted on) and ordinary n-step transitions are all among them.
+    discount = batch["discount"]
+    assert (discount == 0).any() and (discount == np.float32(0.9**3)).any()
+    assert (discount > np.float32(0.9**3) + 1e-6).any()  # gamma^m, m < n: a time limit
+    priorities = batch.pop(PRIORITY)
+    assert priorities.dtype == np.float32
+    np.testing.assert_allclose(priorities, algo.initial_priorities(batch), rtol=1e-5, atol=1e-6)
+
+
+def test_c51_collector_leaves_initial_priorities_to_the_network():
+    algo = build(num_atoms=5, v_min=-2.0, v_max=2.0, n_step=2)
+    outs, expected = collect(algo, 20)
+    for out, plain in zip(outs, expected, strict=True):
+        assert (out is None) == (plain is None)
+        if out is not None:
+            assert PRIORITY not in out
+            for key, column in plain.items():
+                np.testing.assert_array_equal(out[key], column, err_msg=key)
 
 
 # --- acting -------------------------------------------------------------------------------

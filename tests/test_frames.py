@@ -198,6 +198,20 @@ def test_colour_stacks_split_into_frames_of_three_channels():
     np.testing.assert_array_equal(layout.join(layout.split(stacks)), stacks)
 
 
+@pytest.mark.parametrize("channels", [1, 3])
+def test_join_gathers_stacks_by_frame_ids_into_contiguous_arrays(channels):
+    spec = {"obs": ((2, 3, channels * K), np.dtype(np.uint8))}
+    layout = FrameLayout.find(spec, (2, 3, channels * K), K, np.uint8)
+    assert layout is not None
+    rng = np.random.default_rng(1)
+    frames = rng.integers(0, 256, (50, 2, 3, channels), dtype=np.uint8)  # [F, H, W, c]
+    ids = rng.integers(0, 50, (7, 2, K))  # [n, lead, k]
+    expected = np.moveaxis(frames[ids], -4, -2).reshape(7, 2, 2, 3, channels * K)
+    for stacks in (layout.join(frames, ids), layout.join(frames[ids])):
+        assert stacks.flags.c_contiguous and stacks.dtype == np.uint8
+        np.testing.assert_array_equal(stacks, expected)
+
+
 def _config(name: str, *overrides: str):
     return config_lib.load(ROOT / "configs" / name, list(overrides))
 

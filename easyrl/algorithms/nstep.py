@@ -10,6 +10,10 @@ where ``m = n`` normally and ``m < n`` when the episode ended before ``n`` furth
 available. The learner's target is then ``R_t + discount * max_a Q(s_{t+m}, a)``. Truncation
 (a time limit) is not termination: its transitions keep ``discount = gamma^m`` and bootstrap
 from the final observation.
+
+Given the acting network's values, it also gives each transition its Ape-X initial priority
+``|R_t + discount * V(s_{t+m}) - Q(s_t, a_t)|`` (``add``'s ``value`` and ``next_value``), so
+that an actor need not run the network again over what it ships.
 """
 
 from __future__ import annotations
@@ -19,7 +23,11 @@ from numpy.typing import DTypeLike
 
 from easyrl.errors import ConfigError, EasyRLError
 
-__all__ = ["NStepAccumulator"]
+__all__ = ["PRIORITY", "NStepAccumulator"]
+
+PRIORITY = "initial_priority"
+"""Key of the transitions' initial priorities in `NStepAccumulator.add`'s output (and in a
+collector's; `easyrl.roles.actor.Actor.ship` takes them out of the batch it stores)."""
 
 
 def _check_pos_int(name: str, value: object) -> int:
@@ -145,6 +153,7 @@ class NStepAccumulator:
         self._obs = np.zeros((n, big_n, *self._obs_shape), self._obs_dtype)  # [n, N, *obs]
         self._action = np.zeros((n, big_n, *self._action_shape), self._action_dtype)  # [n, N, *a]
         self._reward = np.zeros((n, big_n), np.float64)  # [n, N]
+        self._value = np.zeros((n, big_n), np.float64)  # [n, N] Q(s_t, a_t) when given
         self._head = np.zeros(big_n, np.int64)  # [N] ring index of the oldest pending entry
         self._count = np.zeros(big_n, np.int64)  # [N] pending entries, always < n between adds
         self._env_idx = np.arange(big_n)  # [N]
@@ -194,6 +203,8 @@ class NStepAccumulator:
         next_obs: np.ndarray,
         terminated: np.ndarray,
         truncated: np.ndarray,
+        value: np.ndarray | None = None,
+        next_value: np.ndarray | None = None,
     ) -> dict[str, np.ndarray] | None:
         """Appends one vector step and returns the n-step transitions it completes.
 
@@ -206,12 +217,18 @@ class NStepAccumulator:
             terminated: ``[N]`` bool, the episode reached a terminal state.
             truncated: ``[N]`` bool, the episode was cut (time limit); ignored where
                 `terminated` is set.
+            value: ``Q(s_t, a_t)`` ``[N]`` (with `next_value`: the transitions then carry
+                their initial priorities).
+            next_value: ``V(s_{t+1})`` ``[N]`` of `next_obs` (ignored where `terminated`).
 
         Returns:
             None if no transition was completed, else a dict of ``M >= 1`` rows (order in the
             class docstring): ``obs [M, *obs_shape]`` (obs_dtype), ``action
             [M, *action_shape]`` (action_dtype), ``reward [M]`` float32, ``next_obs
-            [M, *obs_shape]`` (obs_dtype), ``discount [M]`` float32.
+            [M, *obs_shape]`` (obs_dtype), ``discount [M]`` float32; with `value`,
+            ``PRIORITY [M]`` float32: ``|reward + discount * V - Q|``, V the `next_value` of
+            the step that completed the transition (0 where the episode terminated), Q the
+            `value` of its first step.
 
         Raises:
             EasyRLError: An argument's shape does not match the constructor's.
@@ -224,12 +241,18 @@ class NStepAccumulator:
         terminated = self._check("terminated", terminated, (big_n,)).astype(bool)  # [N]
         truncated = self._check("truncated", truncated, (big_n,)).astype(bool)  # [N]
         done = terminated | truncated  # [N]
+        values = None  # (Q [N], V [N]) when given
+        if value is not None:
+            boot = self._check("next_value", next_value, (big_n,))
+            values = self._check("value", value, (big_n,)), np.where(terminated, 0.0, boot)
 
         # Append step t to every environment's ring.
         pos = (self._head + self._count) % n  # [N]
         self._obs[pos, self._env_idx] = obs
         self._action[pos, self._env_idx] = action
         self._reward[pos, self._env_idx] = reward
+        if values is not None:
+            self._value[pos, self._env_idx] = values[0]
         self._count += 1
 
         parts: list[tuple[np.ndarray, ...]] = []
@@ -247,6 +270,8 @@ class NStepAccumulator:
                 next_obs[full],  # [F, *obs_shape]
                 np.full(full.size, self._powers[n]),  # [F]
             )
+            if values is not None:
+                oldest += (self._value[head, full], values[1][full])  # [F], [F]
             parts.append(oldest)
             self._head[full] = (head + 1) % n
             self._count[full] -= 1
@@ -270,19 +295,25 @@ class NStepAccumulator:
                 np.repeat(next_obs[e][None], count, axis=0).astype(self._obs_dtype),
                 discount,
             )
+            if values is not None:
+                flushed += (self._value[ring, e], np.full(count, values[1][e]))  # [C], [C]
             parts.append(flushed)
             self._count[e] = 0
             self._head[e] = 0
 
         if not parts:
             return None
-        obs_out, act_out, rew_out, next_out, disc_out = (
+        obs_out, act_out, rew_out, next_out, disc_out, *valued = (
             np.concatenate(col, axis=0) for col in zip(*parts)
         )
-        return {
+        out = {
             "obs": obs_out.astype(self._obs_dtype, copy=False),  # [M, *obs_shape]
             "action": act_out.astype(self._action_dtype, copy=False),  # [M, *action_shape]
             "reward": rew_out.astype(np.float32),  # [M]
             "next_obs": next_out.astype(self._obs_dtype, copy=False),  # [M, *obs_shape]
             "discount": disc_out.astype(np.float32),  # [M]
         }
+        if valued:
+            q, v = valued  # [M], [M]
+            out[PRIORITY] = np.abs(rew_out + disc_out * v - q).astype(np.float32)  # [M]
+        return out

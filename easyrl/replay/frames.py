@@ -142,10 +142,22 @@ class FrameLayout:
         frames = stacks.reshape(*stacks.shape[:-1], k, c)  # [..., H, W, k, c]
         return np.moveaxis(frames, -2, -4)  # [..., k, H, W, c]
 
-    def join(self, frames: np.ndarray) -> np.ndarray:
-        """``[..., k, H, W, c]`` frames -> ``[..., H, W, k * c]`` stacks (a new array)."""
-        stacks = np.moveaxis(frames, -4, -2)  # [..., H, W, k, c]
-        return stacks.reshape(*stacks.shape[:-2], -1)
+    def join(self, frames: np.ndarray, ids: np.ndarray | None = None) -> np.ndarray:
+        """``[..., k, H, W, c]`` frames -> ``[..., H, W, k * c]`` stacks, a new C-contiguous
+        array; with ``ids`` ``[..., k]``, the frames are ``frames[ids]`` (``frames`` then
+        ``[F, H, W, c]``), gathered one stack position at a time without the whole
+        ``frames[ids]``.
+
+        Stack position by position: with c = 1 numpy's copy of the transposed view runs an
+        inner loop of one byte, ~3.5x slower than these k copies (Atari Sample(512): 7.6 ->
+        2.1 ms).
+        """
+        k, (h, w, c) = self.stack, self.frame_shape
+        lead = frames.shape[:-4] if ids is None else ids.shape[:-1]
+        out = np.empty((*lead, h, w, k, c), frames.dtype)
+        for j in range(k):
+            out[..., j, :] = frames[..., j, :, :, :] if ids is None else frames[ids[..., j]]
+        return out.reshape(*lead, h, w, k * c)
 
     def pack(self, batch: Mapping[str, np.ndarray]) -> dict[str, Any]:
         """The wire form of a batch of whole stacks (see the module docstring).
@@ -201,7 +213,7 @@ class FrameLayout:
         part = batch[FRAMES_KEY]
         out = {k: v for k, v in batch.items() if k != FRAMES_KEY}
         for name in self.columns:
-            out[name] = self.join(part[PIXELS][part[name]])
+            out[name] = self.join(part[PIXELS], part[name])
         return out
 
     def check_packed(self, part: Any, n: int) -> tuple[np.ndarray, dict[str, np.ndarray]]:
@@ -459,7 +471,7 @@ class FrameStore:
 
     def gather(self, ids: np.ndarray) -> np.ndarray:
         """``[..., k]`` stored frame ids -> ``[..., H, W, k * c]`` stacks."""
-        return self.layout.join(self.frames[ids % self.capacity])
+        return self.layout.join(self.frames, ids % self.capacity)
 
     def state(self, low: int) -> dict[str, Any]:
         """Snapshot entries: ``frames/capacity``, ``frames/next`` and ``frames/pixels``, the

@@ -30,6 +30,7 @@ from easyrl.algorithms.contract import (
     ReplayAgent,
     RoundsAgent,
 )
+from easyrl.algorithms.nstep import PRIORITY
 from easyrl.envs import env_options, final_observations, make_vector_env
 from easyrl.envs.multiagent import SlotVectorEnv
 from easyrl.errors import MessageTooLarge, TransportError
@@ -181,8 +182,11 @@ class Actor:
         Returns:
             False if the actor stopped before the outbox had room.
         """
-        priorities = None
-        if self.ctx.cfg.replay.prioritized:
+        priorities = batch.get(PRIORITY)  # the collector's, if it computed them
+        batch = {k: v for k, v in batch.items() if k != PRIORITY}
+        if not self.ctx.cfg.replay.prioritized:
+            priorities = None
+        elif priorities is None:
             agent = cast(PrioritizedAgent, self.algo)
             priorities = agent.initial_priorities(batch).astype(np.float32)
         if self.frames is not None:
