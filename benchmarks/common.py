@@ -167,8 +167,8 @@ def parse_args(parser, tuned_malloc: bool = True):
         parser.add_argument(
             "--tuned-malloc",
             action="store_true",
-            help="re-run with glibc MALLOC_MMAP_THRESHOLD_/MALLOC_TRIM_THRESHOLD_ set "
-            "(all processes)",
+            help="re-run with the launcher's glibc settings (MALLOC_ENV: thresholds, one "
+            "arena) in all processes",
         )
     parser.add_argument("--write", action="store_true", help="update benchmarks/RESULTS.md")
     args = parser.parse_args()

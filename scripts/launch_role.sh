@@ -72,6 +72,7 @@ export TF_CPP_MIN_LOG_LEVEL=${TF_CPP_MIN_LOG_LEVEL:-2}
 # glibc keeps large freed buffers (easyrl.cluster.launcher.MALLOC_ENV; a user's own win)
 export MALLOC_MMAP_THRESHOLD_=${MALLOC_MMAP_THRESHOLD_:-67108864}
 export MALLOC_TRIM_THRESHOLD_=${MALLOC_TRIM_THRESHOLD_:-1073741824}
+export MALLOC_ARENA_MAX=${MALLOC_ARENA_MAX:-1}
 
 if [[ -n $log_dir ]]; then
   mkdir -p "$log_dir"

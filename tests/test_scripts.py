@@ -68,7 +68,8 @@ def _fake_easyrl(tmp_path):
         'for a in "$@"; do echo "ARG=$a"; done\n'
         'echo "TOKEN=${EASYRL_TOKEN-<unset>}"\n'
         'echo "TF=${TF_CPP_MIN_LOG_LEVEL-<unset>}"\n'
-        'echo "MALLOC=${MALLOC_MMAP_THRESHOLD_-<unset>}/${MALLOC_TRIM_THRESHOLD_-<unset>}"\n',
+        'echo "MALLOC=${MALLOC_MMAP_THRESHOLD_-<unset>}/${MALLOC_TRIM_THRESHOLD_-<unset>}'
+        '/${MALLOC_ARENA_MAX-<unset>}"\n',
     )
 
 
@@ -157,8 +158,8 @@ def test_launch_role_execs_easyrl_with_env_token(tmp_path):
     assert argv == [*expected.split(), "--num-learners", "2", "--num-actors", "4"]
     assert f"TOKEN={TOKEN}" in lines  # from the file, whitespace stripped
     assert "TF=2" in lines
-    malloc = MALLOC_ENV["MALLOC_MMAP_THRESHOLD_"], MALLOC_ENV["MALLOC_TRIM_THRESHOLD_"]
-    assert "MALLOC={}/{}".format(*malloc) in lines  # the launcher's glibc settings
+    malloc = "/".join(MALLOC_ENV[k] for k in ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_"))
+    assert f"MALLOC={malloc}/{MALLOC_ENV['MALLOC_ARENA_MAX']}" in lines  # the launcher's settings
     assert not any(TOKEN in a for a in argv)
 
 
@@ -179,7 +180,8 @@ def test_launch_role_dash_spellings_extra_args_and_env_passthrough(tmp_path):
     assert argv[-6:] == "--ps-hosts h:1 --num-actors 1 --set train.lr=0.1".split()
     assert "TOKEN=from-env" in lines  # environment left as is without --token_file
     assert "TF=0" in lines  # an existing TF_CPP_MIN_LOG_LEVEL wins
-    assert f"MALLOC={MALLOC_ENV['MALLOC_MMAP_THRESHOLD_']}/5" in lines  # so does a user's malloc
+    mmap, arenas = MALLOC_ENV["MALLOC_MMAP_THRESHOLD_"], MALLOC_ENV["MALLOC_ARENA_MAX"]
+    assert f"MALLOC={mmap}/5/{arenas}" in lines  # so does a user's malloc
 
 
 @pytest.mark.parametrize(

@@ -32,12 +32,15 @@ from easyrl.transport.clients import ShardClient, Status, connect
 MALLOC_ENV = {
     "MALLOC_MMAP_THRESHOLD_": str(64 * 1024 * 1024),
     "MALLOC_TRIM_THRESHOLD_": str(1024 * 1024 * 1024),
+    "MALLOC_ARENA_MAX": "1",
 }
 """glibc settings every child gets unless set already: glibc returns freed multi-MB buffers to
 the kernel, so each large message (Atari batches, weights) paid first-touch page faults again;
 kept in the heap, easyrl moved 1.25-1.3x more MB/s through Push and Sample
-(benchmarks/bench_wire.py --tuned-malloc, RESULTS.md). Cost: freed heap is kept (RSS stays at
-its peak)."""
+(benchmarks/bench_wire.py --tuned-malloc, RESULTS.md). One arena: the two thresholds bind the
+main arena only; a gRPC thread's own arena mapped a new 64 MB heap for each 21 MB reply and
+another thread unmapped it, and a 21 MB Pull moved 0.6x raw gRPC's MB/s instead of 0.96x.
+Cost: freed heap is kept (RSS stays at its peak)."""
 log = logging.getLogger(__name__)
 
 SERVER_ROLES = ("ps", "memory")

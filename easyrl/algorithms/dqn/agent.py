@@ -265,17 +265,21 @@ class DQN(CompiledGreedy):
         """`act_with_logp`'s actions `[N]` and log-probabilities `[N]`, with the acting
         network's Q(s, a) of those actions `[N]` and V(s) = Q(s, a*) of the greedy ones `[N]`
         (float64), from the same forward pass (what the collector's initial priorities use)."""
-        greedy, q = (t.numpy() for t in self._act_values(np.asarray(obs, self.obs_dtype)))
+        greedy, q = self._greedy_q(obs)
         legal = legal_actions(obs, self.mask_size) if self.mask_size else None  # [N, A]
         actions, logp = epsilon_greedy(greedy, epsilon, self.num_actions, rng, legal)
         rows = np.arange(len(q))
-        q = q.astype(np.float64)
         return actions, logp, q[rows, actions], q[rows, greedy]
 
     def state_values(self, obs: np.ndarray) -> np.ndarray:
         """V(s) = Q(s, a*) `[N]` (float64) of the acting network, a* the greedy actions."""
-        greedy, q = (t.numpy() for t in self._act_values(np.asarray(obs, self.obs_dtype)))
-        return q[np.arange(len(q)), greedy].astype(np.float64)
+        greedy, q = self._greedy_q(obs)
+        return q[np.arange(len(q)), greedy]
+
+    def _greedy_q(self, obs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The acting network's greedy actions `[N]` and Q-values `[N, A]` (float64)."""
+        greedy, q = self._act_values(np.asarray(obs, self.obs_dtype))
+        return greedy.numpy(), q.numpy().astype(np.float64)
 
     def initial_priorities(self, batch: dict) -> np.ndarray:
         """Ape-X initial priorities |TD| computed with the actor's copy of the network."""
