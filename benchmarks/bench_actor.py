@@ -24,6 +24,9 @@ size by size, and prints their ratios to the first):
   `--actor-process` starts it as a `python -m easyrl.cli run --role actor` process
   instead.
 
+The benchmark process runs TensorFlow on the config's `actor.tf_threads`, as an actor
+process does, so both loops act with the same threads.
+
     python benchmarks/bench_actor.py            # print the table
     python benchmarks/bench_actor.py --write    # and update benchmarks/RESULTS.md
     python benchmarks/bench_actor.py --config configs/pong_apex.yaml --num-envs 1,4 \
@@ -280,9 +283,10 @@ def main() -> None:
         local = cluster.start_cli(cfg_path, num_ps=1, num_memory=1, wait=False)
         import tensorflow as tf
 
-        from easyrl.roles.common import RoleContext, ShardedWeights
+        from easyrl.roles.common import RoleContext, ShardedWeights, limit_tf_threads
 
         cfg = config_lib.load(str(cfg_path))
+        limit_tf_threads(cfg.actor.tf_threads)  # this process acts, as an actor process does
         ctx = RoleContext(
             cfg=cfg, task=0, cluster=local.spec, token=cluster.token, run_dir=cluster.run_dir
         )

@@ -1102,6 +1102,29 @@ def test_children_keep_large_buffers_in_the_heap(tmp_path, monkeypatch):
     assert env["MALLOC_TRIM_THRESHOLD_"] == "12345"
 
 
+@pytest.mark.parametrize("threads", [1, 0])
+def test_an_actor_process_gives_tensorflow_the_configured_threads(threads):
+    """`actor.tf_threads` as the actor role applies it, in a fresh process started as a role
+    starts (TensorFlow imported first): the intra-op pool only; 0 leaves TensorFlow's
+    default (reported as 0: one per core)."""
+    code = (
+        "from easyrl.cli import import_tensorflow_quietly\n"
+        "import_tensorflow_quietly()\n"
+        "from easyrl.roles.common import limit_tf_threads\n"
+        f"limit_tf_threads({threads})\n"
+        "import tensorflow as tf\n"
+        "assert int(tf.constant(2) + 1) == 3\n"
+        "t = tf.config.threading\n"
+        "print(t.get_intra_op_parallelism_threads(), t.get_inter_op_parallelism_threads())\n"
+    )
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split() == [str(threads), "0"]
+
+
 def test_a_memory_shard_process_serves_without_tensorflow(tmp_path):
     """`easyrl run --role memory` never imports TensorFlow (a memory shard does not use it:
     seconds of CPU less per shard at start-up), and serves."""

@@ -151,6 +151,17 @@ class RoleContext:
         )
 
 
+def limit_tf_threads(threads: int) -> None:
+    """Gives this process's TensorFlow `threads` intra-op threads (0: its default). The
+    inter-op pool keeps its default: with one thread there, an actor's weight updates and
+    its acting calls wait for each other (CartPole actors 10-24 % slower). Call it before
+    TensorFlow runs anything: the pools are fixed from then on."""
+    if threads:
+        import tensorflow as tf
+
+        tf.config.threading.set_intra_op_parallelism_threads(threads)
+
+
 class StopSignal(threading.Event):
     """Set when a role must stop; `error` says why when it stops because of a failure
     (then the process exits non-zero and the launcher restarts it)."""
