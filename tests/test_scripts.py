@@ -62,6 +62,13 @@ def _executable(path: Path, body: str) -> Path:
     return path
 
 
+def _malloc_line(trim: str | None = None) -> str:
+    """What the fake easyrl prints of the glibc settings: the launcher's (`MALLOC_ENV`), with a
+    user's own trim threshold where given."""
+    trim = MALLOC_ENV["MALLOC_TRIM_THRESHOLD_"] if trim is None else trim
+    return f"MALLOC={MALLOC_ENV['MALLOC_MMAP_THRESHOLD_']}/{trim}/{MALLOC_ENV['MALLOC_ARENA_MAX']}"
+
+
 def _fake_easyrl(tmp_path):
     return _executable(
         tmp_path / "fake_easyrl",
@@ -158,8 +165,7 @@ def test_launch_role_execs_easyrl_with_env_token(tmp_path):
     assert argv == [*expected.split(), "--num-learners", "2", "--num-actors", "4"]
     assert f"TOKEN={TOKEN}" in lines  # from the file, whitespace stripped
     assert "TF=2" in lines
-    malloc = "/".join(MALLOC_ENV[k] for k in ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_"))
-    assert f"MALLOC={malloc}/{MALLOC_ENV['MALLOC_ARENA_MAX']}" in lines  # the launcher's settings
+    assert _malloc_line() in lines  # the launcher's glibc settings
     assert not any(TOKEN in a for a in argv)
 
 
@@ -180,8 +186,7 @@ def test_launch_role_dash_spellings_extra_args_and_env_passthrough(tmp_path):
     assert argv[-6:] == "--ps-hosts h:1 --num-actors 1 --set train.lr=0.1".split()
     assert "TOKEN=from-env" in lines  # environment left as is without --token_file
     assert "TF=0" in lines  # an existing TF_CPP_MIN_LOG_LEVEL wins
-    mmap, arenas = MALLOC_ENV["MALLOC_MMAP_THRESHOLD_"], MALLOC_ENV["MALLOC_ARENA_MAX"]
-    assert f"MALLOC={mmap}/5/{arenas}" in lines  # so does a user's malloc
+    assert _malloc_line(trim="5") in lines  # so does a user's malloc
 
 
 @pytest.mark.parametrize(
