@@ -24,6 +24,7 @@ size by size, and prints their ratios to the first):
   `--actor-process` starts it as a `python -m easyrl.cli run --role actor` process
   instead.
 
+It ends with the line `min actor/plain: R`, the lowest actor / plain ratio of the run.
 The benchmark process runs TensorFlow on the config's `actor.tf_threads`, as an actor
 process does, so both loops act with the same threads.
 
@@ -418,6 +419,7 @@ def main() -> None:
         common.write_section(
             f"bench_actor{suffix}", common.section_text(title, started, load_before, text)
         )
+    print(f"min actor/plain: {min(a / p for _, _, p, _, a, _, _ in results):.2f}")
 
 
 if __name__ == "__main__":
