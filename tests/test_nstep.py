@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from easyrl.algorithms.nstep import NStepAccumulator
+from easyrl.algorithms.nstep import PRIORITY, NStepAccumulator
 from easyrl.errors import ConfigError, EasyRLError
 
 GAMMA = 0.9
@@ -39,6 +39,8 @@ def _make_streams(rng, num_envs, steps):
                     "next_obs": (e, t + 1, 1 if done else 0),
                     "terminated": bool(terminated[t]),
                     "truncated": bool(truncated[t] and not terminated[t]),
+                    "value": float(rng.normal()),  # Q(s_t, a_t) of the acting pass
+                    "next_value": float(rng.normal()),  # V(s_{t+1})
                 }
             )
             prev_done = done
@@ -69,11 +71,22 @@ def _reference(streams, n, gamma):
                 reward = sum(gamma**k * rows[t + k]["reward"] for k in range(m))
                 last = rows[t + m - 1]
                 discount = 0.0 if last["terminated"] else gamma**m
-                out.append((rows[t]["obs"], rows[t]["action"], reward, last["next_obs"], discount))
+                boot = 0.0 if last["terminated"] else last["next_value"]
+                priority = abs(reward + discount * boot - rows[t]["value"])
+                out.append(
+                    (
+                        rows[t]["obs"],
+                        rows[t]["action"],
+                        reward,
+                        last["next_obs"],
+                        discount,
+                        priority,
+                    )
+                )
     return out
 
 
-def _run(streams, n, gamma):
+def _run(streams, n, gamma, valued=False):
     num_envs, steps = len(streams), len(streams[0])
     acc = NStepAccumulator(num_envs, n, gamma, (3,), np.int64)
     got = []
@@ -86,6 +99,7 @@ def _run(streams, n, gamma):
             col["next_obs"],
             col["terminated"],
             col["truncated"],
+            *((col["value"], col["next_value"]) if valued else ()),
         )
         if result is None:
             continue
@@ -102,17 +116,19 @@ def _run(streams, n, gamma):
                     float(result["reward"][i]),
                     tuple(int(x) for x in result["next_obs"][i]),
                     float(result["discount"][i]),
+                    float(result[PRIORITY][i]) if valued else None,
                 )
             )
     return got, acc
 
 
+@pytest.mark.parametrize("valued", [False, True])
 @pytest.mark.parametrize("n", [1, 3, 5])
 @pytest.mark.parametrize("seed", [0, 1, 2])
-def test_matches_brute_force(n, seed):
+def test_matches_brute_force(n, seed, valued):
     rng = np.random.default_rng(seed)
     streams = _make_streams(rng, num_envs=3, steps=60)
-    got, acc = _run(streams, n, GAMMA)
+    got, acc = _run(streams, n, GAMMA, valued)
     want = _reference(streams, n, GAMMA)
 
     def key(tr):
@@ -125,6 +141,8 @@ def test_matches_brute_force(n, seed):
         assert g[0] == w[0] and g[1] == w[1] and g[3] == w[3]
         assert g[2] == pytest.approx(w[2], rel=1e-5, abs=1e-5)
         assert g[4] == pytest.approx(w[4], rel=1e-6, abs=1e-7)
+        if valued:  # the Ape-X initial priority |R + discount * V - Q|
+            assert g[5] == pytest.approx(w[5], rel=1e-5, abs=1e-5)
     # What is left pending is exactly the tail of each still-running episode.
     emitted = {key(tr) for tr in got}
     for e, rows in enumerate(streams):

@@ -150,14 +150,17 @@ class NStepAccumulator:
         self._action_dtype = _check_dtype("action_dtype", action_dtype)
 
         big_n, n = self._num_envs, self._n
+        # Time-indexed rings: step t of every environment lies in slot t % n, so appending and
+        # emitting are slices (the environments step together); an environment's pending
+        # entries are its last `count` steps.
         self._obs = np.zeros((n, big_n, *self._obs_shape), self._obs_dtype)  # [n, N, *obs]
         self._action = np.zeros((n, big_n, *self._action_shape), self._action_dtype)  # [n, N, *a]
         self._reward = np.zeros((n, big_n), np.float64)  # [n, N]
         self._value = np.zeros((n, big_n), np.float64)  # [n, N] Q(s_t, a_t) when given
-        self._head = np.zeros(big_n, np.int64)  # [N] ring index of the oldest pending entry
+        self._t = 0  # steps added so far
         self._count = np.zeros(big_n, np.int64)  # [N] pending entries, always < n between adds
-        self._env_idx = np.arange(big_n)  # [N]
         self._powers = self._gamma ** np.arange(n + 1, dtype=np.float64)  # [n + 1]
+        self._orders = (np.arange(n)[:, None] + np.arange(n)) % n  # [n, n] slots from each slot
 
     @property
     def pending(self) -> np.ndarray:
@@ -174,7 +177,6 @@ class NStepAccumulator:
         Use it when the actor cuts its episodes (e.g. it resets the environments itself).
         """
         self._count[:] = 0
-        self._head[:] = 0
 
     def _check(self, name: str, value: object, shape: tuple[int, ...]) -> np.ndarray:
         """Converts a step argument to an array and checks its shape.
@@ -238,8 +240,8 @@ class NStepAccumulator:
         action = self._check("action", action, (big_n, *self._action_shape))
         reward = self._check("reward", reward, (big_n,))
         next_obs = self._check("next_obs", next_obs, (big_n, *self._obs_shape))
-        terminated = self._check("terminated", terminated, (big_n,)).astype(bool)  # [N]
-        truncated = self._check("truncated", truncated, (big_n,)).astype(bool)  # [N]
+        terminated = np.asarray(self._check("terminated", terminated, (big_n,)), bool)  # [N]
+        truncated = np.asarray(self._check("truncated", truncated, (big_n,)), bool)  # [N]
         done = terminated | truncated  # [N]
         values = None  # (Q [N], V [N]) when given
         if value is not None:
@@ -247,39 +249,51 @@ class NStepAccumulator:
             values = self._check("value", value, (big_n,)), np.where(terminated, 0.0, boot)
 
         # Append step t to every environment's ring.
-        pos = (self._head + self._count) % n  # [N]
-        self._obs[pos, self._env_idx] = obs
-        self._action[pos, self._env_idx] = action
-        self._reward[pos, self._env_idx] = reward
+        t = self._t
+        self._t += 1
+        self._obs[t % n] = obs
+        self._action[t % n] = action
+        self._reward[t % n] = reward
         if values is not None:
-            self._value[pos, self._env_idx] = values[0]
+            self._value[t % n] = values[0]
         self._count += 1
 
         parts: list[tuple[np.ndarray, ...]] = []
 
-        # Not done and n entries pending: emit the oldest entry with m = n (vectorized).
-        full = np.flatnonzero((self._count == n) & ~done)  # [F]
-        if full.size:
-            head = self._head[full]  # [F]
-            offsets = (head[:, None] + np.arange(n)) % n  # [F, n]
-            rewards = self._reward[offsets, full[:, None]]  # [F, n]
-            oldest = (
-                self._obs[head, full],  # [F, *obs_shape]
-                self._action[head, full],  # [F, *action_shape]
-                rewards @ self._powers[:n],  # [F]
-                next_obs[full],  # [F, *obs_shape]
-                np.full(full.size, self._powers[n]),  # [F]
-            )
-            if values is not None:
-                oldest += (self._value[head, full], values[1][full])  # [F], [F]
+        # Not done and n entries pending: emit the oldest entry (step t - n + 1) with m = n.
+        full = (self._count == n) & ~done  # [N]
+        if full.any():
+            old = (t + 1) % n  # slot of step t - n + 1
+            rewards = self._powers[:n] @ self._reward[self._orders[old]]  # [N]
+            oldest: tuple[np.ndarray, ...]
+            if full.all():  # the common case: whole rows, no gather
+                oldest = (
+                    self._obs[old].copy(),  # [N, *obs_shape]
+                    self._action[old].copy(),  # [N, *action_shape]
+                    rewards,  # [N]
+                    np.array(next_obs, self._obs_dtype),  # [N, *obs_shape]
+                    np.full(big_n, self._powers[n]),  # [N]
+                )
+                if values is not None:
+                    oldest += (self._value[old].copy(), values[1])  # [N], [N]
+            else:
+                idx = np.flatnonzero(full)  # [F]
+                oldest = (
+                    self._obs[old, idx],  # [F, *obs_shape]
+                    self._action[old, idx],  # [F, *action_shape]
+                    rewards[idx],  # [F]
+                    next_obs[idx],  # [F, *obs_shape]
+                    np.full(idx.size, self._powers[n]),  # [F]
+                )
+                if values is not None:
+                    oldest += (self._value[old, idx], values[1][idx])  # [F], [F]
             parts.append(oldest)
-            self._head[full] = (head + 1) % n
             self._count[full] -= 1
 
         # Done: flush every pending entry, oldest first (loop over done environments only).
         for e in np.flatnonzero(done):
             count = int(self._count[e])
-            ring = (self._head[e] + np.arange(count)) % n  # [C]
+            ring = (t - count + 1 + np.arange(count)) % n  # [C] slots of steps t-C+1..t
             rewards = self._reward[ring, e]  # [C]
             returns = np.empty(count, np.float64)  # [C]
             acc = 0.0
@@ -299,13 +313,15 @@ class NStepAccumulator:
                 flushed += (self._value[ring, e], np.full(count, values[1][e]))  # [C], [C]
             parts.append(flushed)
             self._count[e] = 0
-            self._head[e] = 0
 
         if not parts:
             return None
-        obs_out, act_out, rew_out, next_out, disc_out, *valued = (
-            np.concatenate(col, axis=0) for col in zip(*parts)
-        )
+        if len(parts) == 1:
+            obs_out, act_out, rew_out, next_out, disc_out, *valued = parts[0]
+        else:
+            obs_out, act_out, rew_out, next_out, disc_out, *valued = (
+                np.concatenate(col, axis=0) for col in zip(*parts)
+            )
         out = {
             "obs": obs_out.astype(self._obs_dtype, copy=False),  # [M, *obs_shape]
             "action": act_out.astype(self._action_dtype, copy=False),  # [M, *action_shape]
