@@ -385,6 +385,75 @@ def test_a_ring_drops_the_items_whose_frames_it_overwrites(kind):
         assert table.update_priorities(dropped_key, np.ones(1)) == 0  # stale, not applied
 
 
+class ScanningTable(PrioritizedTable):
+    """`_drop_below` as it was: a scan of every stored item (the reference)."""
+
+    def _drop_below(self, low: int) -> None:
+        if self.size == 0:
+            return
+        slots = self._live_slots()  # [size]
+        stale = np.flatnonzero(self._first_frame[slots] < low)
+        if stale.size:
+            count = int(stale[-1]) + 1
+            self.sampler.on_remove(slots[:count])
+            self.removed = self.inserted - self.size + count
+            self.dropped += count
+
+
+def streamed_items(rng, stream: np.ndarray, start: int, n: int) -> dict:
+    """`n` 1-step transitions whose stacks slide over a source's `stream` of frames from
+    `start`: a source's next batch reuses the frames its last one ended with."""
+    obs = np.stack([stream[start + i : start + i + K] for i in range(n)])  # [n, K, H, W]
+    nxt = np.stack([stream[start + i + 1 : start + i + 1 + K] for i in range(n)])
+    return {
+        "obs": np.moveaxis(obs, 1, -1),
+        "action": np.arange(n, dtype=np.int64),
+        "reward": rng.random(n).astype(np.float32),
+        "next_obs": np.moveaxis(nxt, 1, -1),
+        "discount": np.ones(n, np.float32),
+    }
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_dropping_by_frame_floors_matches_scanning_every_item(seed):
+    """Sources whose batches reuse their previous batch's frames, interleaved at random (so
+    items refer to frames older than other sources' later items), a ring far smaller than
+    the run, a snapshot restored halfway: after every insert the table holds and samples
+    exactly what the full scan keeps."""
+    rng = np.random.default_rng(seed)
+    spec = transition_spec()
+    layout = layout_of(spec)
+    streams = rng.integers(0, 256, (3, 2000, H, W), dtype=np.uint8)  # 3 sources
+    position = [0, 0, 0]
+    window = int(rng.integers(0, 30))
+
+    def fresh(cls):
+        return cls(spec, 40, seed=5, frames=FrameStore(layout, 70, window=window))
+
+    tables = [fresh(PrioritizedTable), fresh(ScanningTable)]
+    for step in range(150):
+        source = int(rng.integers(0, 3))
+        n = int(rng.integers(1, 9))
+        if rng.random() < 0.1:  # a jump: the source's next batch shares no frames
+            position[source] += K + 1
+        items = streamed_items(rng, streams[source], position[source], n)
+        position[source] += n
+        priorities = rng.random(n)
+        keys = [t.insert(items, priorities, source=source) for t in tables]
+        np.testing.assert_array_equal(keys[0], keys[1])
+        got, want = (t.state_dict() for t in tables)
+        assert got.keys() == want.keys()
+        for key in want:
+            np.testing.assert_array_equal(got[key], want[key], err_msg=key)
+        assert tables[0].dropped == tables[1].dropped
+        if step == 75:  # restore both from their snapshots, as a restarted shard does
+            restored = [fresh(PrioritizedTable), fresh(ScanningTable)]
+            for old, new in zip(tables, restored, strict=True):
+                new.load_state_dict(old.state_dict())
+            tables = restored
+    assert tables[0].dropped > 0 and tables[0].frames.matched > 0
+
+
 def test_a_queue_waits_for_frame_room_until_samples_free_it():
     t = 3
     spec = unroll_spec(t)

@@ -458,6 +458,10 @@ class Table:
         }  # name -> [capacity, *shape]; a frame-stack column: [capacity, *lead, k] frame ids
         # A frame table's smallest frame id of each slot's item.
         self._first_frame = np.zeros(self.capacity if frames is not None else 0, np.int64)
+        # And a lower bound on that id for this item and every later one, non-decreasing from
+        # the oldest item to the newest (the store's `next - window` at the item's insert: a
+        # reused frame is never older), so `_drop_below` finds its stale items by bisection.
+        self._frame_floor = np.zeros(self.capacity if frames is not None else 0, np.int64)
 
     @staticmethod
     def queue(spec: TableSpec, capacity: int, frames: FrameStore | None = None) -> "Table":
@@ -484,7 +488,7 @@ class Table:
         """Bytes of the arrays that hold the items (columns, frames, frame bookkeeping)."""
         frames = self.frames.nbytes if self.frames is not None else 0
         columns = sum(column.nbytes for column in self._columns.values())
-        return columns + frames + self._first_frame.nbytes
+        return columns + frames + self._first_frame.nbytes + self._frame_floor.nbytes
 
     def _checked(self, batch: dict[str, Any], priorities: Any) -> tuple[int, np.ndarray]:
         if self.frames is not None:
@@ -531,11 +535,21 @@ class Table:
 
     def _drop_below(self, low: int) -> None:
         """A ring drops its oldest items up to the newest one referring to a frame id below
-        ``low`` (those frames are about to be overwritten)."""
+        ``low`` (those frames are about to be overwritten). Only the items before the first
+        one whose frame floor reaches ``low`` can (bisection over the live keys), so the scan
+        is of those, not of the whole table."""
         size = self.size
         if size == 0:
             return
-        slots = self._live_slots()  # [size]
+        oldest = lo = self.inserted - size
+        hi = self.inserted
+        while lo < hi:  # the first live key whose floor (and every later one's) is >= low
+            mid = (lo + hi) // 2
+            if self._frame_floor[mid % self.capacity] >= low:
+                hi = mid
+            else:
+                lo = mid + 1
+        slots = (oldest + np.arange(lo - oldest)) % self.capacity  # [candidates]
         stale = np.flatnonzero(self._first_frame[slots] < low)
         if not stale.size:
             return
@@ -568,8 +582,9 @@ class Table:
             raise ReplayError(
                 f"queue full: {self.size} of {self.capacity} items queued, cannot add {n}"
             )
-        stored, prepared = batch, None
+        stored, prepared, floor = batch, None, 0
         if self.frames is not None:
+            floor = self.frames.next - self.frames.window  # what `prepare` may reuse
             prepared = self.frames.prepare(batch, n, source)
             low = self.frames.next + len(prepared.new) - self.frames.capacity
             if self.remove_on_sample and low > self._lowest_frame():
@@ -586,6 +601,7 @@ class Table:
             column[slots] = stored[name][first:]
         if prepared is not None and self.frames is not None:
             self._first_frame[slots] = prepared.first_frame[first:]
+            self._frame_floor[slots] = floor
             self.frames.write(prepared, source)
         self.inserted += n
         self.sampler.on_insert(slots, recorded, first)
@@ -738,11 +754,17 @@ class Table:
         for name, column in self._columns.items():
             column[:] = 0
             column[slots] = state[DATA_PREFIX + name]
+        self.inserted, self.removed = inserted, removed
         if self.frames is not None and frames is not None:
             self._first_frame[:] = 0
             self._first_frame[slots] = first_frame
             self.frames.load(*frames)
-        self.inserted, self.removed = inserted, removed
+            # Floors of the restored items: the smallest first frame from each item on
+            # (oldest first), and never above what later inserts get.
+            live = self._live_slots()  # [size]
+            suffix_min = np.minimum.accumulate(self._first_frame[live][::-1])[::-1]
+            self._frame_floor[:] = 0
+            self._frame_floor[live] = np.minimum(suffix_min, self.frames.next - self.frames.window)
 
 
 class UniformTable(Table):
