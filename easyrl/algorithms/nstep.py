@@ -251,42 +251,30 @@ class NStepAccumulator:
         # Append step t to every environment's ring.
         t = self._t
         self._t += 1
-        self._obs[t % n] = obs
-        self._action[t % n] = action
-        self._reward[t % n] = reward
+        slot = t % n
+        self._obs[slot] = obs
+        self._action[slot] = action
+        self._reward[slot] = reward
         if values is not None:
-            self._value[t % n] = values[0]
+            self._value[slot] = values[0]
         self._count += 1
 
         parts: list[tuple[np.ndarray, ...]] = []
 
         # Not done and n entries pending: emit the oldest entry (step t - n + 1) with m = n.
-        full = (self._count == n) & ~done  # [N]
-        if full.any():
+        full = np.flatnonzero((self._count == n) & ~done)  # [F]
+        if full.size:
             old = (t + 1) % n  # slot of step t - n + 1
-            rewards = self._powers[:n] @ self._reward[self._orders[old]]  # [N]
-            oldest: tuple[np.ndarray, ...]
-            if full.all():  # the common case: whole rows, no gather
-                oldest = (
-                    self._obs[old].copy(),  # [N, *obs_shape]
-                    self._action[old].copy(),  # [N, *action_shape]
-                    rewards,  # [N]
-                    np.array(next_obs, self._obs_dtype),  # [N, *obs_shape]
-                    np.full(big_n, self._powers[n]),  # [N]
-                )
-                if values is not None:
-                    oldest += (self._value[old].copy(), values[1])  # [N], [N]
-            else:
-                idx = np.flatnonzero(full)  # [F]
-                oldest = (
-                    self._obs[old, idx],  # [F, *obs_shape]
-                    self._action[old, idx],  # [F, *action_shape]
-                    rewards[idx],  # [F]
-                    next_obs[idx],  # [F, *obs_shape]
-                    np.full(idx.size, self._powers[n]),  # [F]
-                )
-                if values is not None:
-                    oldest += (self._value[old, idx], values[1][idx])  # [F], [F]
+            rewards = self._powers[:n] @ self._reward[self._orders[old]][:, full]  # [F]
+            oldest = (
+                self._obs[old, full],  # [F, *obs_shape]
+                self._action[old, full],  # [F, *action_shape]
+                rewards,  # [F]
+                next_obs[full],  # [F, *obs_shape]
+                np.full(full.size, self._powers[n]),  # [F]
+            )
+            if values is not None:
+                oldest += (self._value[old, full], values[1][full])  # [F], [F]
             parts.append(oldest)
             self._count[full] -= 1
 
