@@ -536,8 +536,8 @@ class Table:
     def _drop_below(self, low: int) -> None:
         """A ring drops its oldest items up to the newest one referring to a frame id below
         ``low`` (those frames are about to be overwritten). Only the items before the first
-        one whose frame floor reaches ``low`` can (bisection over the live keys), so the scan
-        is of those, not of the whole table."""
+        one whose frame floor reaches ``low`` can be stale (found by bisection over the live
+        keys), so the scan is of those, not of the whole table."""
         size = self.size
         if size == 0:
             return
