@@ -24,6 +24,11 @@ size by size, and prints their ratios to the first):
   `--actor-process` starts it as a `python -m easyrl.cli run --role actor` process
   instead.
 
+Each side's CPU is also read from /proc over its measured window (the actor's: its process
+and the env subprocesses it started, not the PS or memory shard), giving steps/s per core
+used: what one actor core yields where the actor has its cores to itself, as on a cluster.
+With `--vector a,b` the comparison line gives that ratio too ("actor per core").
+
 It ends with the line `min actor/plain: R`, the lowest actor / plain ratio of the run.
 The benchmark process runs TensorFlow on the config's `actor.tf_threads`, as an actor
 process does, so both loops act with the same threads.
@@ -125,25 +130,27 @@ def plain_loop(cfg, algo, duration_s: float, post: bool) -> common.Rate:
         return n, 0
 
     try:
-        return common.measure(vector_step, duration_s, warmup_s=0.5)
+        return common.measure(vector_step, duration_s, warmup_s=0.5, cpu_label="bench")
     finally:
         env.close()
 
 
 def merge(a: common.Rate, b: common.Rate) -> common.Rate:
     """Two measurements of the same thing as one."""
+    cpu = None if a.cpu_seconds is None or b.cpu_seconds is None else a.cpu_seconds + b.cpu_seconds
     return common.Rate(
-        a.calls + b.calls, a.seconds + b.seconds, a.units + b.units, 0, a.windows + b.windows
+        a.calls + b.calls, a.seconds + b.seconds, a.units + b.units, 0, a.windows + b.windows, cpu
     )
 
 
 class StepsWatcher:
-    """Polls PS shard 0's Status; records (time, env_steps) whenever env_steps changes."""
+    """Polls PS shard 0's Status; records (time, env_steps, `common.cpu_by_process()`)
+    whenever env_steps changes."""
 
     def __init__(self, client, poll_s: float = 0.02):
         self.client = client
         self.poll_s = poll_s
-        self.changes: list[tuple[float, float]] = []
+        self.changes: list[tuple[float, float, dict]] = []
         self.stats: dict = {}
         self._stop = threading.Event()
         self._last = None
@@ -155,7 +162,7 @@ class StepsWatcher:
             now = time.perf_counter()
             steps = reply.counters.get("env_steps", 0.0)
             if steps != self._last:
-                self.changes.append((now, steps))
+                self.changes.append((now, steps, common.cpu_by_process()))
                 self._last = steps
                 self.stats = dict(reply.counters)
             self._stop.wait(self.poll_s)
@@ -213,13 +220,13 @@ def run_actor(cluster, local, cfg_path: Path, num_envs: int, vector: str, algo, 
         # changes[0] is the value before this actor; skip two reports (tracing, first pull).
         if not watcher.wait_reports(4, timeout_s=180.0):
             raise RuntimeError("the actor did not report env steps")
-        t0, v0 = watcher.changes[3]
+        t0, v0, cpu0 = watcher.changes[3]
         deadline = t0 + args.duration
         while time.perf_counter() < deadline:
             time.sleep(0.05)
         # One more report after the deadline closes the window.
         watcher.wait_reports(len(watcher.changes) + 1, timeout_s=5.0)
-        t1, v1 = watcher.changes[-1]
+        t1, v1, cpu1 = watcher.changes[-1]
     finally:
         watcher.stop()
         stop.set()
@@ -236,8 +243,13 @@ def run_actor(cluster, local, cfg_path: Path, num_envs: int, vector: str, algo, 
     intervals = [
         (int(b[1] - a[1]), int(b[1] - a[1]), b[0] - a[0]) for a, b in zip(window, window[1:])
     ]
+    # The actor's CPU: its process and the env subprocesses it started (in-process: this
+    # process, whose other threads only wait or poll Status), not the PS and memory shard.
+    cores = common.cores_used(cpu0, cpu1, t1 - t0)
+    cpu = cores.get("actor-0" if args.actor_process else "bench", 0.0) * (t1 - t0)
     return {
-        "rate": common.Rate(calls=steps, seconds=t1 - t0, units=steps, windows=intervals),
+        "rate": common.Rate(steps, t1 - t0, steps, 0, intervals, cpu),
+        "servers_cores": sum(v for k, v in cores.items() if k.startswith(("ps-", "memory-"))),
         "inserted": inserts_after - inserts_before,
         "rate_limited": stats.get("actor/rate_limited", 0.0),
     }
@@ -315,13 +327,15 @@ def main() -> None:
                     plain = merge(plain, plain_loop(cfg_n, algo, args.duration / 2, post=False))
                 p, q, a = (r.median_units_per_s for r in (plain, post, actor["rate"]))
                 results.append((n, v, p, q, a, actor, plain))
-                by_vector[v] = (p, q, a)
+                by_vector[v] = (p, q, a, actor["rate"].units_per_cpu_s)
+                cores = actor["rate"].cpu_seconds / actor["rate"].seconds
                 print(
                     f"num_envs {n:>3} {v:>7}: plain {p:>8,.0f} steps/s, plain+post {q:>8,.0f}, "
                     f"actor {a:>8,.0f} ({a / p:.2f}x of plain; means "
                     f"{plain.units_per_s:,.0f} / {post.units_per_s:,.0f} / "
                     f"{actor['rate'].units_per_s:,.0f}; rate limited "
-                    f"{actor['rate_limited']:.0f})",
+                    f"{actor['rate_limited']:.0f}); actor {cores:.2f} cores, "
+                    f"{actor['rate'].units_per_cpu_s:,.0f} steps/s per core",
                     flush=True,
                 )
             first, *others = by_vector
@@ -329,12 +343,13 @@ def main() -> None:
                 ratios = [b / a for a, b in zip(by_vector[first], by_vector[v], strict=True)]
                 print(
                     f"num_envs {n:>3}: {v} / {first}: plain {ratios[0]:.2f}x, plain+post "
-                    f"{ratios[1]:.2f}x, actor {ratios[2]:.2f}x",
+                    f"{ratios[1]:.2f}x, actor {ratios[2]:.2f}x, actor per core {ratios[3]:.2f}x",
                     flush=True,
                 )
 
     rows = []
-    for n, v, p, q, a, actor, _ in results:
+    for n, v, p, q, a, actor, plain in results:
+        rate = actor["rate"]
         rows.append(
             [
                 n,
@@ -346,6 +361,10 @@ def main() -> None:
                 f"{a / q:.2f}x",
                 1e6 / p * n,
                 1e6 / a * n,
+                f"{rate.cpu_seconds / rate.seconds:.2f}",
+                f"{actor['servers_cores']:.2f}",
+                plain.units_per_cpu_s,
+                rate.units_per_cpu_s,
                 int(actor["inserted"]),
             ]
         )
@@ -360,6 +379,10 @@ def main() -> None:
             "actor / plain+post",
             "plain µs per vector step",
             "actor µs per vector step",
+            "actor cores used",
+            "PS + memory cores used",
+            "plain steps/s per core",
+            "actor steps/s per core",
             "items inserted",
         ],
         rows,
@@ -386,6 +409,16 @@ def main() -> None:
         "same 2 cores (the actor's rate includes their CPU: Insert handling, Report, Pull). "
         f"actor.send_every {cfg.actor.send_every}, weight_sync_every "
         f"{cfg.actor.weight_sync_every} vector steps; replay {cfg.replay.kind}, nothing sampled.",
+        "cores used: CPU seconds per second over the measured window (/proc); the actor's "
+        "are its process and the env subprocesses it started"
+        + (
+            ""
+            if args.actor_process
+            else " (here the benchmark process, whose other threads only wait or poll Status)"
+        )
+        + ". steps/s per core = steps / those CPU seconds (plain: the benchmark process and "
+        "its env subprocesses), the rate one actor core gives where the actor has its cores "
+        "to itself.",
         "vector: sync = envs stepped in the process, async = one subprocess per env "
         "(gymnasium), envpool = EnvPool's C++ threads (`easyrl.envs.pool`).",
         "plain: `act` + `env.step` only. plain + post: adds final observations, the "

@@ -209,6 +209,8 @@ class Rate:
     units: int = 0
     nbytes: int = 0
     windows: list[tuple[int, int, float]] = field(default_factory=list)
+    cpu_seconds: float | None = None
+    """CPU seconds the measured processes used over the interval (`measure(cpu_label=...)`)."""
 
     @property
     def per_s(self) -> float:
@@ -221,6 +223,13 @@ class Rate:
     @property
     def mb_per_s(self) -> float:
         return self.nbytes / self.seconds / 1e6
+
+    @property
+    def units_per_cpu_s(self) -> float:
+        """Units per CPU second of the measured processes: the rate per core they used."""
+        if not self.cpu_seconds:
+            raise ValueError("this rate was measured without CPU accounting")
+        return self.units / self.cpu_seconds
 
     @property
     def ms_per_call(self) -> float:
@@ -240,16 +249,21 @@ def measure(
     warmup_s: float = 0.2,
     min_calls: int = 3,
     window_s: float = 0.5,
+    cpu_label: str | None = None,
 ) -> Rate:
     """Calls `fn` repeatedly for `duration_s` (after `warmup_s` of unmeasured calls).
 
-    `fn` may return (units, bytes) it moved in that call (items, payload bytes).
+    `fn` may return (units, bytes) it moved in that call (items, payload bytes). With
+    `cpu_label`, the rate's `cpu_seconds` are what the processes of that label used over
+    the measured interval (`cpu_by_process`: "bench" is this process and the helpers it
+    started that are not roles, e.g. gymnasium's env subprocesses).
     """
     end = time.perf_counter() + warmup_s
     while time.perf_counter() < end:
         fn()
     calls = units = nbytes = 0
     windows = []
+    cpu_before = cpu_by_process() if cpu_label else {}
     start = window_start = time.perf_counter()
     window_calls = window_units = 0
     end = start + duration_s
@@ -266,7 +280,11 @@ def measure(
             windows.append((window_calls, window_units, now - window_start))
             window_start, window_calls, window_units = now, 0, 0
         if now >= end and calls >= min_calls:
-            return Rate(calls, now - start, units, nbytes, windows)
+            rate = Rate(calls, now - start, units, nbytes, windows)
+            if cpu_label:
+                cores = cores_used(cpu_before, cpu_by_process(), rate.seconds)
+                rate.cpu_seconds = cores.get(cpu_label, 0.0) * rate.seconds
+            return rate
 
 
 def measure_threads(
