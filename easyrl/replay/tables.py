@@ -18,6 +18,7 @@ section. Inserts, samples and priority updates are vectorized over the batch; no
 loop runs per item.
 """
 
+import bisect
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
@@ -541,15 +542,12 @@ class Table:
         size = self.size
         if size == 0:
             return
-        oldest = lo = self.inserted - size
-        hi = self.inserted
-        while lo < hi:  # the first live key whose floor (and every later one's) is >= low
-            mid = (lo + hi) // 2
-            if self._frame_floor[mid % self.capacity] >= low:
-                hi = mid
-            else:
-                lo = mid + 1
-        slots = (oldest + np.arange(lo - oldest)) % self.capacity  # [candidates]
+        oldest = self.inserted - size
+        # How many of the oldest live items come before the first whose floor reaches `low`.
+        candidates = bisect.bisect_left(
+            range(oldest, self.inserted), low, key=lambda k: self._frame_floor[k % self.capacity]
+        )
+        slots = (oldest + np.arange(candidates)) % self.capacity  # [candidates]
         stale = np.flatnonzero(self._first_frame[slots] < low)
         if not stale.size:
             return
