@@ -245,11 +245,12 @@ def run_actor(cluster, local, cfg_path: Path, num_envs: int, vector: str, algo, 
     ]
     # The actor's CPU: its process and the env subprocesses it started (in-process: this
     # process, whose other threads only wait or poll Status), not the PS and memory shard.
-    cores = common.cores_used(cpu0, cpu1, t1 - t0)
-    cpu = cores.get("actor-0" if args.actor_process else "bench", 0.0) * (t1 - t0)
+    used = common.cpu_used(cpu0, cpu1)
+    cpu = used.get("actor-0" if args.actor_process else "bench", 0.0)
+    servers = sum(v for k, v in used.items() if k.startswith(("ps-", "memory-")))
     return {
         "rate": common.Rate(steps, t1 - t0, steps, 0, intervals, cpu),
-        "servers_cores": sum(v for k, v in cores.items() if k.startswith(("ps-", "memory-"))),
+        "servers_cores": servers / (t1 - t0),
         "inserted": inserts_after - inserts_before,
         "rate_limited": stats.get("actor/rate_limited", 0.0),
     }

@@ -280,11 +280,8 @@ def measure(
             windows.append((window_calls, window_units, now - window_start))
             window_start, window_calls, window_units = now, 0, 0
         if now >= end and calls >= min_calls:
-            rate = Rate(calls, now - start, units, nbytes, windows)
-            if cpu_label:
-                cores = cores_used(cpu_before, cpu_by_process(), rate.seconds)
-                rate.cpu_seconds = cores.get(cpu_label, 0.0) * rate.seconds
-            return rate
+            cpu = cpu_used(cpu_before, cpu_by_process()).get(cpu_label, 0.0) if cpu_label else None
+            return Rate(calls, now - start, units, nbytes, windows, cpu)
 
 
 def measure_threads(
@@ -408,17 +405,24 @@ def cpu_by_process(root: int | None = None) -> dict[int, tuple[str, float]]:
     return out
 
 
+def cpu_used(
+    before: dict[int, tuple[str, float]], after: dict[int, tuple[str, float]]
+) -> dict[str, float]:
+    """CPU seconds each label used between two `cpu_by_process` snapshots (a process that
+    started in between counts from zero; one that ended in between is missed)."""
+    out: dict[str, float] = {}
+    for pid, (label, cpu) in after.items():
+        start = before.get(pid, (label, 0.0))[1]
+        out[label] = out.get(label, 0.0) + cpu - start
+    return out
+
+
 def cores_used(
     before: dict[int, tuple[str, float]], after: dict[int, tuple[str, float]], seconds: float
 ) -> dict[str, float]:
     """CPU cores each label used between two `cpu_by_process` snapshots taken `seconds`
-    apart (a process that started in between counts from zero; one that ended in
-    between is missed)."""
-    out: dict[str, float] = {}
-    for pid, (label, cpu) in after.items():
-        start = before.get(pid, (label, 0.0))[1]
-        out[label] = out.get(label, 0.0) + (cpu - start) / seconds
-    return out
+    apart (see `cpu_used`)."""
+    return {label: cpu / seconds for label, cpu in cpu_used(before, after).items()}
 
 
 # --- server processes ---------------------------------------------------------------
