@@ -64,6 +64,9 @@ KNOWN: dict[str, tuple[Kind, str]] = {
     "eval_return_best": (GAUGE, "Best mean return of an evaluation so far"),
     "eval_episodes": (GAUGE, "Episodes of the latest evaluation"),
     "eval_at_env_steps": (GAUGE, "The run's env steps when the latest evaluation came"),
+    "eval_ope_is": (GAUGE, "Off-policy estimate of the return: importance sampling"),
+    "eval_ope_wis": (GAUGE, "Off-policy estimate of the return: weighted importance sampling"),
+    "eval_ope_episodes": (GAUGE, "Logged episodes of the off-policy estimates"),
     # PS shards.
     "version": (GAUGE, "Parameter version of the shard: updates applied"),
     "round": (GAUGE, "Current synchronous round, 0 outside synchronous flows"),
@@ -90,7 +93,7 @@ KNOWN: dict[str, tuple[Kind, str]] = {
     "stale_priority_keys": (COUNTER, "Priority updates for items no longer in the table"),
     "refused_stale": (COUNTER, "Refused as of a past round: items (memory), inserts (actor)"),
     "rounds_released": (COUNTER, "Synchronous rounds handed to a learner"),
-    "dropped_items": (COUNTER, "Items of a round dropped when a newer round began"),
+    "dropped_items": (COUNTER, "Items the round aggregator refused or dropped as of a past round"),
     "frames_stored": (COUNTER, "Distinct Atari frames stored"),
     "frames_matched": (COUNTER, "Atari frames matched to a stored one, not stored again"),
     "dropped_for_frames": (COUNTER, "Items dropped because their oldest frame was overwritten"),
