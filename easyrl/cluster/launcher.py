@@ -23,6 +23,7 @@ from pathlib import Path
 
 from easyrl import config as config_lib
 from easyrl.cluster.spec import CLUSTER_ENV, ClusterSpec
+from easyrl.cluster.threads import THREADS_ENV, budgets, host_cores
 from easyrl.errors import EasyRLError, TransportError
 from easyrl.metrics import progress_line, reached_goal
 from easyrl.offline.dataset import check_output_dir
@@ -207,6 +208,12 @@ class LocalCluster:
         )
         self.children: list[Child] = []
         (self.run_dir / "logs").mkdir(parents=True, exist_ok=True)
+        counts = {role: getattr(c, role) or 0 for role in (*SERVER_ROLES, *WORKER_ROLES)}
+        cores = host_cores()
+        self.threads = budgets(cores, counts, c.threads)
+        """The thread budget of each role's processes: all of them share this host."""
+        shares = ", ".join(f"{role} {n}" for role, n in self.threads.items() if counts[role])
+        log.info("thread budgets on %d cores: %s", cores, shares)
 
     def _env(self, role: str) -> dict[str, str]:
         env = dict(os.environ)
@@ -217,6 +224,7 @@ class LocalCluster:
         for key, value in MALLOC_ENV.items():
             env.setdefault(key, value)
         env["PYTHONUNBUFFERED"] = "1"
+        env[THREADS_ENV] = str(self.threads[role])
         if role != "learner":
             env["CUDA_VISIBLE_DEVICES"] = "-1"  # only learners compute on a GPU
         return env
