@@ -369,6 +369,8 @@ def test_two_shards_each(launch):
         log = (run.run_dir / "logs" / f"{name}.log").read_text()
         line = f"thread budget {intra} (EASYRL_THREADS): TensorFlow intra-op {intra}, "
         assert line + f"inter-op {inter} threads" in log, log
+    shares = r"threads per process on \d+ cores: ps 1, memory 1, learner 3, actor 1\n"
+    assert re.search(shares, run.output()), run.output()
     memory_log = (run.run_dir / "logs" / "memory-1.log").read_text()
     assert "thread budget 1 (EASYRL_THREADS); no TensorFlow" in memory_log, memory_log
     assert all(n == 0 for n in summary["restarts"].values()), summary["restarts"]

@@ -125,6 +125,9 @@ def test_the_launcher_hands_each_child_its_role_budget(tmp_path):
     assert cluster.threads == budgets(threads.host_cores(), placed, ThreadsConfig(ps=2, learner=2))
     for role, expected in (("ps", "2"), ("memory", "1"), ("learner", "2"), ("actor", "1")):
         assert cluster._env(role)[THREADS_ENV] == expected, role
+    cores = threads.host_cores()
+    line = f"threads per process on {cores} cores: ps 2, memory 1, learner 2, actor 1"
+    assert cluster.threads_line() == line  # `easyrl train` prints it
 
 
 @pytest.mark.parametrize(

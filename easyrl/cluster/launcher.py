@@ -181,7 +181,8 @@ class Child:
 
 
 class LocalCluster:
-    """Starts, watches and stops the role processes of one run.
+    """Starts, watches and stops the role processes of one run, all on this host, each with
+    its role's thread budget (`threads`, see easyrl.cluster.threads) in EASYRL_THREADS.
 
     Args:
         cfg: the run's config (its `run.dir` is set); saved as `config_name` there, which
@@ -208,12 +209,16 @@ class LocalCluster:
         )
         self.children: list[Child] = []
         (self.run_dir / "logs").mkdir(parents=True, exist_ok=True)
-        counts = {role: getattr(c, role) or 0 for role in (*SERVER_ROLES, *WORKER_ROLES)}
-        cores = host_cores()
-        self.threads = budgets(cores, counts, c.threads)
+        self.placed = {role: getattr(c, role) or 0 for role in (*SERVER_ROLES, *WORKER_ROLES)}
+        self.cores = host_cores()
+        self.threads = budgets(self.cores, self.placed, c.threads)
         """The thread budget of each role's processes: all of them share this host."""
-        shares = ", ".join(f"{role} {n}" for role, n in self.threads.items() if counts[role])
-        log.info("thread budgets on %d cores: %s", cores, shares)
+
+    def threads_line(self) -> str:
+        """`threads per process on 16 cores: ps 1, memory 1, learner 2, actor 1` (the roles
+        placed)."""
+        shares = ", ".join(f"{r} {n}" for r, n in self.threads.items() if self.placed[r])
+        return f"threads per process on {self.cores} cores: {shares}"
 
     def _env(self, role: str) -> dict[str, str]:
         env = dict(os.environ)
@@ -468,6 +473,7 @@ def train(cfg, out=sys.stdout, resumed: bool = False) -> int:
 
     reason, kind, exit_code, ps_stopping = None, None, 1, False
     print(f"run directory: {run_dir}", file=out, flush=True)
+    print(cluster.threads_line(), file=out, flush=True)
     try:
         cluster.start()
         next_log = time.monotonic()
