@@ -19,19 +19,21 @@ import os
 from collections.abc import Mapping
 from pathlib import Path
 
+from easyrl.cluster.spec import ROLES
 from easyrl.config import ThreadsConfig
 from easyrl.errors import EasyRLError
 
 THREADS_ENV = "EASYRL_THREADS"
 """The thread budget of an easyrl role process, set by the launcher or the pod spec."""
-ROLES = ("ps", "memory", "learner", "actor", "evaluator")
 ROLE_THREADS = {"ps": 1, "memory": 1, "actor": 1, "evaluator": 1}
 """The derived budget of each role but the learner, which does the gradient math and gets
 what these leave. A PS shard applying pushes was as fast with 1 intra-op thread as with 2;
 a memory shard runs no TensorFlow (its table thread and gRPC take about one core); an
 actor acts faster on one thread (see `cluster.threads.actor`)."""
 MIN_INTER_OP = 2
+"""The fewest inter-op threads a process gets (see the module docstring)."""
 CGROUP = Path("/sys/fs/cgroup")
+"""Where the CPU quota of this process's cgroup is read (`cgroup_cores`)."""
 
 
 def cgroup_cores(root: Path = CGROUP) -> int | None:
