@@ -30,8 +30,8 @@ used: what one actor core yields where the actor has its cores to itself, as on 
 With `--vector a,b` the comparison line gives that ratio too ("actor per core").
 
 It ends with the line `min actor/plain: R`, the lowest actor / plain ratio of the run.
-The benchmark process runs TensorFlow on the config's `actor.tf_threads`, as an actor
-process does, so both loops act with the same threads.
+The benchmark process runs TensorFlow on an actor's thread budget (`cluster.threads.actor`),
+as an actor process does, so both loops act with the same threads.
 
     python benchmarks/bench_actor.py            # print the table
     python benchmarks/bench_actor.py --write    # and update benchmarks/RESULTS.md
@@ -297,10 +297,10 @@ def main() -> None:
         local = cluster.start_cli(cfg_path, num_ps=1, num_memory=1, wait=False)
         import tensorflow as tf
 
-        from easyrl.roles.common import RoleContext, ShardedWeights, limit_tf_threads
+        from easyrl.roles.common import RoleContext, ShardedWeights, apply_thread_budget
 
         cfg = config_lib.load(str(cfg_path))
-        limit_tf_threads(cfg.actor.tf_threads)  # this process acts, as an actor process does
+        apply_thread_budget("actor", cfg)  # this process acts, as an actor process does
         ctx = RoleContext(
             cfg=cfg, task=0, cluster=local.spec, token=cluster.token, run_dir=cluster.run_dir
         )

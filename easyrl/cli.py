@@ -217,7 +217,7 @@ def run_role(args) -> int:
     """`easyrl run`: one process of one role."""
     from importlib import import_module
 
-    from easyrl.roles.common import RoleContext
+    from easyrl.roles.common import RoleContext, apply_thread_budget
     from easyrl.transport.rpc import resolve_token
 
     cfg = config_lib.load(args.config, args.overrides)
@@ -229,6 +229,7 @@ def run_role(args) -> int:
     token = resolve_token(cfg.security.token_file, cfg.security.insecure)
     run_dir = Path(cfg.run.dir or Path("runs") / cfg.run.name)
     ctx = RoleContext(cfg=cfg, task=args.task, cluster=cluster, token=token, run_dir=run_dir)
+    apply_thread_budget(args.role, cfg)
     return import_module(f"easyrl.roles.{args.role}").run(ctx)
 
 

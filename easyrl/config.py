@@ -50,6 +50,7 @@ __all__ = [
     "RunConfig",
     "SecurityConfig",
     "StopConfig",
+    "ThreadsConfig",
     "apply_overrides",
     "dump",
     "from_dict",
@@ -196,6 +197,32 @@ class ReplayConfig(_Section):
 
 
 @dataclass(frozen=True)
+class ThreadsConfig(_Section):
+    """Thread budget of each role's processes: the TensorFlow intra-op threads a process
+    runs (its inter-op pool as many, at least 2), and the CPUs its Kubernetes pod requests
+    (see easyrl.cluster.threads). 0: derived from the cores of the host and the processes
+    placed on it."""
+
+    SECTION: ClassVar[str] = "cluster.threads"
+
+    ps: int = 0
+    """A PS shard's threads (0: 1; applying a push took as long with 2, RESULTS.md)."""
+    memory: int = 0
+    """A memory shard's cores (0: 1; it never runs TensorFlow, so this only counts it on
+    its host and sizes its pod's CPU request)."""
+    learner: int = 0
+    """A learner's threads (0: the host's cores the other processes on it leave, shared
+    by the learners, at least 1; a pod: 2)."""
+    actor: int = 0
+    """An actor's threads (0: 1). Acting is small inference calls, which one thread runs
+    faster: on 2 cores, Pong's 42x42 net took 0.33 instead of 0.53 ms on 5 observations,
+    and `configs/pong_impala.yaml`'s actor stepped 15-25 % more (benchmarks/bench_actor.py).
+    A large net on many envs wants more (the 84x84 net on 64 observations: 6.8 vs 3.7 ms)."""
+    evaluator: int = 0
+    """An evaluator's threads (0: 1)."""
+
+
+@dataclass(frozen=True)
 class ClusterConfig(_Section):
     """How many processes of each role run, and where."""
 
@@ -213,6 +240,8 @@ class ClusterConfig(_Section):
     """Evaluators (0 or 1): run the greedy policy on fresh envs every `eval.interval_s`."""
     host: str = "127.0.0.1"
     """Address the local launcher binds."""
+    threads: ThreadsConfig = field(default_factory=ThreadsConfig)
+    """Per-process thread budgets of each role."""
 
 
 @dataclass(frozen=True)
@@ -227,12 +256,6 @@ class ActorConfig(_Section):
     """Vector steps between weight pulls from the PS."""
     queue_size: int = 8
     """Bounded sender queue, in shipments."""
-    tf_threads: int = 1
-    """Intra-op threads of an actor process's TensorFlow (0: TensorFlow's default, one per
-    core). Acting is small inference calls, which one thread runs faster: on 2 cores,
-    Pong's 42x42 net took 0.33 instead of 0.53 ms on 5 observations, and
-    `configs/pong_impala.yaml`'s actor stepped 15-25 % more (benchmarks/bench_actor.py). A
-    large net on many envs wants more (the 84x84 net on 64 observations: 6.8 vs 3.7 ms)."""
 
 
 @dataclass(frozen=True)
@@ -502,11 +525,10 @@ _RULES: dict[type, dict[str, _Check]] = {
         actor=_Check(lambda v: v is None or v >= 1, ">= 1"),
         evaluator=_between(0, 1),
     ),
+    ThreadsConfig: dict(ps=_ge(0), memory=_ge(0), learner=_ge(0), actor=_ge(0), evaluator=_ge(0)),
     SecurityConfig: dict(max_message_mb=_opt(_between(1, 2047))),
     EvalConfig: dict(episodes=_ge(1), interval_s=_ge(0), num_envs=_ge(1)),
-    ActorConfig: dict(
-        send_every=_ge(1), weight_sync_every=_ge(1), queue_size=_ge(1), tf_threads=_ge(0)
-    ),
+    ActorConfig: dict(send_every=_ge(1), weight_sync_every=_ge(1), queue_size=_ge(1)),
     LearnerConfig: dict(
         batch_queue=_ge(1), push_queue=_ge(1), push_threads=_ge(1), updates_per_report=_ge(1)
     ),
@@ -693,8 +715,14 @@ def _coerce(tp: Any, value: Any, key: str, nullable: bool = False) -> Any:
     raise TypeError(f"easyrl.config cannot load fields of type {tp!r} ({key})")
 
 
+_MOVED = {"actor.tf_threads": "cluster.threads.actor"}
+"""Keys that moved: {old dotted key: new dotted key} (an unknown-key error names the new)."""
+
+
 def _unknown_key(prefix: str, key: object, valid: Sequence[str]) -> ConfigError:
     dotted = _join(prefix, key)
+    if dotted in _MOVED:
+        return ConfigError(f"{dotted!r} moved to {_MOVED[dotted]!r}")
     close = closest(key, valid)
     if close:
         return ConfigError(f"unknown key {dotted!r}; did you mean {_join(prefix, close[0])!r}?")

@@ -91,6 +91,11 @@ CASES = {
     "a3c": ("cartpole_a3c.yaml", (), {"token": TOKEN}),
     "ppo-gpu": ("cartpole_ppo.yaml", ("learner.device=gpu",), {"cluster_domain": "k8s.local"}),
     "prometheus": ("pong_apex.yaml", ("run.prometheus_port=9100", "cluster.ps=2"), {}),
+    "threads": (
+        "pendulum_sac.yaml",
+        ("cluster.evaluator=1", "cluster.threads.learner=6", "cluster.threads.ps=3"),
+        {},
+    ),
 }
 
 
@@ -322,6 +327,27 @@ def test_resources_and_grace_follow_the_config():
         actor = by_kind(k8s.manifests(cfg, opts))["Job"]["pong-apex-actor"]
         resources = actor["spec"]["template"]["spec"]["containers"][0]["resources"]
         assert resources["requests"]["cpu"] == str(cpus)
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_cpu_requests_match_each_roles_thread_budget(generated, case):
+    """Each pod requests a CPU per thread of its role's budget, plus one per env subprocess,
+    and its process gets that budget (EASYRL_THREADS): the config's `cluster.threads`, else
+    1, and 2 for a learner."""
+    cfg, _, groups = generated[case]
+    configured = cfg.cluster.threads
+    for workload, pod in pod_specs(groups):
+        role = workload.rsplit("-", 1)[1]
+        budget = getattr(configured, role) or (2 if role == "learner" else 1)
+        (container,) = pod["containers"]
+        assert env_of(container)["EASYRL_THREADS"]["value"] == str(budget), workload
+        envs = {"actor": cfg.env.num_envs, "evaluator": cfg.eval.num_envs}.get(role, 0)
+        subprocesses = envs if cfg.env.vector == "async" else 0
+        assert container["resources"]["requests"]["cpu"] == str(budget + subprocesses), workload
+    if case == "threads":
+        jobs = by_kind(groups)["Job"]
+        learner = jobs["pendulum-sac-learner"]["spec"]["template"]["spec"]["containers"][0]
+        assert learner["resources"]["requests"]["cpu"] == "6"
 
 
 def test_server_pods_expose_prometheus_when_the_config_asks(generated):

@@ -15,7 +15,8 @@ Made from the same config a local run uses (overrides included), one group per f
   index). A crashed worker is restarted (`restartPolicy: OnFailure`); one that saw the run
   stop exits 0 and completes its index. Workers wait `run.peer_timeout_s` for their servers.
 
-Resources come from the config: actor and evaluator CPUs from their envs (one process per
+Resources come from the config: CPUs from each role's thread budget (`cluster.threads`, given
+to the process as EASYRL_THREADS) and, for actors and evaluators, their envs (one process per
 env with `env.vector: async`), a memory shard's memory and disk from its replay table, a
 GPU per learner with `learner.device: gpu`, a memory shard's termination grace from the
 time its replay snapshot takes to write.
@@ -40,6 +41,7 @@ import yaml
 from easyrl import config as config_lib
 from easyrl.cluster.launcher import MALLOC_ENV
 from easyrl.cluster.spec import ClusterSpec
+from easyrl.cluster.threads import ROLE_THREADS, THREADS_ENV
 from easyrl.errors import ConfigError
 from easyrl.transport.rpc import TOKEN_ENV
 
@@ -55,14 +57,11 @@ USER_ID = 1000
 SECRET_KEY = "token"
 """The key of the token in the Secret."""
 GIB = 2**30
-BASE_RESOURCES = {
-    "ps": (1, 2 * GIB),
-    "memory": (1, GIB),
-    "learner": (2, 4 * GIB),
-    "actor": (1, GIB),
-    "evaluator": (1, GIB),
-}
-"""(CPUs, memory bytes) a role's process needs besides its envs and replay table."""
+BASE_MEMORY = {"ps": 2 * GIB, "memory": GIB, "learner": 4 * GIB, "actor": GIB, "evaluator": GIB}
+"""Memory bytes a role's process needs besides its envs and replay table."""
+LEARNER_THREADS = 2
+"""A learner pod's thread budget (and CPUs) with `cluster.threads.learner` 0: a pod's
+node and its cores are unknown here, so it is not derived from them."""
 ENV_BYTES = GIB // 4
 """Memory of one environment subprocess (`env.vector: async`)."""
 GRACE_S = 30
@@ -194,10 +193,18 @@ def _object(api_version: str, kind: str, metadata: dict, **fields) -> dict:
     return {"apiVersion": api_version, "kind": kind, "metadata": metadata, **fields}
 
 
+def thread_budget(cfg: config_lib.Config, role: str) -> int:
+    """The thread budget of a role's pods (`easyrl.cluster.threads`), and so the CPUs each
+    requests for it (a pod is alone on them): the config's `cluster.threads`, else the
+    role's derived budget (`ROLE_THREADS`; LEARNER_THREADS for a learner)."""
+    return getattr(cfg.cluster.threads, role) or ROLE_THREADS.get(role, LEARNER_THREADS)
+
+
 def resources(cfg: config_lib.Config, role: str, replay: int) -> dict:
-    """Requests and limits of a role's container (see the module docstring). Memory limits
+    """Requests and limits of a role's container (see the module docstring): a CPU per
+    thread of its budget (`thread_budget`), besides its env subprocesses. Memory limits
     are twice the request: a memory shard copies its table to snapshot it."""
-    cpu, memory = BASE_RESOURCES[role]
+    cpu, memory = thread_budget(cfg, role), BASE_MEMORY[role]
     envs = {"actor": cfg.env.num_envs, "evaluator": cfg.eval.num_envs}.get(role, 0)
     if envs and cfg.env.vector == "async":
         cpu, memory = cpu + envs, memory + envs * ENV_BYTES
@@ -239,6 +246,7 @@ class _Builder:
             {"name": "TF_CPP_MIN_LOG_LEVEL", "value": "2"},
             {"name": "PYTHONUNBUFFERED", "value": "1"},
             *({"name": k, "value": v} for k, v in MALLOC_ENV.items()),  # as the launcher's
+            {"name": THREADS_ENV, "value": str(thread_budget(self.cfg, role))},
         ]
         if role != "learner":  # only learners compute on a GPU
             env.append({"name": "CUDA_VISIBLE_DEVICES", "value": "-1"})

@@ -23,6 +23,7 @@ from pathlib import Path
 
 from easyrl import config as config_lib
 from easyrl.cluster.spec import CLUSTER_ENV, ClusterSpec
+from easyrl.cluster.threads import THREADS_ENV, budgets, host_cores
 from easyrl.errors import EasyRLError, TransportError
 from easyrl.metrics import progress_line, reached_goal
 from easyrl.offline.dataset import check_output_dir
@@ -180,7 +181,8 @@ class Child:
 
 
 class LocalCluster:
-    """Starts, watches and stops the role processes of one run.
+    """Starts, watches and stops the role processes of one run, all on this host, each with
+    its role's thread budget (`threads`, see easyrl.cluster.threads) in EASYRL_THREADS.
 
     Args:
         cfg: the run's config (its `run.dir` is set); saved as `config_name` there, which
@@ -207,6 +209,16 @@ class LocalCluster:
         )
         self.children: list[Child] = []
         (self.run_dir / "logs").mkdir(parents=True, exist_ok=True)
+        self.placed = {role: getattr(c, role) or 0 for role in (*SERVER_ROLES, *WORKER_ROLES)}
+        self.cores = host_cores()
+        self.threads = budgets(self.cores, self.placed, c.threads)
+        """The thread budget of each role's processes: all of them share this host."""
+
+    def threads_line(self) -> str:
+        """`threads per process on 16 cores: ps 1, memory 1, learner 2, actor 1` (the roles
+        placed)."""
+        shares = ", ".join(f"{r} {n}" for r, n in self.threads.items() if self.placed[r])
+        return f"threads per process on {self.cores} cores: {shares}"
 
     def _env(self, role: str) -> dict[str, str]:
         env = dict(os.environ)
@@ -217,6 +229,7 @@ class LocalCluster:
         for key, value in MALLOC_ENV.items():
             env.setdefault(key, value)
         env["PYTHONUNBUFFERED"] = "1"
+        env[THREADS_ENV] = str(self.threads[role])
         if role != "learner":
             env["CUDA_VISIBLE_DEVICES"] = "-1"  # only learners compute on a GPU
         return env
@@ -460,6 +473,7 @@ def train(cfg, out=sys.stdout, resumed: bool = False) -> int:
 
     reason, kind, exit_code, ps_stopping = None, None, 1, False
     print(f"run directory: {run_dir}", file=out, flush=True)
+    print(cluster.threads_line(), file=out, flush=True)
     try:
         cluster.start()
         next_log = time.monotonic()

@@ -40,7 +40,6 @@ from easyrl.roles.common import (
     RoleContext,
     ShardedWeights,
     StopSignal,
-    limit_tf_threads,
     put_until_stopped,
     stop_event_on_signals,
 )
@@ -303,7 +302,6 @@ def run(ctx) -> int:
     """Runs actor `ctx.task` until the run stops or SIGTERM."""
     import tensorflow as tf
 
-    limit_tf_threads(ctx.cfg.actor.tf_threads)
     stop = stop_event_on_signals()
     with tf.device("/CPU:0"):
         algo = ctx.build_algorithm()

@@ -17,6 +17,7 @@ import numpy as np
 from easyrl.algorithms import registry
 from easyrl.algorithms.contract import Agent
 from easyrl.cluster.spec import ClusterSpec, assign_shards
+from easyrl.cluster.threads import pools, process_budget
 from easyrl.config import Config
 from easyrl.envs.multiagent import run_spaces
 from easyrl.errors import TransportError
@@ -151,15 +152,35 @@ class RoleContext:
         )
 
 
-def limit_tf_threads(threads: int) -> None:
-    """Gives this process's TensorFlow `threads` intra-op threads (0: its default). The
-    inter-op pool keeps its default: with one thread there, an actor's weight updates and
-    its acting calls wait for each other (CartPole actors 10-24 % slower). Call it before
-    TensorFlow runs anything: the pools are fixed from then on."""
-    if threads:
-        import tensorflow as tf
+def limit_tf_threads(threads: int) -> tuple[int, int]:
+    """Sizes this process's TensorFlow pools to a budget of `threads` (see
+    `easyrl.cluster.threads.pools`); returns the (intra-op, inter-op) threads TensorFlow
+    then reports. Call it before TensorFlow runs anything: the pools are fixed from then on."""
+    import tensorflow as tf
 
-        tf.config.threading.set_intra_op_parallelism_threads(threads)
+    intra, inter = pools(threads)
+    tf.config.threading.set_intra_op_parallelism_threads(intra)
+    tf.config.threading.set_inter_op_parallelism_threads(inter)
+    t = tf.config.threading
+    return t.get_intra_op_parallelism_threads(), t.get_inter_op_parallelism_threads()
+
+
+def apply_thread_budget(role: str, cfg: Config) -> None:
+    """Gives this process, of role `role`, its thread budget (`process_budget`) and logs it;
+    before TensorFlow runs anything. A memory shard, which never imports TensorFlow, only
+    logs it."""
+    threads, source = process_budget(role, cfg.cluster.threads)
+    if role == "memory":
+        log.info("thread budget %d (%s); no TensorFlow", threads, source)
+        return
+    intra, inter = limit_tf_threads(threads)
+    log.info(
+        "thread budget %d (%s): TensorFlow intra-op %d, inter-op %d threads",
+        threads,
+        source,
+        intra,
+        inter,
+    )
 
 
 class StopSignal(threading.Event):
