@@ -57,7 +57,8 @@ class TrainResult:
     """The run directory (config.yaml, metrics.jsonl, summary.json, checkpoints, logs)."""
     exit_code: int
     """0: the goal was reached (or a budget stop when the config sets no return target); 1:
-    the run stopped otherwise or failed; 130: interrupted. `easyrl train` exits with it."""
+    the run stopped otherwise (a callback stopped it too) or failed; 130: interrupted.
+    `easyrl train` exits with it."""
     reached_goal: bool
     """Whether the run stopped for a reason that counts as success (exit_code == 0)."""
     reason: str

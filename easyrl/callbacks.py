@@ -172,7 +172,13 @@ class CallbackRunner:
             return []
         complete = data[: data.rfind(b"\n") + 1]  # a row being written waits for its end
         self._offset += len(complete)
-        return [json.loads(line) for line in complete.splitlines() if line.strip()]
+        rows = []
+        for line in complete.splitlines():
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError:
+                continue  # a line torn by a killed writer (a resumed run's file)
+        return rows
 
     def _checkpoint_times(self) -> dict[Path, int]:
         """{weights checkpoint: its modification time in ns}."""

@@ -75,6 +75,10 @@ def test_import_easyrl_is_cheap_and_exports_train():
         from easyrl import TrainResult, train
         import easyrl.api
         assert train is easyrl.api.train and TrainResult is easyrl.api.TrainResult
+        from easyrl import Callback, Policy, load
+        import easyrl.callbacks, easyrl.policy
+        assert Callback is easyrl.callbacks.Callback and load is easyrl.policy.load
+        assert Policy is easyrl.policy.Policy
         assert "tensorflow" not in sys.modules
         """
     )

@@ -25,6 +25,7 @@ from easyrl.callbacks import Callback, CallbackRunner
 from easyrl.envs import env_options, make_vector_env
 from easyrl.envs.flat import FlatObservation
 from easyrl.errors import EasyRLError
+from easyrl.policy import EpisodePlayer
 from easyrl.tools.export import export
 from easyrl.tools.rollout import load_policy, rollout
 
@@ -131,6 +132,11 @@ def test_a_recurrent_policy_carries_its_state(tmp_path):
             actions, state = policy.predict(sequence[t], state=state, episode_start=starts[t])
             np.testing.assert_array_equal(actions, expected[t], err_msg=f"step {t}")
         assert state is not None and state.shape == (4, 32)
+        player = EpisodePlayer(policy)  # how `easyrl rollout` plays: the same actions
+        for t in range(25):
+            np.testing.assert_array_equal(player(sequence[t]), expected[t], err_msg=f"step {t}")
+            if t + 1 < 25:
+                player.end_episodes(starts[t + 1])
         # The output depends on the state: other states, other actions and next states.
         other = np.random.default_rng(0).normal(0.0, 2.0, (100, 32)).astype(np.float32)
         initial_actions, initial_state = policy.predict(obs)
