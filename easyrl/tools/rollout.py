@@ -292,7 +292,7 @@ def rollout(
         raise EasyRLError(f"episodes must be a positive int, got {episodes!r}")
     if video_dir is not None:
         _require_moviepy()
-    from easyrl.policy import EpisodePlayer, load_run  # imports TensorFlow
+    from easyrl.policy import EpisodePlayer, load_run  # (a cycle at the top: policy uses us)
 
     policy = load_run(run_dir, checkpoint)
     cfg = policy.config
