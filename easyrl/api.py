@@ -4,6 +4,11 @@
 
     result = easyrl.train("configs/cartpole_ppo.yaml", stop={"max_seconds": 60}, run={"seed": 1})
     print(result.reached_goal, result.metrics["env_steps"], result.run_dir)
+    policy = easyrl.load(result.run_dir)  # see easyrl.policy
+    action, _ = policy.predict(obs)
+
+`callbacks=[...]` takes `easyrl.Callback` instances (see `easyrl.callbacks`): hooks on each
+metrics row, evaluation, checkpoint and the stop, any of which may stop the run.
 
 Overrides are keyword arguments named after config sections, each a mapping merged into that
 section key by key (nested mappings merge too; any other value replaces the file's):
@@ -31,11 +36,12 @@ from typing import Any, TextIO
 import yaml
 
 from easyrl import config as config_lib
+from easyrl.callbacks import Callback, CallbackRunner
 from easyrl.cluster import rundir
 from easyrl.errors import ConfigError, EasyRLError
 from easyrl.imports import add_import_roots
 
-__all__ = ["TrainResult", "load", "train"]
+__all__ = ["TrainResult", "load_config", "train"]
 
 log = logging.getLogger(__name__)
 
@@ -51,7 +57,8 @@ class TrainResult:
     """The run directory (config.yaml, metrics.jsonl, summary.json, checkpoints, logs)."""
     exit_code: int
     """0: the goal was reached (or a budget stop when the config sets no return target); 1:
-    the run stopped otherwise or failed; 130: interrupted. `easyrl train` exits with it."""
+    the run stopped otherwise (a callback stopped it too) or failed; 130: interrupted.
+    `easyrl train` exits with it."""
     reached_goal: bool
     """Whether the run stopped for a reason that counts as success (exit_code == 0)."""
     reason: str
@@ -72,6 +79,7 @@ def train(
     resume: str | Path | None = None,
     out: TextIO | None = None,
     set: Sequence[str] = (),  # shadows the builtin here, to mirror the command line's --set
+    callbacks: Sequence[Callback] = (),
     **overrides: Any,
 ) -> TrainResult:
     """Trains with every role as a local process until the config's stop condition.
@@ -92,6 +100,10 @@ def train(
             run takes only those of stop conditions, logging and intervals
             (`easyrl.cluster.rundir.RESUMABLE`) and of the algorithm's real-valued
             hyper-parameters.
+        callbacks: `easyrl.Callback` instances whose hooks the launcher calls on each
+            metrics row, evaluation and checkpoint and at the stop; one that returns False
+            (or calls its `stop(reason)`) stops the run cleanly, whose reason is then
+            "stopped by callback NAME: REASON" (exit code 1). See `easyrl.callbacks`.
         **overrides: config sections as mappings merged into the config, e.g.
             `stop={"max_seconds": 30}`, `algorithm={"lr": 1e-3}`, `run={"dir": "runs/x"}`.
 
@@ -103,7 +115,9 @@ def train(
             env module, torso or algorithm that cannot be imported, an env id that does not
             exist, a model that does not fit the env, ...), `run.dir` holds another run, or
             `resume` names no run; nothing started and no file was written.
-        EasyRLError: called from another thread than the main one.
+        EasyRLError: called from another thread than the main one, or a callback that is
+            not an `easyrl.Callback`.
+        Exception: what a callback raised, after the run it stopped has shut down.
     """
     from easyrl.cluster import launcher
 
@@ -113,7 +127,7 @@ def train(
     if resume is None:
         if config_or_path is None:
             raise ConfigError("train: give a config (file, mapping or Config) or resume=RUN_DIR")
-        cfg = load(config_or_path, set=set, **overrides)
+        cfg = load_config(config_or_path, set=set, **overrides)
         run_dir = Path(cfg.run.dir or launcher.default_run_dir(cfg)).resolve()
         cfg = replace(cfg, run=replace(cfg.run, dir=str(run_dir)))
         rundir.check_fresh(cfg, run_dir)
@@ -123,6 +137,7 @@ def train(
         add_import_roots(Path.cwd())
         run_dir = Path(resume).resolve()
         cfg = rundir.load_resumed(run_dir, set)
+    runner = CallbackRunner(callbacks, run_dir, resumed=resume is not None) if callbacks else None
     check_builds(cfg)
     if resume is not None:
         state = rundir.resume_state(run_dir)
@@ -137,10 +152,12 @@ def train(
         rundir.record_resume(run_dir, set, state["elapsed_s"])
     previous = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
     try:
-        exit_code = launcher.train(cfg, out, resumed=resume is not None)
+        exit_code = launcher.train(cfg, out, resumed=resume is not None, callbacks=runner)
     finally:
         for signum, handler in previous.items():  # the launcher made both act as Ctrl-C
             signal.signal(signum, handler)
+    if runner is not None and runner.error is not None:
+        raise runner.error
     summary = json.loads((run_dir / "summary.json").read_text())
     return TrainResult(
         run_dir=run_dir,
@@ -153,7 +170,7 @@ def train(
     )
 
 
-def load(
+def load_config(
     config_or_path: str | Path | Mapping[str, Any] | config_lib.Config,
     *,
     set: Sequence[str] = (),

@@ -75,6 +75,10 @@ def test_import_easyrl_is_cheap_and_exports_train():
         from easyrl import TrainResult, train
         import easyrl.api
         assert train is easyrl.api.train and TrainResult is easyrl.api.TrainResult
+        from easyrl import Callback, Policy, load
+        import easyrl.callbacks, easyrl.policy
+        assert Callback is easyrl.callbacks.Callback and load is easyrl.policy.load
+        assert Policy is easyrl.policy.Policy
         assert "tensorflow" not in sys.modules
         """
     )
@@ -83,7 +87,7 @@ def test_import_easyrl_is_cheap_and_exports_train():
 
 
 def test_overrides_merge_into_the_config_file():
-    cfg = api.load(
+    cfg = api.load_config(
         CONFIG,
         set=["stop.window=10", "stop.max_seconds=99"],
         stop={"max_seconds": 30},  # keyword sections are applied after `set`
@@ -98,9 +102,11 @@ def test_overrides_merge_into_the_config_file():
 
 
 def test_a_dict_or_a_config_takes_overrides_too():
-    cfg = api.load({"algorithm": {"name": "ppo"}}, cluster={"actor": 3}, model={"hidden": [8]})
+    cfg = api.load_config(
+        {"algorithm": {"name": "ppo"}}, cluster={"actor": 3}, model={"hidden": [8]}
+    )
     assert cfg.cluster.actor == 3 and cfg.model.hidden == (8,)
-    again = api.load(cfg, algorithm={"clip": 0.1})
+    again = api.load_config(cfg, algorithm={"clip": 0.1})
     assert again.algorithm.params.clip == 0.1
     assert again.cluster == cfg.cluster and again.model == cfg.model
 
@@ -128,9 +134,9 @@ def test_bad_overrides_fail_before_anything_starts(tmp_path, overrides, message)
 
 def test_config_argument_of_the_wrong_kind():
     with pytest.raises(ConfigError, match="expected a config file path, a config mapping"):
-        api.load(42)
+        api.load_config(42)
     with pytest.raises(ConfigError, match="cannot read config file"):
-        api.load(ROOT / "configs" / "missing.yaml")
+        api.load_config(ROOT / "configs" / "missing.yaml")
 
 
 def test_train_outside_the_main_thread_is_refused(tmp_path):
@@ -265,7 +271,7 @@ def test_custom_torso_builds_under_the_contract(example_on_path):
 
     from easyrl.models import build_torso, named_variables
 
-    cfg = api.load({"algorithm": {"name": "dqn"}}, model={"kind": "my_nets:ResidualMLP"})
+    cfg = api.load_config({"algorithm": {"name": "dqn"}}, model={"kind": "my_nets:ResidualMLP"})
     torso = build_torso(cfg.model, (5,), "q/torso", np.random.default_rng(0))
     assert torso.out_dim == 64
     assert set(named_variables(torso)) == {
@@ -309,7 +315,7 @@ def test_custom_torso_breaking_the_contract(tmp_path, monkeypatch, kind, message
 
     (tmp_path / "bad_torsos.py").write_text(BAD_TORSOS)
     monkeypatch.syspath_prepend(str(tmp_path))
-    cfg = api.load({"algorithm": {"name": "dqn"}}, model={"kind": kind})
+    cfg = api.load_config({"algorithm": {"name": "dqn"}}, model={"kind": kind})
     with pytest.raises(ValueError, match=message):
         build_torso(cfg.model, (3,), "q/torso", np.random.default_rng(0))
 

@@ -315,7 +315,7 @@ def test_every_command_example_in_the_docs_and_scripts_loads():
         errors = []
         for path in candidates:
             try:
-                api.load(path, set=overrides)  # as `easyrl train` loads it
+                api.load_config(path, set=overrides)  # as `easyrl train` loads it
                 break
             except ConfigError as err:
                 if "record one first" in str(err):  # an offline config before its recording

@@ -20,6 +20,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from easyrl import config as config_lib
 from easyrl.cluster.spec import CLUSTER_ENV, ClusterSpec
@@ -29,6 +30,9 @@ from easyrl.metrics import progress_line, reached_goal
 from easyrl.offline.dataset import check_output_dir
 from easyrl.transport import rpc
 from easyrl.transport.clients import ShardClient, Status, connect
+
+if TYPE_CHECKING:
+    from easyrl.callbacks import CallbackRunner
 
 MALLOC_ENV = {
     "MALLOC_MMAP_THRESHOLD_": str(64 * 1024 * 1024),
@@ -445,9 +449,12 @@ def default_run_dir(cfg) -> str:
     return str(Path("runs") / f"{cfg.run.name}-{time.strftime('%Y%m%d-%H%M%S')}")
 
 
-def train(cfg, out=sys.stdout, resumed: bool = False) -> int:
-    """Runs the whole cluster locally until the stop condition; returns the exit code
-    (0 when the goal was reached).
+def train(
+    cfg, out=sys.stdout, resumed: bool = False, callbacks: "CallbackRunner | None" = None
+) -> int:
+    """Runs the whole cluster locally until the stop condition (or until one of the
+    `callbacks` asks it to stop: exit code 1); returns the exit code (0 when the goal was
+    reached).
 
     Progress lines, crash notices and the final line go to `out`, timed by the run clock of
     PS shard 0 (counted across resumes: the clock of metrics.jsonl and `stop.max_seconds`).
@@ -494,6 +501,8 @@ def train(cfg, out=sys.stdout, resumed: bool = False) -> int:
                 ps_stopping = True
                 reason = status.stop_reason or "stopped by PS shard 0"
                 kind = status.stop_kind
+            elif callbacks is not None:
+                reason = callbacks.poll(status.counters)  # a stop reason when one asks
         exit_code = 0 if reached_goal(cfg.stop, kind, cfg.output) else 1
     except KeyboardInterrupt:
         reason, exit_code = "interrupted", 130
@@ -525,4 +534,6 @@ def train(cfg, out=sys.stdout, resumed: bool = False) -> int:
     total = sum(c.restarts for c in cluster.children)
     why = f"; {total} restart{'s' * (total != 1)} ({', '.join(restarts)})" if total else ""
     print(f"stopped after {clock:.1f}s: {reason}{why}", file=out, flush=True)
+    if callbacks is not None:
+        callbacks.finish(reason or "")
     return exit_code

@@ -51,14 +51,25 @@ class FlatBox(spaces.Box):
         low, high: bounds `[D]` of the whole vector (the mask's entries in [0, 1]).
         mask_size: n, the action-mask entries at the end of the vector (0: none).
         parts: where each top-level key of the features lies, in the vector's order.
+        features: the Dict/Tuple space of the features (the observation space without its
+            `action_mask`), which `flatten_observation` flattens by.
     """
 
-    def __init__(self, low: np.ndarray, high: np.ndarray, mask_size: int, parts=()):
+    def __init__(
+        self,
+        low: np.ndarray,
+        high: np.ndarray,
+        mask_size: int,
+        parts=(),
+        features: spaces.Dict | spaces.Tuple | None = None,
+    ):
         super().__init__(low, high, dtype=np.float32)
         self.mask_size = int(mask_size)
         """Entries of the action mask at the end of the vector (0: no mask)."""
         self.parts: tuple[Part, ...] = tuple(parts)
         """Where each top-level key of the features lies (`model.encoders` reads them)."""
+        self.features = features
+        """The Dict/Tuple space of the features, mask left out (None: not known)."""
 
 
 def action_mask_size(space: spaces.Space) -> int:
@@ -155,16 +166,30 @@ class FlatObservation(gymnasium.ObservationWrapper):
         ones = np.ones(self.mask_size)
         low = np.concatenate([flat.low, 0 * ones]).astype(np.float32)
         high = np.concatenate([flat.high, ones]).astype(np.float32)
-        self.observation_space = FlatBox(low, high, self.mask_size, _parts(self.features))
+        parts = _parts(self.features)
+        self.flat_space = FlatBox(low, high, self.mask_size, parts, self.features)
+        self.observation_space = self.flat_space
 
     def observation(self, observation) -> np.ndarray:
         """The flat float32 vector `[D]` of one observation: features, then the mask."""
-        if not self.mask_size:
-            return np.asarray(spaces.flatten(self.features, observation), np.float32)
-        rest = {k: v for k, v in observation.items() if k != MASK_KEY}
-        features = np.asarray(spaces.flatten(self.features, rest), np.float32)  # [D - n]
-        mask = np.asarray(observation[MASK_KEY], np.float32).reshape(-1)  # [n]
-        return np.concatenate([features, mask])
+        return flatten_observation(self.flat_space, observation)
+
+
+def flatten_observation(space: FlatBox, observation) -> np.ndarray:
+    """The flat float32 vector `[D]` of one Dict/Tuple observation of the space `space` was
+    flattened from (what `FlatObservation` observes): features, then the mask.
+
+    Raises:
+        EasyRLError: `space` does not know its features' space.
+    """
+    if space.features is None:
+        raise EasyRLError("this FlatBox does not know the Dict/Tuple space it flattens")
+    if not space.mask_size:
+        return np.asarray(spaces.flatten(space.features, observation), np.float32)
+    rest = {k: v for k, v in observation.items() if k != MASK_KEY}
+    features = np.asarray(spaces.flatten(space.features, rest), np.float32)  # [D - n]
+    mask = np.asarray(observation[MASK_KEY], np.float32).reshape(-1)  # [n]
+    return np.concatenate([features, mask])
 
 
 def flat_env(env: gymnasium.Env) -> gymnasium.Env:

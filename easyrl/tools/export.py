@@ -7,7 +7,8 @@ The SavedModel needs nothing but TensorFlow to run:
 
 `obs` is a batch `[N, *obs_shape]` in the dtype the model takes (float32 for MLPs, uint8 for
 Atari frames); `action` is `[N]` int64 (Discrete) or `[N, A]` float32 (Box, already scaled to
-the env's bounds). `DIR/easyrl_export.json` describes both for humans.
+the env's bounds). `DIR/easyrl_export.json` describes both for humans; `DIR/config.yaml` is
+the run's config, by which `easyrl.load(DIR)` flattens Dict observations as the run's envs do.
 
 The exported function is the agent's own compiled greedy function (`agent.greedy_fn`, the
 one `agent.greedy` calls), so the SavedModel computes the same actions as `easyrl rollout`.
@@ -25,6 +26,7 @@ state otherwise.
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -192,6 +194,7 @@ def export(run_dir: str | Path, out: str | Path, checkpoint: str | None = None) 
             f"state=state); out[{SIGNATURE!r}], out['state'] (policy = "
             "tf.saved_model.load(DIR); pass the initial state where an episode starts)"
         )
+    shutil.copyfile(Path(run_dir) / "config.yaml", out / "config.yaml")
     (out / EXPORT_INFO).write_text(json.dumps(info, indent=2, allow_nan=False) + "\n")
     return out
 

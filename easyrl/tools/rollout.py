@@ -9,7 +9,8 @@ and `checkpoints/` holds the weights, either
   optimizer slots and `meta`): the union of every shard's variables is the latest model.
 
 `load_policy` rebuilds the algorithm and assigns a checkpoint's weights by name; `rollout`
-plays whole episodes with `algo.greedy`; `easyrl export` reuses `load_policy`.
+plays whole episodes through the `easyrl.policy.Policy` made from it (`easyrl.load`, the
+Python API's policy); `easyrl export` reuses `load_policy`.
 """
 
 from __future__ import annotations
@@ -291,10 +292,11 @@ def rollout(
         raise EasyRLError(f"episodes must be a positive int, got {episodes!r}")
     if video_dir is not None:
         _require_moviepy()
-    from easyrl.algorithms.shared import greedy_policy  # imports TensorFlow
+    from easyrl.policy import EpisodePlayer, load_run  # (a cycle at the top: policy uses us)
 
-    loaded = load_policy(run_dir, checkpoint)
-    cfg = loaded.cfg
+    policy = load_run(run_dir, checkpoint)
+    cfg = policy.config
+    assert cfg is not None  # a run's policy has its config
     out = None if quiet else sys.stdout
     seed = derive_seed(cfg.run.seed, "rollout") if seed is None else int(seed)
     options = evaluation_options(cfg.env)  # Atari: game scores, as the evaluator's
@@ -309,21 +311,21 @@ def rollout(
             print(f"episode {index + 1}: return {ret:.1f}, length {length}", file=out, flush=True)
 
     if out is not None:
-        files = ", ".join(p.name for p in loaded.files)
+        files = ", ".join(policy.checkpoint_files)
         print(
-            f"{cfg.algorithm.name} on {cfg.env.id}, {loaded.checkpoint} checkpoint ({files}): "
+            f"{cfg.algorithm.name} on {cfg.env.id}, {policy.checkpoint} checkpoint ({files}): "
             f"{episodes} episode(s)",
             file=out,
         )
     try:
         returns, lengths = play_episodes(
-            env, greedy_policy(loaded.algo), episodes, seed, on_episode=report
+            env, EpisodePlayer(policy), episodes, seed, on_episode=report
         )
     except gymnasium.error.DependencyNotInstalled as err:  # rendering for --video
         raise EasyRLError(f"{cfg.env.id} needs a package that is not installed: {err}") from err
     finally:
         env.close()
-    result = RolloutResult(returns, lengths, loaded.checkpoint)
+    result = RolloutResult(returns, lengths, policy.checkpoint)
     if out is not None:
         print(
             f"mean return {result.mean:.1f} over {episodes} episode(s) "
