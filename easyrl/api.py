@@ -91,7 +91,7 @@ def train(
         set: `dotted.key=value` overrides, as `--set` takes them; applied first. A resumed
             run takes only those of stop conditions, logging and intervals
             (`easyrl.cluster.rundir.RESUMABLE`) and of the algorithm's real-valued
-            hyper-parameters.
+            hyper-parameters; they hold for later resumes too.
         **overrides: config sections as mappings merged into the config, e.g.
             `stop={"max_seconds": 30}`, `algorithm={"lr": 1e-3}`, `run={"dir": "runs/x"}`.
 
@@ -127,13 +127,7 @@ def train(
     if resume is not None:
         state = rundir.resume_state(run_dir)
         rundir.check_budget_left(cfg, state)
-        print(
-            f"resuming {run_dir}: version {state['version']:.0f}, env steps "
-            f"{state['env_steps']:,.0f}, replay {state['replay_items']:,.0f} items, run clock "
-            f"{state['elapsed_s']:.1f} s",
-            file=out,
-            flush=True,
-        )
+        print(rundir.describe_resume(run_dir, cfg, state, set), file=out, flush=True)
         rundir.record_resume(run_dir, set, state["elapsed_s"])
     previous = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
     try:

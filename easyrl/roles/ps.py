@@ -143,10 +143,17 @@ class ParameterServer(pb_grpc.ParameterServerServicer):
         self.version = int(meta["version"])
         self.round = int(meta.get("round", 0))
         self.counters.update(meta["counters"])
-        self._clock -= float(meta.get("elapsed_s", 0.0))
+        elapsed = float(meta.get("elapsed_s", 0.0))
+        self._clock -= elapsed  # the clock goes on from exactly what was checkpointed
         if self.stats is not None and "stats" in meta:
             self.stats.load_state(meta["stats"])
-        log.info("PS shard %d restored version %d from %s", self.shard, self.version, path)
+        log.info(
+            "PS shard %d restored version %d and run clock %.2f s from %s",
+            self.shard,
+            self.version,
+            elapsed,
+            path,
+        )
 
     def elapsed(self) -> float:
         """Seconds the run has trained: since this shard started plus what its checkpoint
