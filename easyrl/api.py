@@ -57,8 +57,8 @@ class TrainResult:
     reason: str
     """Why the run stopped, e.g. "target reached: mean return 451.2 >= 450"."""
     elapsed_s: float
-    """Seconds of training on the run clock of PS shard 0 (counted across resumes; what
-    metrics.jsonl's time_s and stop.max_seconds read)."""
+    """Seconds of training on the run clock of PS shard 0, as its last checkpoint holds it
+    (counted across resumes; what metrics.jsonl's time_s and stop.max_seconds read)."""
     metrics: dict[str, Any]
     """The last record of metrics.jsonl (env_steps, updates, episodes, return_mean,
     eval_return_mean when an evaluator ran, ...); empty when none was written."""
