@@ -124,7 +124,7 @@ def stop_conditions(cfg: config_lib.Config) -> str:
     interrupted" when it sets none)."""
     stop = cfg.stop
     conditions = [
-        f"stop.{key}={value:g}"
+        f"stop.{key}={_number(value)}"
         for key in ("episode_return_mean", "eval_return_mean", "max_env_steps", "max_seconds")
         if (value := getattr(stop, key)) is not None
     ]
@@ -133,6 +133,11 @@ def stop_conditions(cfg: config_lib.Config) -> str:
     if cfg.output.max_steps is not None:
         conditions.insert(0, f"output.max_steps={cfg.output.max_steps}")
     return ", ".join(conditions) or "none: it runs until interrupted"
+
+
+def _number(value: float) -> str:
+    """`value` as `--set` would take it: 3600, 0.5, 1000000 (never 1e+06)."""
+    return str(value) if isinstance(value, int) else np.format_float_positional(value, trim="-")
 
 
 def describe_resume(
