@@ -64,8 +64,8 @@ class TrainResult:
     reason: str
     """Why the run stopped, e.g. "target reached: mean return 451.2 >= 450"."""
     elapsed_s: float
-    """Seconds of training on the run clock of PS shard 0 (counted across resumes; what
-    metrics.jsonl's time_s and stop.max_seconds read)."""
+    """Seconds of training on the run clock of PS shard 0, as its last checkpoint holds it
+    (counted across resumes; what metrics.jsonl's time_s and stop.max_seconds read)."""
     metrics: dict[str, Any]
     """The last record of metrics.jsonl (env_steps, updates, episodes, return_mean,
     eval_return_mean when an evaluator ran, ...); empty when none was written."""
@@ -99,7 +99,7 @@ def train(
         set: `dotted.key=value` overrides, as `--set` takes them; applied first. A resumed
             run takes only those of stop conditions, logging and intervals
             (`easyrl.cluster.rundir.RESUMABLE`) and of the algorithm's real-valued
-            hyper-parameters.
+            hyper-parameters; they hold for later resumes too.
         callbacks: `easyrl.Callback` instances whose hooks the launcher calls on each
             metrics row, evaluation and checkpoint and at the stop; one that returns False
             (or calls its `stop(reason)`) stops the run cleanly, whose reason is then
@@ -142,13 +142,7 @@ def train(
     if resume is not None:
         state = rundir.resume_state(run_dir)
         rundir.check_budget_left(cfg, state)
-        print(
-            f"resuming {run_dir}: version {state['version']:.0f}, env steps "
-            f"{state['env_steps']:,.0f}, replay {state['replay_items']:,.0f} items, run clock "
-            f"{state['elapsed_s']:.1f} s",
-            file=out,
-            flush=True,
-        )
+        print(rundir.describe_resume(run_dir, cfg, state, set), file=out, flush=True)
         rundir.record_resume(run_dir, set, state["elapsed_s"])
     previous = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
     try:

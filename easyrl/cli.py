@@ -221,6 +221,10 @@ def run_role(args) -> int:
     from easyrl.transport.rpc import resolve_token
 
     cfg = config_lib.load(args.config, args.overrides)
+    if cfg.run.deterministic and args.role != "memory":  # a memory shard runs no TensorFlow
+        from easyrl.seeds import make_deterministic
+
+        make_deterministic(cfg.run.seed)
     cluster = _cluster_from_args(args, cfg)
     limit = {"ps": len(cluster.ps), "memory": len(cluster.memory)}.get(args.role)
     limit = limit or getattr(cluster, args.role)

@@ -31,6 +31,7 @@ from easyrl.algorithms import registry
 from easyrl.algorithms.contract import check_model_kind
 from easyrl.errors import ConfigError, closest
 from easyrl.imports import load_object
+from easyrl.seeds import check_deterministic
 
 __all__ = [
     "ActorConfig",
@@ -353,6 +354,10 @@ class RunConfig(_Section):
     """Output directory (None: the launcher decides)."""
     seed: int = 0
     """Base random seed; each process derives its own from it."""
+    deterministic: bool = False
+    """Repeat exactly: two runs of one config write the same metrics.jsonl rows (time and
+    rates aside), one per round. Synchronous rounds (ppo, es), one actor, no evaluator; see
+    the README's "Seeds"."""
     checkpoint_interval_s: float = 60.0
     """Seconds between checkpoints."""
     log_interval_s: float = 2.0
@@ -901,6 +906,7 @@ def _resolve(cfg: Config) -> Config:
                 f"cluster.memory: {cfg.cluster.memory} memory shards but only "
                 f"{cfg.cluster.actor} actors; every shard needs an actor to fill its rounds"
             )
+    check_deterministic(cfg, module.FLOW)
     kind = cfg.replay.kind or kind  # an offline run samples its dataset uniformly
     return dataclasses.replace(cfg, replay=dataclasses.replace(cfg.replay, kind=kind))
 

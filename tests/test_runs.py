@@ -6,7 +6,9 @@ Real `easyrl train` launchers and role processes (helpers from test_cluster.py).
 """
 
 import hashlib
+import json
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -131,8 +133,34 @@ def _console_clock(text: str) -> list[float]:
     return [float(m) for m in re.findall(r"^\[\s*([\d.]+)s\] env steps", text, re.M)]
 
 
+def test_a_resumes_overrides_hold_for_later_resumes_and_the_stop_conditions_are_said(
+    apex_run, tmp_path
+):
+    from easyrl.cluster import rundir
+
+    run_dir = tmp_path / "run"
+    shutil.copytree(apex_run, run_dir)
+    rundir.record_resume(run_dir, ["stop.max_env_steps=9000", "algorithm.lr=0.0002"], 3.0)
+    cfg = rundir.load_resumed(run_dir)  # the next resume, without --set
+    assert cfg.stop.max_env_steps == 9000 and cfg.algorithm.params.lr == 0.0002
+    cfg = rundir.load_resumed(run_dir, ["stop.max_env_steps=12000"])  # a later value wins
+    assert cfg.stop.max_env_steps == 12000 and cfg.algorithm.params.lr == 0.0002
+    text = rundir.describe_resume(
+        run_dir, cfg, rundir.resume_state(run_dir), ["stop.max_env_steps=12000"]
+    )
+    assert "overrides kept from earlier resumes (resumes.yaml): stop.max_env_steps=9000 " in text
+    assert "overrides of this resume: stop.max_env_steps=12000" in text
+    assert text.endswith(
+        "stop conditions (the first met stops the run): stop.max_env_steps=12000, "
+        f"stop.max_seconds={cfg.stop.max_seconds:g}"
+    )
+
+
+@pytest.mark.cluster
 @pytest.mark.timeout(360)
 def test_an_interrupted_run_resumes_its_counters_replay_and_clock(tmp_path):
+    from easyrl.cluster import rundir
+
     run_dir = tmp_path / "run"
     first_out = tmp_path / "first.out"
     overrides = (
@@ -147,8 +175,15 @@ def test_an_interrupted_run_resumes_its_counters_replay_and_clock(tmp_path):
         assert first.poll() is None and time.monotonic() < deadline, first_out.read_text()
         time.sleep(0.5)
     first.send_signal(signal.SIGINT)
-    assert _finish(first, first_out, 60) and first.returncode == 130
+    first_text = _finish(first, first_out, 60)
+    assert first.returncode == 130, first_text
     before = _read_jsonl(run_dir / "metrics.jsonl")
+    # The run clock is what PS shard 0 checkpointed last, in summary.json and the final line.
+    checkpointed = rundir.checkpointed_clock(run_dir)
+    assert checkpointed is not None and checkpointed >= before[-1]["time_s"]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["elapsed_s"] == round(checkpointed, 2), (summary, checkpointed)
+    assert f"stopped after {checkpointed:.1f}s: interrupted" in first_text, first_text
     config_before = (run_dir / "config.yaml").read_bytes()
     # The resumed run trains ~10 s more on the same clock (its actors step within ~3 s of
     # its PS shard's start); rounded as the override carries it.
@@ -163,6 +198,11 @@ def test_an_interrupted_run_resumes_its_counters_replay_and_clock(tmp_path):
     line = re.search(r"resuming (\S+): version (\d+), env steps ([\d,]+), replay ([\d,]+)", text)
     assert line and line.group(1) == str(run_dir.resolve()), text
     assert int(line.group(2)) > 0 and int(line.group(3).replace(",", "")) > 0
+    # The resumed clock starts at exactly the checkpointed one.
+    assert f"run clock {checkpointed:.2f} s\n" in text, text
+    ps_log = (run_dir / "logs" / "ps-0.log").read_text()
+    assert f"and run clock {checkpointed:.2f} s from" in ps_log
+    assert f"stop conditions (the first met stops the run): stop.max_seconds={stop_at:g}" in text
     assert (run_dir / "config.yaml").read_bytes() == config_before  # the run's own config
     records = _read_jsonl(run_dir / "metrics.jsonl")
     steps = [r["env_steps"] for r in records]
@@ -176,6 +216,10 @@ def test_an_interrupted_run_resumes_its_counters_replay_and_clock(tmp_path):
     stop = next(r for r in records if "stop" in r)  # the record of the stop condition
     assert abs(stopped - stop["time_s"]) <= 1.0, (stopped, stop["time_s"])
     assert stop_at <= stop["time_s"] <= stop_at + 1.0, (stop_at, stop["time_s"])
+    # The next resume keeps this resume's stop.max_seconds, so it is refused as spent.
+    assert rundir.load_resumed(run_dir).stop.max_seconds == stop_at
+    with pytest.raises(ConfigError, match=f"past stop.max_seconds={stop_at:g}"):
+        rundir.check_budget_left(rundir.load_resumed(run_dir), rundir.resume_state(run_dir))
 
 
 CRASHING_ENV = '''

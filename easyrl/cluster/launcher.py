@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from easyrl import config as config_lib
+from easyrl.cluster import rundir
 from easyrl.cluster.spec import CLUSTER_ENV, ClusterSpec
 from easyrl.cluster.threads import THREADS_ENV, budgets, host_cores
 from easyrl.errors import EasyRLError, TransportError
@@ -520,8 +521,8 @@ def train(
             "reason": reason,
             "stop_condition": kind.value if kind else None,  # the config key, e.g. stop.max_seconds
             "exit_code": exit_code,
-            "elapsed_s": round(clock, 2),
-            "wall_s": round(time.monotonic() - start, 2),
+            "elapsed_s": round(clock, 2),  # replaced by the checkpointed clock below
+            "wall_s": 0.0,
             "restarts": {c.name: c.restarts for c in cluster.children},
             "crashes": {
                 c.name: [why for _, why in c.crashes] for c in cluster.children if c.crashes
@@ -529,6 +530,13 @@ def train(
             "servers": {name: _plain(status) for name, status in servers.items()},
         }
         cluster.shutdown(workers_stopping=ps_stopping)
+        # The run clock is what PS shard 0 checkpointed last (at its shutdown, or before it
+        # was killed): what a resume goes on from. Shutting the workers down takes seconds
+        # after the servers' last Status, and the shard's clock runs until it stops.
+        checkpointed = rundir.checkpointed_clock(run_dir)
+        clock = clock if checkpointed is None else checkpointed
+        summary["elapsed_s"] = round(clock, 2)
+        summary["wall_s"] = round(time.monotonic() - start, 2)
         (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
     restarts = [f"{c.name} x{c.restarts}" for c in cluster.children if c.restarts]
     total = sum(c.restarts for c in cluster.children)

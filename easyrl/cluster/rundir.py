@@ -7,7 +7,7 @@ anything is written, naming the keys whose values differ (those of `algorithm`, 
 own `config.yaml` and accepts overrides only of `RESUMABLE` keys (stop conditions, logging,
 intervals) and of the algorithm's real-valued hyper-parameters (learning rates, loss weights,
 discounts: no checkpoint or replay item depends on them, as annealing by hand needs), which
-are recorded in `resumes.yaml` beside it.
+are recorded in `resumes.yaml` beside it and hold for every later resume too.
 """
 
 import json
@@ -75,7 +75,9 @@ def check_fresh(cfg: config_lib.Config, run_dir: Path) -> None:
 
 
 def load_resumed(run_dir: Path, overrides: Sequence[str] = ()) -> config_lib.Config:
-    """The config of the run in `run_dir`, with `overrides` of RESUMABLE keys on top.
+    """The config of the run in `run_dir`: its config.yaml, the overrides of every earlier
+    resume (`resumes.yaml`, in order) and `overrides` of RESUMABLE keys on top (a later
+    value of a key wins).
 
     Raises:
         ConfigError: no run there, or an override of a key the checkpoints depend on.
@@ -94,16 +96,86 @@ def load_resumed(run_dir: Path, overrides: Sequence[str] = ()) -> config_lib.Con
                 f"{', '.join(RESUMABLE)} and the algorithm's real-valued hyper-parameters "
                 "can); start a new run for that"
             )
-    cfg = config_lib.load(saved, overrides)
+    cfg = config_lib.load(saved, [*earlier_overrides(run_dir), *overrides])
     return replace(cfg, run=replace(cfg.run, dir=str(run_dir.resolve())))
+
+
+def _resumes(run_dir: Path) -> list[dict]:
+    """The records of resumes.yaml (none when there is no such file)."""
+    path = run_dir / "resumes.yaml"
+    return (yaml.safe_load(path.read_text()) or []) if path.is_file() else []
+
+
+def earlier_overrides(run_dir: Path) -> list[str]:
+    """The `--set` overrides of every earlier resume of the run in `run_dir`, in order: they
+    hold for every later resume too (until one sets the key again)."""
+    return [o for record in _resumes(run_dir) for o in record.get("overrides", [])]
 
 
 def record_resume(run_dir: Path, overrides: Sequence[str], elapsed_s: float) -> None:
     """Appends this resume (its overrides and the run clock it resumed at) to resumes.yaml."""
-    path = run_dir / "resumes.yaml"
-    done = yaml.safe_load(path.read_text()) if path.is_file() else []
-    done.append({"at_elapsed_s": round(elapsed_s, 1), "overrides": list(overrides)})
-    path.write_text(yaml.safe_dump(done, sort_keys=False))
+    done = _resumes(run_dir)
+    done.append({"at_elapsed_s": round(elapsed_s, 2), "overrides": list(overrides)})
+    (run_dir / "resumes.yaml").write_text(yaml.safe_dump(done, sort_keys=False))
+
+
+def stop_conditions(cfg: config_lib.Config) -> str:
+    """The stop conditions `cfg` sets, as `key=value` settings ("none: it runs until
+    interrupted" when it sets none)."""
+    stop = cfg.stop
+    conditions = [
+        f"stop.{key}={_number(value)}"
+        for key in ("episode_return_mean", "eval_return_mean", "max_env_steps", "max_seconds")
+        if (value := getattr(stop, key)) is not None
+    ]
+    if stop.episode_return_mean is not None:
+        conditions[0] += f" (over {stop.window} episodes)"
+    if cfg.output.max_steps is not None:
+        conditions.insert(0, f"output.max_steps={cfg.output.max_steps}")
+    return ", ".join(conditions) or "none: it runs until interrupted"
+
+
+def _number(value: float) -> str:
+    """`value` as `--set` would take it: 3600, 0.5, 1000000 (never 1e+06)."""
+    return str(value) if isinstance(value, int) else np.format_float_positional(value, trim="-")
+
+
+def describe_resume(
+    run_dir: Path, cfg: config_lib.Config, state: dict[str, float], overrides: Sequence[str]
+) -> str:
+    """What a resume prints before it starts: what the checkpoints hold (`state`, from
+    `resume_state`: the run clock goes on from exactly what PS shard 0 checkpointed), the
+    overrides kept from earlier resumes, this resume's, and the stop conditions the resumed
+    run heads for."""
+    lines = [
+        f"resuming {run_dir}: version {state['version']:.0f}, env steps "
+        f"{state['env_steps']:,.0f}, replay {state['replay_items']:,.0f} items, run clock "
+        f"{state['elapsed_s']:.2f} s"
+    ]
+    earlier = earlier_overrides(run_dir)
+    if earlier:
+        lines.append(f"overrides kept from earlier resumes (resumes.yaml): {' '.join(earlier)}")
+    if overrides:
+        lines.append(f"overrides of this resume: {' '.join(overrides)}")
+    lines.append(f"stop conditions (the first met stops the run): {stop_conditions(cfg)}")
+    return "\n".join(lines)
+
+
+def _ps0_meta(run_dir: Path) -> dict | None:
+    """The meta record of PS shard 0's checkpoint (version, counters, run clock), or None
+    when it has written none."""
+    ps0 = run_dir / "checkpoints" / "ps-0.npz"
+    if not ps0.is_file():
+        return None
+    with np.load(ps0) as data:
+        return json.loads(bytes(data["meta"]).decode())
+
+
+def checkpointed_clock(run_dir: Path) -> float | None:
+    """The run clock PS shard 0's checkpoint recorded (`elapsed_s`: where a resume goes on
+    from), or None when it has written none."""
+    meta = _ps0_meta(run_dir)
+    return None if meta is None else float(meta.get("elapsed_s", 0.0))
 
 
 def resume_state(run_dir: Path) -> dict[str, float]:
@@ -111,10 +183,8 @@ def resume_state(run_dir: Path) -> dict[str, float]:
     items (0 for what is missing)."""
     state = {"version": 0.0, "env_steps": 0.0, "elapsed_s": 0.0, "replay_items": 0.0}
     checkpoints = run_dir / "checkpoints"
-    ps0 = checkpoints / "ps-0.npz"
-    if ps0.is_file():
-        with np.load(ps0) as data:
-            meta = json.loads(bytes(data["meta"]).decode())
+    meta = _ps0_meta(run_dir)
+    if meta is not None:
         state["version"] = float(meta.get("version", 0))
         state["elapsed_s"] = float(meta.get("elapsed_s", 0.0))
         counters = meta.get("stats", {}).get("counters", {})

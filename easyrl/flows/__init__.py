@@ -47,6 +47,10 @@ class ActorPlumbing(Protocol):
         """Reports env steps, episodes and stats to PS shard 0 (at most every 0.5 s)."""
         ...
 
+    def check_stopping(self) -> None:
+        """Stops the actor when PS shard 0 says the run is stopping (reports nothing)."""
+        ...
+
     def send_loop(self) -> None:
         """The sender thread's body."""
         ...

@@ -8,7 +8,6 @@ which releases the actors.
 """
 
 import collections
-import functools
 import logging
 from typing import cast
 
@@ -39,11 +38,15 @@ def act(actor: ActorPlumbing, env, seed: int) -> None:
                 obs, batch = actor.step(env, collector, obs, rng)
                 steps += cfg.env.num_envs
                 actor.report(steps, {"round": round_})
-            if batch is None or not actor.ship(batch, round_):
+            if batch is None:
                 return
-            report = functools.partial(actor.report, steps, {"round": round_}, True)
-            report()
-            if not actor.weights.wait_round(round_ + 1, actor.stop, on_wait=report):
+            # The round's steps and episodes reach PS shard 0 before its items can reach the
+            # learner; waiting reports nothing more (a Status call only: is the run over?),
+            # so what PS shard 0 holds when the next round is published is fixed.
+            actor.report(steps, {"round": round_}, True)
+            if not actor.ship(batch, round_):
+                return
+            if not actor.weights.wait_round(round_ + 1, actor.stop, actor.check_stopping):
                 return
             round_ = actor.weights.round
             if collector.resets_envs:
@@ -83,6 +86,7 @@ def learn(learner: LearnerPlumbing) -> None:
         if changed:
             learner.weights.assign_local(changed)
         round_ += 1
-        learner.publish(round_)
+        # Reported before publishing: the round's stats are in before the actors go on.
         means = {k: v / max(steps, 1) for k, v in totals.items()}  # the round's mean stats
         learner.report({**means, "round": float(round_), "updates_per_round": float(steps)})
+        learner.publish(round_)

@@ -162,6 +162,12 @@ class Actor:
         if now - self._last_stop_check < every_s:
             return
         self._last_stop_check = now
+        self.check_stopping()
+
+    def check_stopping(self) -> None:
+        """Stops the actor when PS shard 0 says the run is stopping: a Status call, which
+        changes none of the run's counters (a wait for the next round, see
+        `easyrl.flows.sync_rounds`)."""
         if self.weights.clients[0].status().stopping:
             log.info("run is stopping")
             self.stop.set()

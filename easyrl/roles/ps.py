@@ -11,8 +11,10 @@ with `Pull(min_round=r+1)`, which waits on a condition instead of spinning.
 
 import json
 import logging
+import queue
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -39,6 +41,8 @@ log = logging.getLogger(__name__)
 
 REPORTERS = ("actor", "learner", "evaluator")
 """The roles that report to PS shard 0."""
+Row = tuple[float, dict[str, float]]
+"""One metrics row: (run clock, counters snapshot)."""
 
 
 class ParameterServer(pb_grpc.ParameterServerServicer):
@@ -51,6 +55,8 @@ class ParameterServer(pb_grpc.ParameterServerServicer):
         max_staleness: gradients computed more than this many versions ago are dropped.
         checkpoint_path: `.npz` file to restore from on start and save to (None: never).
         stats: the run's counters (shard 0 only; None on other shards).
+        round_rows: shard 0 of a `run.deterministic` run: each published round queues its
+            metrics row on `round_rows` (see `publish`).
     """
 
     def __init__(
@@ -60,6 +66,7 @@ class ParameterServer(pb_grpc.ParameterServerServicer):
         max_staleness: int,
         checkpoint_path: Path | None = None,
         stats: RunStats | None = None,
+        round_rows: bool = False,
     ):
         if max_staleness < 0:
             raise ValueError("max_staleness must be >= 0")
@@ -85,6 +92,10 @@ class ParameterServer(pb_grpc.ParameterServerServicer):
         self.shutdown_requested = threading.Event()
         self._clock = time.monotonic()  # when the run started, as if it had never stopped
         self._clock_stopped: float | None = None  # when the run began to stop
+        self.round_rows: queue.Queue[Row] | None = None
+        """(run clock, snapshot) of each published round (a deterministic run's shard 0)."""
+        if round_rows and stats is not None:
+            self.round_rows = queue.Queue()
         if checkpoint_path is not None and checkpoint_path.exists():
             self._restore(checkpoint_path)
 
@@ -143,10 +154,17 @@ class ParameterServer(pb_grpc.ParameterServerServicer):
         self.version = int(meta["version"])
         self.round = int(meta.get("round", 0))
         self.counters.update(meta["counters"])
-        self._clock -= float(meta.get("elapsed_s", 0.0))
+        elapsed = float(meta.get("elapsed_s", 0.0))
+        self._clock -= elapsed  # the clock goes on from exactly what was checkpointed
         if self.stats is not None and "stats" in meta:
             self.stats.load_state(meta["stats"])
-        log.info("PS shard %d restored version %d from %s", self.shard, self.version, path)
+        log.info(
+            "PS shard %d restored version %d and run clock %.2f s from %s",
+            self.shard,
+            self.version,
+            elapsed,
+            path,
+        )
 
     def elapsed(self) -> float:
         """Seconds the run has trained: since this shard started plus what its checkpoint
@@ -256,10 +274,15 @@ class ParameterServer(pb_grpc.ParameterServerServicer):
 
     def publish(self, round_: int) -> None:
         """Publishes the current values as round `round_` (rounds only move forward) and
-        wakes the actors waiting for it."""
+        wakes the actors waiting for it. With `round_rows`, it queues the round's metrics
+        row before they wake: the learner has reported the round and the actor waits for
+        the next, so what the counters hold then is fixed by the rounds, not by timing."""
         with self._lock:
             if round_ > self.round:
                 self.round = round_
+                if self.round_rows is not None and self.stats is not None:
+                    snapshot = {**self.stats.snapshot(update_rates=True), **self._own_counters()}
+                    self.round_rows.put((self.elapsed(), snapshot))
                 self._round_published.notify_all()
 
     @invalid_argument_on_error
@@ -305,9 +328,13 @@ class ParameterServer(pb_grpc.ParameterServerServicer):
     def own_counters(self) -> dict[str, float]:
         """This shard's counters, version and round, named `ps/<shard>/...`."""
         with self._lock:
-            counters = {f"ps/{self.shard}/{k}": float(v) for k, v in self.counters.items()}
-            counters[f"ps/{self.shard}/version"] = float(self.version)
-            counters[f"ps/{self.shard}/round"] = float(self.round)
+            return self._own_counters()
+
+    def _own_counters(self) -> dict[str, float]:
+        """`own_counters`, for a caller that holds the lock."""
+        counters = {f"ps/{self.shard}/{k}": float(v) for k, v in self.counters.items()}
+        counters[f"ps/{self.shard}/version"] = float(self.version)
+        counters[f"ps/{self.shard}/round"] = float(self.round)
         return counters
 
     def Status(self, request, context):
@@ -352,13 +379,30 @@ def all_finite(x: np.ndarray) -> bool:
     return bool(np.all(np.isfinite(x)))
 
 
+def metrics_rows(
+    ps: ParameterServer, stats: RunStats, interval_s: float, done: threading.Event
+) -> Iterator[Row]:
+    """(run clock, snapshot) of each metrics row until `done`: one every `interval_s`, or
+    in a deterministic run (`ps.round_rows`) one per published round."""
+    rows = ps.round_rows
+    if rows is None:
+        while not done.wait(interval_s):
+            yield ps.elapsed(), {**stats.snapshot(update_rates=True), **ps.own_counters()}
+        return
+    while not done.is_set():
+        try:
+            yield rows.get(timeout=0.1)
+        except queue.Empty:
+            continue
+
+
 def metrics_loop(ps: ParameterServer, stats: RunStats, cfg, run_dir: Path, done: threading.Event):
-    """Shard 0 (`stats`: the run's counters): writes metrics every `run.log_interval_s` and
+    """Shard 0 (`stats`: the run's counters): writes metrics rows (see `metrics_rows`) and
     raises the stop flag."""
     writer = MetricsWriter(run_dir)
-    while not done.wait(cfg.run.log_interval_s):
-        snapshot = {**stats.snapshot(update_rates=True), **ps.own_counters()}
-        elapsed = ps.elapsed()
+    for elapsed, snapshot in metrics_rows(ps, stats, cfg.run.log_interval_s, done):
+        if ps.round_rows is not None and ps.stopping.is_set():
+            continue  # a deterministic run's rows end with the row that stopped it
         reason = None
         if not ps.stopping.is_set():
             reason = stop_reason(cfg.stop, snapshot, elapsed, cfg.output)
@@ -397,7 +441,9 @@ def run(ctx) -> int:
     stats = RunStats(cfg.stop.window) if ctx.task == 0 else None
     optimizer = ctx.optimizer()
     checkpoint = ctx.run_dir / "checkpoints" / f"ps-{ctx.task}.npz"
-    ps = ParameterServer(ctx.task, optimizer, params.max_staleness, checkpoint, stats)
+    ps = ParameterServer(
+        ctx.task, optimizer, params.max_staleness, checkpoint, stats, cfg.run.deterministic
+    )
     # Every actor may hold a handler thread in a long-polling Pull (synchronous rounds).
     workers = 16 + ctx.cluster.actor
     limit = ctx.message_limit(weight_bytes(ctx))
