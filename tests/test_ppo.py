@@ -731,6 +731,7 @@ MULTI_DEVICE = textwrap.dedent(
 )
 
 
+@pytest.mark.cluster
 def test_multi_device_gradient_equals_single_device():
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}
     result = subprocess.run(
