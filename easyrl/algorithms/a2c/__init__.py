@@ -21,7 +21,8 @@ from typing import ClassVar, Literal
 import numpy as np
 
 from easyrl.algorithms import ppo
-from easyrl.algorithms.contract import Flow, ReplayKind, RoundsAgent, check_model_kind
+from easyrl.algorithms.contract import Flow, ReplayKind, RoundsAgent
+from easyrl.algorithms.registry import check_model_kind
 from easyrl.errors import check_ranges
 
 FLOW: Flow = "sync_rounds"

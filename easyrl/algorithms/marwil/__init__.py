@@ -26,7 +26,8 @@ from typing import Literal
 import gymnasium as gym
 import numpy as np
 
-from easyrl.algorithms.contract import Flow, ReplayKind, ReplayLearner, check_model_kind
+from easyrl.algorithms.contract import Flow, ReplayKind, ReplayLearner
+from easyrl.algorithms.registry import check_model_kind
 from easyrl.errors import ConfigError, check_ranges
 from easyrl.offline.dataset import episode_bounds
 

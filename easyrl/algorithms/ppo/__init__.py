@@ -18,7 +18,8 @@ from typing import Literal
 import gymnasium as gym
 import numpy as np
 
-from easyrl.algorithms.contract import Flow, ReplayKind, RoundsAgent, check_model_kind
+from easyrl.algorithms.contract import Flow, ReplayKind, RoundsAgent
+from easyrl.algorithms.registry import check_model_kind
 from easyrl.errors import ConfigError, check_ranges
 
 FLOW: Flow = "sync_rounds"

@@ -5,7 +5,7 @@ prioritized replay, for bounded Box actions.
 This module holds the hyper-parameters and the runtime's hooks; `agent.SAC` holds the
 TensorFlow side and is imported lazily by `build`. Actions are normalized to [-1, 1]^A inside
 the algorithm and scaled to the Box bounds for the env only (as in TD3; see
-`easyrl.algorithms.td3.scale_actions`).
+`easyrl.algorithms.continuous.scale_actions`).
 
 Losses (alpha = exp(log_alpha), a ~ pi(.|s) reparameterized, discount = gamma^m or 0):
     y           = R + discount * (min_i Q'_i(s', a') - alpha * log pi(a'|s')),  a' ~ pi(.|s')
