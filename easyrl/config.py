@@ -27,7 +27,7 @@ from typing import Any, ClassVar, Literal, Union, get_args, get_origin, get_type
 
 import yaml
 
-from easyrl.algorithms import registry
+from easyrl.algorithms import learning_rate, registry
 from easyrl.errors import ConfigError, closest
 from easyrl.imports import load_object
 
@@ -742,6 +742,7 @@ def _load_algorithm(raw: Any, key: str) -> AlgorithmConfig:
         )
     name = _coerce(str, raw["name"], f"{key}.name")
     params_cls = registry.params_class(name)
+    learning_rate.refuse_old_keys(name, raw, key)
     params = _build(params_cls, {k: v for k, v in raw.items() if k != "name"}, key, ("name",))
     return AlgorithmConfig(name=name, params=params)
 

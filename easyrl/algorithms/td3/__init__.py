@@ -23,6 +23,7 @@ import numpy as np
 from easyrl.algorithms import continuous
 from easyrl.algorithms.continuous import check_spaces
 from easyrl.algorithms.contract import Flow, PrioritizedAgent, ReplayKind
+from easyrl.algorithms.learning_rate import positive_rate
 from easyrl.errors import check_ranges
 
 FLOW: Flow = "async_replay"
@@ -97,8 +98,8 @@ def check_params(name: str, params) -> None:
         "gamma": (0.0 <= p.gamma <= 1.0, "in [0, 1]"),
         "n_step": (p.n_step >= 1, ">= 1"),
         "batch_size": (p.batch_size >= 1, ">= 1"),
-        "actor_lr": (p.actor_lr > 0.0, "> 0"),
-        "critic_lr": (p.critic_lr > 0.0, "> 0"),
+        "actor_lr": (positive_rate(p.actor_lr), "finite and > 0"),
+        "critic_lr": (positive_rate(p.critic_lr), "finite and > 0"),
         "optimizer": (p.optimizer in ("adam", "rmsprop", "sgd"), "adam, rmsprop or sgd"),
         "tau": (0.0 < p.tau <= 1.0, "in (0, 1]"),
         "twin_q": (isinstance(p.twin_q, bool), "a bool"),
