@@ -28,7 +28,7 @@ continues the episodes; `episode_start` (SB3's name) marks the envs whose observ
 a new episode: their state restarts from the initial one. A policy without a state returns
 None as its state.
 
-A run directory is loaded as `easyrl rollout` loads it (`easyrl.tools.rollout.load_policy`:
+A run directory is loaded as `easyrl rollout` loads it (`easyrl.tools.checkpoints.load_policy`:
 `checkpoints/best.npz` when it exists, else the PS checkpoints) and acts with the agent's
 compiled greedy function; an export (`easyrl export`) is loaded with `tf.saved_model.load` and
 acts through its `action` signature, which serves that same function. `easyrl rollout` plays
@@ -50,8 +50,8 @@ from easyrl import config as config_lib
 from easyrl.envs import env_options, env_spaces
 from easyrl.envs.flat import FlatBox, flatten_observation
 from easyrl.errors import EasyRLError
+from easyrl.tools.checkpoints import load_policy, run_config
 from easyrl.tools.export import EXPORT_INFO, SIGNATURE
-from easyrl.tools.rollout import load_policy, run_config
 
 __all__ = ["EpisodePlayer", "Policy", "load", "load_run"]
 

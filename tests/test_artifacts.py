@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from easyrl.tools.rollout import load_policy
+from easyrl.tools.checkpoints import load_policy
 
 ARTIFACTS = Path(__file__).resolve().parents[1] / "benchmarks" / "artifacts"
 

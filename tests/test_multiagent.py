@@ -258,7 +258,7 @@ def test_a_shared_policy_maps_every_agent_through_the_default():
 
 
 def test_rollout_and_export_refuse_a_multiagent_run(tmp_path):
-    from easyrl.tools.rollout import load_policy
+    from easyrl.tools.checkpoints import load_policy
 
     config_lib.save(config_lib.from_dict(raw_config({"name": "impala"})), tmp_path / "config.yaml")
     with pytest.raises(EasyRLError, match="no single greedy policy"):

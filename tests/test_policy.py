@@ -26,8 +26,9 @@ from easyrl.envs import env_options, make_vector_env
 from easyrl.envs.flat import FlatObservation
 from easyrl.errors import EasyRLError
 from easyrl.policy import EpisodePlayer
+from easyrl.tools.checkpoints import load_policy
 from easyrl.tools.export import export
-from easyrl.tools.rollout import load_policy, rollout
+from easyrl.tools.rollout import rollout
 
 ROOT = Path(__file__).resolve().parent.parent
 

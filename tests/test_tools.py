@@ -23,9 +23,10 @@ from easyrl.cluster.spec import assign_shards
 from easyrl.envs import env_options, env_spaces
 from easyrl.errors import EasyRLError
 from easyrl.roles.evaluator import BestCheckpoint
+from easyrl.tools.checkpoints import load_policy
 from easyrl.tools.export import EXPORT_INFO, export
 from easyrl.tools.plot import plot
-from easyrl.tools.rollout import load_policy, rollout
+from easyrl.tools.rollout import rollout
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 

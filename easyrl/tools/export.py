@@ -32,7 +32,7 @@ from pathlib import Path
 import numpy as np
 
 from easyrl.errors import EasyRLError
-from easyrl.tools.rollout import load_policy
+from easyrl.tools.checkpoints import load_policy
 
 __all__ = ["EXPORT_INFO", "SIGNATURE", "describe_space", "export"]
 
