@@ -34,6 +34,7 @@ from easyrl import config as config_lib
 from easyrl.cluster import rundir
 from easyrl.errors import ConfigError, EasyRLError
 from easyrl.imports import add_import_roots
+from easyrl.tfimport import import_tensorflow_quietly
 
 __all__ = ["TrainResult", "load", "train"]
 
@@ -123,10 +124,10 @@ def train(
         add_import_roots(Path.cwd())
         run_dir = Path(resume).resolve()
         cfg = rundir.load_resumed(run_dir, set)
+        state = rundir.resume_state(run_dir)
+        rundir.check_budget_left(cfg, state)  # before check_builds imports TensorFlow
     check_builds(cfg)
     if resume is not None:
-        state = rundir.resume_state(run_dir)
-        rundir.check_budget_left(cfg, state)
         print(
             f"resuming {run_dir}: version {state['version']:.0f}, env steps "
             f"{state['env_steps']:,.0f}, replay {state['replay_items']:,.0f} items, run clock "
@@ -203,6 +204,7 @@ def check_builds(cfg: config_lib.Config) -> None:
         from easyrl.envs.pool import pool_task
 
         pool_task(cfg.env.id, **env_options(cfg.env))
+    import_tensorflow_quietly()  # the first TensorFlow import of a launcher or a notebook
     import tensorflow as tf
 
     try:  # the launcher must not take a GPU's memory from the learners

@@ -1108,7 +1108,7 @@ def test_an_actor_process_gives_tensorflow_the_configured_threads(threads):
     starts (TensorFlow imported first): the intra-op pool only; 0 leaves TensorFlow's
     default (reported as 0: one per core)."""
     code = (
-        "from easyrl.cli import import_tensorflow_quietly\n"
+        "from easyrl.tfimport import import_tensorflow_quietly\n"
         "import_tensorflow_quietly()\n"
         "from easyrl.roles.common import limit_tf_threads\n"
         f"limit_tf_threads({threads})\n"

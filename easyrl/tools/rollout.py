@@ -29,6 +29,7 @@ from easyrl.envs import env_options, env_spaces, evaluation_options, make_vector
 from easyrl.errors import EasyRLError
 from easyrl.imports import add_import_roots
 from easyrl.seeds import derive_seed
+from easyrl.tfimport import import_tensorflow_quietly
 
 __all__ = [
     "CHECKPOINTS",
@@ -208,8 +209,6 @@ def load_policy(run_dir: str | Path, checkpoint: str | None = None) -> LoadedPol
         EasyRLError: no run directory or checkpoint, a checkpoint that does not fit the
             model `config.yaml` describes, or a multi-agent run (no single greedy policy).
     """
-    import tensorflow as tf
-
     cfg = run_config(run_dir)
     if cfg.multiagent.enabled:
         from easyrl.algorithms.multiagent import NO_GREEDY
@@ -217,6 +216,9 @@ def load_policy(run_dir: str | Path, checkpoint: str | None = None) -> LoadedPol
         raise EasyRLError(f"{run_dir}: {NO_GREEDY}")
     chosen, files, values = checkpoint_values(run_dir, checkpoint)
     obs_space, action_space = env_spaces(cfg.env.id, **env_options(cfg.env))
+    import_tensorflow_quietly()  # once the run directory is known good
+    import tensorflow as tf
+
     module = registry.module(cfg.algorithm.name)
     with tf.device("/CPU:0"):
         algo = module.build(cfg.algorithm.params, obs_space, action_space, cfg.model, cfg.run.seed)
@@ -291,9 +293,9 @@ def rollout(
         raise EasyRLError(f"episodes must be a positive int, got {episodes!r}")
     if video_dir is not None:
         _require_moviepy()
+    loaded = load_policy(run_dir, checkpoint)
     from easyrl.algorithms.shared import greedy_policy  # imports TensorFlow
 
-    loaded = load_policy(run_dir, checkpoint)
     cfg = loaded.cfg
     out = None if quiet else sys.stdout
     seed = derive_seed(cfg.run.seed, "rollout") if seed is None else int(seed)
