@@ -6,7 +6,8 @@ so none of them should wait for its import (seconds of CPU).
 Cases: a missing config file, invalid YAML, an unknown key, a wrong type, a value out of
 range, an unknown env id, a missing extra (Box2D, else envpool), a new run in
 a directory that holds a run, `--resume` of a directory that is no run, `--resume` refused
-because its budget is spent, and `rollout` / `export` / `plot` on a directory that is no run.
+because its budget is spent, `rollout` / `export` / `plot` on a directory that is no run, and
+`rollout --video` without moviepy (where it is not installed).
 The run directory is a copy of `benchmarks/artifacts/pong_impala` (a real run's config and
 checkpoints); nothing is written to it.
 
@@ -111,6 +112,9 @@ def cases(work: Path) -> list[Case]:
             (str(not_a_run), "no metrics.jsonl"),
         ),
     ]
+    if importlib.util.find_spec("moviepy") is None:
+        video = ["rollout", str(run), "--video", str(work / "videos")]
+        found.append(Case("rollout --video, no moviepy", video, ("pip install moviepy",)))
     return [case for case in found if case is not None]
 
 
