@@ -11,8 +11,8 @@ because its budget is spent, `rollout` / `export` / `plot` on a directory that i
 The run directory is a copy of `benchmarks/artifacts/pong_impala` (a real run's config and
 checkpoints); nothing is written to it.
 
-The table gives each case's seconds, exit code and the first line of its message; the last
-line is
+The table gives each case's seconds (the median of `--repeat` runs), exit code and the first
+line of its message; the last line is
 
     slowest error: S s
 
@@ -27,6 +27,7 @@ import argparse
 import importlib.util
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -137,14 +138,18 @@ def easyrl_command() -> list[str]:
     return [str(script)] if script.is_file() else [sys.executable, "-m", "easyrl.cli"]
 
 
-def run_case(case: Case, command: list[str]) -> Outcome:
-    """Runs one case from the repository root; its seconds are wall-clock to exit."""
+def run_case(case: Case, command: list[str], repeat: int = 1) -> Outcome:
+    """Runs one case `repeat` times from the repository root; its seconds are the median
+    wall-clock time to exit (the machine is shared: single runs wander)."""
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    started = time.monotonic()
-    done = subprocess.run(
-        [*command, *case.args], cwd=REPO, env=env, capture_output=True, text=True, timeout=300
-    )
-    return Outcome(case, time.monotonic() - started, done.returncode, done.stderr)
+    seconds = []
+    for _ in range(repeat):
+        started = time.monotonic()
+        done = subprocess.run(
+            [*command, *case.args], cwd=REPO, env=env, capture_output=True, text=True, timeout=300
+        )
+        seconds.append(time.monotonic() - started)
+    return Outcome(case, statistics.median(seconds), done.returncode, done.stderr)
 
 
 def failures(outcome: Outcome) -> list[str]:
@@ -157,7 +162,10 @@ def failures(outcome: Outcome) -> list[str]:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
-    parser.add_argument("--smoke", action="store_true", help="two cases only (seconds)")
+    parser.add_argument("--smoke", action="store_true", help="two cases once each (seconds)")
+    parser.add_argument(
+        "--repeat", type=int, default=3, metavar="N", help="runs per case; the median counts"
+    )
     parser.add_argument("--write", action="store_true", help="update benchmarks/RESULTS.md")
     args = parser.parse_args()
     started, load_before = time.monotonic(), load_average()
@@ -166,7 +174,8 @@ def main() -> int:
         selected = cases(Path(tmp))
         if args.smoke:
             selected = [c for c in selected if c.name in ("config file missing", "unknown key")]
-        outcomes = [run_case(case, command) for case in selected]
+        repeat = 1 if args.smoke else max(1, args.repeat)
+        outcomes = [run_case(case, command, repeat) for case in selected]
     rows = [
         (o.case.name, f"{o.seconds:.2f}", o.exit_code, _cell(o.message.replace(tmp, "TMP")))
         for o in outcomes
