@@ -40,6 +40,7 @@ from easyrl.callbacks import Callback, CallbackRunner
 from easyrl.cluster import rundir
 from easyrl.errors import ConfigError, EasyRLError
 from easyrl.imports import add_import_roots
+from easyrl.tfimport import import_tensorflow_quietly
 
 __all__ = ["TrainResult", "load_config", "train"]
 
@@ -137,11 +138,11 @@ def train(
         add_import_roots(Path.cwd())
         run_dir = Path(resume).resolve()
         cfg = rundir.load_resumed(run_dir, set)
+        state = rundir.resume_state(run_dir)
+        rundir.check_budget_left(cfg, state)  # before check_builds imports TensorFlow
     runner = CallbackRunner(callbacks, run_dir, resumed=resume is not None) if callbacks else None
     check_builds(cfg)
     if resume is not None:
-        state = rundir.resume_state(run_dir)
-        rundir.check_budget_left(cfg, state)
         print(rundir.describe_resume(run_dir, cfg, state, set), file=out, flush=True)
         rundir.record_resume(run_dir, set, state["elapsed_s"])
     previous = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
@@ -214,6 +215,7 @@ def check_builds(cfg: config_lib.Config) -> None:
         from easyrl.envs.pool import pool_task
 
         pool_task(cfg.env.id, **env_options(cfg.env))
+    import_tensorflow_quietly()  # the first TensorFlow import of a launcher or a notebook
     import tensorflow as tf
 
     try:  # the launcher must not take a GPU's memory from the learners

@@ -3,82 +3,16 @@
 a run directory: `rollout` (play its policy), `export` (SavedModel), `plot`."""
 
 import argparse
-import contextlib
 import logging
-import os
-import re
 import sys
-import tempfile
 from pathlib import Path
 
 from easyrl import __version__
 from easyrl import config as config_lib
 from easyrl.errors import EasyRLError
+from easyrl.tfimport import import_tensorflow_quietly
 
 ROLES = ("ps", "memory", "learner", "actor", "evaluator")
-
-TF_PROBE_NOISE = re.compile(
-    r"All log messages before absl::InitializeLog|oneDNN custom operations are on"
-    r"|Could not find cuda drivers|failed call to cuInit|Unable to register cu(DNN|FFT|BLAS) "
-    r"factory|computation placer already registered|TF-TRT Warning: Could not find TensorRT"
-    r"|This TensorFlow binary is optimized to use available CPU instructions"
-    r"|rebuild TensorFlow with the appropriate compiler flags"
-)
-"""What TensorFlow prints to stderr while it is imported and looks for a GPU, on a machine
-without one (or without its driver): notices, not errors."""
-
-
-KERAS_AT_IMPORT = "keras.src.optimizers"
-"""What `import tensorflow` imports of Keras at once (to register Keras's optimizers early):
-all of Keras, and matplotlib where it is installed, ~1 CPU-second. easyrl's networks are
-`tf.Module`s, so its processes import TensorFlow without it; Keras is imported on first use
-(`tf.keras`, `import keras`, a Keras `model.kind`), which registers its optimizers then."""
-
-
-@contextlib.contextmanager
-def _keras_deferred():
-    """Within it, importing `KERAS_AT_IMPORT` fails (TensorFlow skips it: it catches the
-    ImportError); afterwards it imports as usual."""
-    deferred = KERAS_AT_IMPORT not in sys.modules
-    if deferred:
-        sys.modules[KERAS_AT_IMPORT] = None  # type: ignore[assignment]
-    try:
-        yield
-    finally:
-        if deferred and KERAS_AT_IMPORT in sys.modules and sys.modules[KERAS_AT_IMPORT] is None:
-            del sys.modules[KERAS_AT_IMPORT]
-
-
-def import_tensorflow_quietly() -> None:
-    """Imports TensorFlow (without Keras, see `KERAS_AT_IMPORT`) and lets it look for GPUs
-    with stderr (fd 2) captured, then replays every captured line but `TF_PROBE_NOISE`: a
-    CPU-only machine's probe notices (its C++ logging ignores TF_CPP_MIN_LOG_LEVEL before
-    absl is initialised, and a failed cuInit is logged as an error) are dropped; anything
-    else, an import error's traceback included, is still printed."""
-    try:
-        capture_file = tempfile.TemporaryFile()
-    except OSError:  # no writable temporary directory: import it as it is, notices and all
-        with _keras_deferred():
-            import tensorflow  # noqa: F401
-
-        return
-    sys.stderr.flush()
-    saved = os.dup(2)
-    with capture_file as capture:
-        os.dup2(capture.fileno(), 2)
-        try:
-            with _keras_deferred():
-                import tensorflow as tf
-
-            tf.config.list_physical_devices("GPU")
-        finally:
-            sys.stderr.flush()
-            os.dup2(saved, 2)
-            os.close(saved)
-            capture.seek(0)
-            lines = capture.read().decode(errors="replace").splitlines(keepends=True)
-            sys.stderr.write("".join(line for line in lines if not TF_PROBE_NOISE.search(line)))
-            sys.stderr.flush()
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -232,6 +166,8 @@ def run_role(args) -> int:
         raise EasyRLError(f"--task {args.task} out of range for {limit} {args.role} process(es)")
     token = resolve_token(cfg.security.token_file, cfg.security.insecure)
     run_dir = Path(cfg.run.dir or Path("runs") / cfg.run.name)
+    if args.role != "memory":  # a memory shard never uses TensorFlow (seconds of CPU less)
+        import_tensorflow_quietly()
     ctx = RoleContext(cfg=cfg, task=args.task, cluster=cluster, token=token, run_dir=run_dir)
     apply_thread_budget(args.role, cfg)
     return import_module(f"easyrl.roles.{args.role}").run(ctx)
@@ -331,12 +267,8 @@ def main(argv=None) -> int:
     from easyrl.cluster.launcher import adopt_start_env
 
     adopt_start_env()  # started by a launcher or a sweep: its cores, dying with it
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    # A memory shard never uses TensorFlow: its process skips the import (seconds of CPU).
-    if args.command in ("train", "rollout", "export") or (
-        args.command == "run" and args.role != "memory"
-    ):
-        import_tensorflow_quietly()
+    # TensorFlow is imported (quietly: easyrl.tfimport) only once the inputs are checked,
+    # by what needs it: `easyrl.train`, the tools, a role process other than a memory shard.
     role = f"{args.role}-{args.task}" if args.command == "run" else "launcher"
     if args.command in TOOLS:
         role = args.command

@@ -289,7 +289,9 @@ class StopConfig(_Section):
     window: int = 100
     """Episodes the mean return is taken over."""
     max_env_steps: int | None = None
-    """Stop after this many env steps over all actors."""
+    """Stop after this many env steps over all actors. The count grows as the actors'
+    reports arrive (each actor reports about every half second), so a run stops up to one
+    report per actor past it."""
     max_seconds: float | None = None
     """Stop after this many seconds of wall-clock time."""
 
@@ -759,10 +761,26 @@ def _build(cls: type, raw: Any, prefix: str, extra_keys: Sequence[str] = ()) -> 
     try:
         return cls(**values)
     except ConfigError as err:  # a rule of the section: name the key where it sits
-        section = getattr(cls, "SECTION", "")
-        if not section or section == prefix or not str(err).startswith(section):
-            raise
-        raise ConfigError(prefix + str(err).removeprefix(section)) from None
+        raise _at_key(err, cls, prefix) from None
+
+
+_OWNED_FIELD = re.compile(r"[^\s:]+: (\w+)\b")
+"""How a Params class's own check names a field: "<owner>: <field> ..." (`check_ranges`)."""
+
+
+def _at_key(err: ConfigError, cls: type, prefix: str) -> ConfigError:
+    """The ConfigError `cls(...)` raised, naming the dotted key under `prefix`: a section's
+    rule names its key under `cls.SECTION` (which differs where a section sits at several
+    places, `model.encoders.<key>`); a Params class's check names "<owner>: <field>"
+    (`ppo: clip must be > 0` becomes `algorithm.clip must be > 0`)."""
+    text, section = str(err), getattr(cls, "SECTION", "")
+    if section and section != prefix and text.startswith(section):
+        return ConfigError(prefix + text.removeprefix(section))
+    owned = _OWNED_FIELD.match(text)
+    fields = {f.name for f in dataclasses.fields(cls)}
+    if not section and owned and owned[1] in fields:
+        return ConfigError(_join(prefix, owned[1]) + text[owned.end() :])
+    return err
 
 
 def _load_algorithm(raw: Any, key: str) -> AlgorithmConfig:

@@ -50,6 +50,7 @@ from easyrl import config as config_lib
 from easyrl.envs import env_options, env_spaces
 from easyrl.envs.flat import FlatBox, flatten_observation
 from easyrl.errors import EasyRLError
+from easyrl.tfimport import import_tensorflow_quietly
 from easyrl.tools.checkpoints import load_policy, run_config
 from easyrl.tools.export import EXPORT_INFO, SIGNATURE
 
@@ -327,6 +328,7 @@ def load_run(run_dir: str | Path, checkpoint: str | None = None) -> Policy:
 
 def _load_export(path: Path) -> Policy:
     """The Policy of an export directory, acting through its `action` signature."""
+    import_tensorflow_quietly()
     import tensorflow as tf
 
     info = json.loads((path / EXPORT_INFO).read_text())

@@ -212,7 +212,7 @@ def test_example_trains_a_custom_env_and_network_by_dotted_paths(tmp_path):
     )
     logs = "\n".join(p.read_text()[-600:] for p in sorted(run_dir.glob("logs/*.log")))
     assert done.returncode == 0, f"{done.stdout}\n{done.stderr[-2000:]}\n{logs}"
-    assert "reached the goal: max_env_steps reached" in done.stdout
+    assert f"reached the goal: max_env_steps {BUDGET:,} reached at " in done.stdout
     assert f"run directory {run_dir.resolve()}" in done.stdout
     saved = yaml.safe_load((run_dir / "config.yaml").read_text())  # my_nets is not on our path
     assert saved["env"]["id"] == "my_envs:Corridor"

@@ -357,14 +357,15 @@ def test_value_checks(override, key):
 
 @pytest.mark.parametrize(
     ("override", "message"),
-    [  # DQN's (Ape-X's) hyper-parameters are checked when the config loads, like every section
-        ("algorithm.gamma=2", "dqn: gamma must be in [0, 1], got 2.0"),
-        ("algorithm.n_step=0", "dqn: n_step must be >= 1, got 0"),
-        ("algorithm.batch_size=0", "dqn: batch_size must be >= 1, got 0"),
-        ("algorithm.lr=-1", "dqn: lr must be finite and > 0, got -1.0"),
-        ("algorithm.lr=.nan", "dqn: lr must be finite and > 0, got nan"),
-        ("algorithm.epsilon=1.5", "dqn: epsilon must be in [0, 1], got 1.5"),
-        ("algorithm.target_update_period=0", "dqn: target_update_period must be >= 1, got 0"),
+    [  # DQN's (Ape-X's) hyper-parameters are checked when the config loads, like every section,
+        # and reported under their dotted key
+        ("algorithm.gamma=2", "algorithm.gamma must be in [0, 1], got 2.0"),
+        ("algorithm.n_step=0", "algorithm.n_step must be >= 1, got 0"),
+        ("algorithm.batch_size=0", "algorithm.batch_size must be >= 1, got 0"),
+        ("algorithm.lr=-1", "algorithm.lr must be finite and > 0, got -1.0"),
+        ("algorithm.lr=.nan", "algorithm.lr must be finite and > 0, got nan"),
+        ("algorithm.epsilon=1.5", "algorithm.epsilon must be in [0, 1], got 1.5"),
+        ("algorithm.target_update_period=0", "algorithm.target_update_period must be >= 1, got 0"),
     ],
 )
 def test_dqn_params_are_checked_at_load(override, message):

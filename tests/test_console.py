@@ -1,15 +1,29 @@
-"""What a user sees on the console: `easyrl --version`, and TensorFlow's GPU-probe notices
-on a CPU-only machine dropped while anything else it prints still shows."""
+"""What a user sees on the console: `easyrl --version`, TensorFlow's GPU-probe notices on a
+CPU-only machine dropped (from the CLI and from `easyrl.train` alike) while anything else it
+prints still shows, and `easyrl export` printing its own line only."""
 
 import os
 import subprocess
 import sys
 import textwrap
 import time
+from pathlib import Path
 
 import pytest
 
 import easyrl
+from easyrl.tfimport import TF_PROBE_NOISE
+
+ROOT = Path(__file__).resolve().parents[1]
+
+PROBE_LINES = ("E0000", "cuInit", "cpu_feature_guard", "Could not find cuda drivers")
+"""What TensorFlow's GPU probe prints on a machine without a GPU (its driver), in part."""
+
+
+def _user_env() -> dict:
+    """This environment without TF_CPP_MIN_LOG_LEVEL: what a user's shell or notebook has."""
+    return {k: v for k, v in os.environ.items() if k != "TF_CPP_MIN_LOG_LEVEL"}
+
 
 pytestmark = pytest.mark.cluster
 
@@ -34,7 +48,7 @@ def _import_quietly(tmp_path, extra: str = "") -> subprocess.CompletedProcess:
     package = tmp_path / "tensorflow"
     package.mkdir()
     (package / "__init__.py").write_text(FAKE_TENSORFLOW.format(extra=textwrap.dedent(extra)))
-    code = "from easyrl.cli import import_tensorflow_quietly; import_tensorflow_quietly()"
+    code = "from easyrl.tfimport import import_tensorflow_quietly; import_tensorflow_quietly()"
     return subprocess.run(
         [sys.executable, "-c", code],
         capture_output=True,
@@ -73,7 +87,7 @@ def test_tensorflow_is_imported_without_keras_which_still_imports_on_first_use(t
     code = textwrap.dedent(
         """
         import sys
-        from easyrl.cli import import_tensorflow_quietly
+        from easyrl.tfimport import import_tensorflow_quietly
         import_tensorflow_quietly()
         import tensorflow as tf
         print(sorted(m for m in ("keras", "matplotlib") if m in sys.modules))
@@ -149,3 +163,51 @@ print(child.pid, flush=True)
         time.sleep(0.1)
     os.kill(pid, 9)
     raise AssertionError("the child outlived the process that started it")
+
+
+def test_easyrl_train_from_python_prints_no_gpu_probe_notice(tmp_path):
+    """`easyrl.train` in a fresh Python imports TensorFlow as the CLI does: on this machine
+    (no GPU) its stderr holds none of the probe's lines."""
+    code = textwrap.dedent(
+        f"""
+        import easyrl
+        result = easyrl.train(
+            {str(ROOT / "configs" / "cartpole_ppo.yaml")!r},
+            stop={{"max_seconds": 4}},
+            cluster={{"actor": 1}},
+            run={{"dir": {str(tmp_path / "run")!r}}},
+        )
+        print("stopped:", result.reason)
+        """
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=_user_env()
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "stopped: max_seconds reached" in done.stdout, done.stdout
+    noise = [
+        line
+        for line in done.stderr.splitlines()
+        if any(p in line for p in PROBE_LINES) or TF_PROBE_NOISE.search(line)
+    ]
+    assert noise == [], done.stderr[-3000:]
+
+
+def test_export_prints_its_own_line_only(tmp_path):
+    """`easyrl export` prints where it saved the policy and nothing else: none of
+    TensorFlow's notices (GPU probe, "input name(s) renamed", "Assets written")."""
+    from test_tools import DQN, always, make_run, write_latest
+
+    run_dir, cfg, algo = make_run(tmp_path, "cartpole-dqn", DQN)
+    write_latest(run_dir, cfg, always(algo, 1))
+    out = tmp_path / "exported"
+    done = subprocess.run(
+        [sys.executable, "-m", "easyrl.cli", "export", str(run_dir), "--out", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=_user_env(),
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == f"saved the policy to {out} (signature 'action': obs -> action)\n"
+    assert done.stderr == ""

@@ -142,3 +142,13 @@ def test_recording_run_stops_and_succeeds_once_all_steps_are_written():
 def test_success_is_judged_from_the_typed_stop_condition(stop, output, succeeds):
     for kind in [*StopKind, None]:
         assert reached_goal(stop, kind, output) == (kind in succeeds), kind
+
+
+def test_a_max_env_steps_stop_says_where_it_stopped_and_why_past_the_limit():
+    """The PS counts env steps as the actors' reports arrive, so a run stops past
+    `stop.max_env_steps`; the reason gives both counts and says why."""
+    reason = stop_reason(StopConfig(max_env_steps=10240), {"env_steps": 11264.0}, 5.0)
+    assert reason == Stop(
+        StopKind.MAX_ENV_STEPS,
+        "max_env_steps 10,240 reached at 11,264 (counters arrive in actor reports)",
+    )

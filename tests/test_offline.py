@@ -309,7 +309,7 @@ def test_config_errors_name_the_problem(recorded, tmp_path):
         _offline_cfg(directory, "cluster.actor=2")
     with pytest.raises(ConfigError, match="stop.max_env_steps: an offline run"):
         _offline_cfg(directory, "stop.max_env_steps=100")
-    with pytest.raises(ConfigError, match="bc: beta is fixed at 0"):
+    with pytest.raises(ConfigError, match="algorithm.beta is fixed at 0"):
         _offline_cfg(directory, "algorithm.beta=1")
     with pytest.raises(ConfigError, match="output: max_steps and min_return_mean need dir"):
         config_lib.from_dict({"algorithm": {"name": "ppo"}, "output": {"max_steps": 10}})

@@ -141,7 +141,7 @@ def test_a_role_process_runs_tensorflow_on_its_budget(role, placed, pools):
     before any op): after an op, TensorFlow reports the budget's pools."""
     code = (
         "import logging; logging.basicConfig(level=logging.INFO)\n"
-        "from easyrl.cli import import_tensorflow_quietly\n"
+        "from easyrl.tfimport import import_tensorflow_quietly\n"
         "import_tensorflow_quietly()\n"
         "from easyrl import config\n"
         "from easyrl.roles.common import apply_thread_budget\n"

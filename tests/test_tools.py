@@ -274,6 +274,14 @@ def test_plot_writes_a_png_of_several_runs(tmp_path, capsys):
     assert data.startswith(PNG_MAGIC) and len(data) > 1000
 
 
+def test_plot_labels_its_axes_by_what_they_show(tmp_path):
+    """The right panel's x axis is the run clock (metrics.jsonl's time_s), not wall time."""
+    write_metrics(tmp_path / "a", evaluations=True)
+    svg = plot([tmp_path / "a"], tmp_path / "curve.svg").read_text()
+    assert "<!-- run clock (s) -->" in svg and "<!-- env steps -->" in svg
+    assert "wall time" not in svg
+
+
 def test_plot_errors_name_the_run_and_the_missing_package(tmp_path, monkeypatch, capsys):
     (tmp_path / "empty").mkdir()
     out = str(tmp_path / "curve.png")

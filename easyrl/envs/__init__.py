@@ -317,11 +317,17 @@ def env_spaces(
         the envs built here observe.
 
     Raises:
-        ConfigError: `env_id` is unknown or `max_episode_steps`/`kwargs` are invalid.
+        ConfigError: `env_id` is unknown, needs a package that is not installed, or
+            `max_episode_steps`/`kwargs` are invalid.
     """
     env_kwargs = _check_make_args(max_episode_steps, kwargs)
     spec = _resolve_spec(env_id)
-    env = _make_one(spec, max_episode_steps, env_kwargs, atari)
+    try:
+        env = _make_one(spec, max_episode_steps, env_kwargs, atari)
+    except gymnasium.error.DependencyNotInstalled as err:  # an extra of gymnasium's
+        raise ConfigError(
+            f"env.id: {env_id!r} needs a package that is not installed: {err}"
+        ) from err
     try:
         return env.observation_space, env.action_space
     finally:

@@ -225,7 +225,12 @@ def stop_reason(stop, snapshot: dict[str, float], elapsed_s: float, output=None)
             f"target reached: mean return {snapshot['return_mean']:.1f} >= {target:g}",
         )
     if stop.max_env_steps is not None and snapshot.get("env_steps", 0) >= stop.max_env_steps:
-        text = f"max_env_steps reached: {int(snapshot['env_steps'])} env steps"
+        # The PS counts env steps as the actors' reports arrive, so a run ends up to one
+        # report per actor past the limit.
+        text = (
+            f"max_env_steps {stop.max_env_steps:,} reached at {int(snapshot['env_steps']):,} "
+            "(counters arrive in actor reports)"
+        )
         return Stop(StopKind.MAX_ENV_STEPS, text)
     if stop.max_seconds is not None and elapsed_s >= stop.max_seconds:
         return Stop(StopKind.MAX_SECONDS, f"max_seconds reached: {elapsed_s:.0f} s")

@@ -23,6 +23,7 @@ from easyrl.algorithms import registry
 from easyrl.envs import env_options, env_spaces
 from easyrl.errors import EasyRLError
 from easyrl.imports import add_import_roots
+from easyrl.tfimport import import_tensorflow_quietly
 
 __all__ = ["CHECKPOINTS", "LoadedPolicy", "checkpoint_values", "load_policy", "run_config"]
 
@@ -175,8 +176,6 @@ def load_policy(run_dir: str | Path, checkpoint: str | None = None) -> LoadedPol
         EasyRLError: no run directory or checkpoint, a checkpoint that does not fit the
             model `config.yaml` describes, or a multi-agent run (no single greedy policy).
     """
-    import tensorflow as tf
-
     cfg = run_config(run_dir)
     if cfg.multiagent.enabled:
         from easyrl.algorithms.multiagent import NO_GREEDY
@@ -184,6 +183,9 @@ def load_policy(run_dir: str | Path, checkpoint: str | None = None) -> LoadedPol
         raise EasyRLError(f"{run_dir}: {NO_GREEDY}")
     chosen, files, values = checkpoint_values(run_dir, checkpoint)
     obs_space, action_space = env_spaces(cfg.env.id, **env_options(cfg.env))
+    import_tensorflow_quietly()  # once the run directory is known good
+    import tensorflow as tf
+
     module = registry.module(cfg.algorithm.name)
     with tf.device("/CPU:0"):
         algo = module.build(cfg.algorithm.params, obs_space, action_space, cfg.model, cfg.run.seed)

@@ -25,7 +25,9 @@ state otherwise.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import logging
 import shutil
 from pathlib import Path
 
@@ -121,6 +123,25 @@ def _recurrent_module(greedy_fn, variables: list, spec, state_size: int):
     return RecurrentPolicy()
 
 
+SAVE_LOGGERS = ("tensorflow", "absl")
+"""The loggers TensorFlow reports saving through at INFO ("input name(s) ... will be renamed",
+"Assets written to"): notices about its own internals, kept below WARNING while exporting."""
+
+
+@contextlib.contextmanager
+def _quiet_save():
+    """Within it, `SAVE_LOGGERS` pass only warnings and errors; their levels are restored."""
+    loggers = [logging.getLogger(name) for name in SAVE_LOGGERS]
+    levels = [logger.level for logger in loggers]
+    for logger in loggers:
+        logger.setLevel(max(logger.level, logging.WARNING))
+    try:
+        yield
+    finally:
+        for logger, level in zip(loggers, levels):
+            logger.setLevel(level)
+
+
 def _check_out(out: Path) -> None:
     """Refuses to write into an existing file or a non-empty directory other than an
     earlier export (which is replaced)."""
@@ -148,11 +169,11 @@ def export(run_dir: str | Path, out: str | Path, checkpoint: str | None = None) 
         EasyRLError: no run directory or checkpoint, a checkpoint that does not fit the
             config, or an unusable `out`.
     """
-    import tensorflow as tf
-
     out = Path(out)
     _check_out(out)
-    loaded = load_policy(run_dir, checkpoint)
+    loaded = load_policy(run_dir, checkpoint)  # imports TensorFlow once the run is known good
+    import tensorflow as tf
+
     algo, cfg = loaded.algo, loaded.cfg
     greedy_fn = algo.greedy_fn  # every agent has one (easyrl.algorithms.contract.Agent)
     # Every variable the greedy function reads must be tracked by the module: the PS ones,
@@ -167,7 +188,8 @@ def export(run_dir: str | Path, out: str | Path, checkpoint: str | None = None) 
         initial_state = getattr(module, "get_initial_state", None)  # a recurrent policy's
         if initial_state is not None:
             signatures["get_initial_state"] = initial_state
-        tf.saved_model.save(module, str(out), signatures=signatures)
+        with _quiet_save():
+            tf.saved_model.save(module, str(out), signatures=signatures)
     spec = greedy_fn.input_signature[0]
     info = {
         "algorithm": cfg.algorithm.name,

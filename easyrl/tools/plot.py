@@ -1,11 +1,11 @@
 """`easyrl plot`: learning curves of one or more runs from their `metrics.jsonl`.
 
 Two panels: the mean return of the last episodes (`return_mean`) against env steps and
-against wall-clock time (`time_s`), one line per run labelled with its directory's name;
-evaluations (`eval_return_mean`, written when the run had an evaluator) are markers at the
-env steps / time they were reported. Drawn with matplotlib's Agg canvas on a `Figure` of its
-own (no pyplot, no display, no global backend switch), so it works on headless machines and
-from inside a notebook alike.
+against the run clock (`time_s`: seconds of training, counted across resumes), one line per
+run labelled with its directory's name; evaluations (`eval_return_mean`, written when the
+run had an evaluator) are markers at the env steps / run clock they were reported. Drawn
+with matplotlib's Agg canvas on a `Figure` of its own (no pyplot, no display, no global
+backend switch), so it works on headless machines and from inside a notebook alike.
 """
 
 from __future__ import annotations
@@ -130,7 +130,7 @@ def plot(run_dirs: list[str | Path], out: str | Path, title: str | None = None) 
             by_steps.plot(curves.eval_env_steps, curves.eval_returns, label=label, **style)
             by_time.plot(curves.eval_time_s, curves.eval_returns, label=label, **style)
     by_steps.set(xlabel="env steps", ylabel="mean episode return")
-    by_time.set_xlabel("wall time (s)")
+    by_time.set_xlabel("run clock (s)")
     for axes in (by_steps, by_time):
         axes.grid(True, alpha=0.3)
     by_steps.legend(fontsize="small")
