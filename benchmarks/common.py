@@ -354,9 +354,10 @@ def _stat(pid: int | str) -> list[str] | None:
     return text[text.rindex(")") + 2 :].split()
 
 
-def cpu_seconds(pid: int) -> float | None:
-    """User + system CPU time of process `pid` so far (None when it is gone)."""
-    fields = _stat(pid)
+def cpu_seconds(pid: int | None) -> float | None:
+    """User + system CPU time of process `pid` so far (None when it is gone or, pid None,
+    was never started)."""
+    fields = None if pid is None else _stat(pid)
     if fields is None:
         return None
     return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS  # utime, stime (fields 14, 15)
@@ -466,8 +467,11 @@ def write_config(raw: dict, directory: Path, name: str = "config.yaml") -> Path:
     return path
 
 
-def client(role: str, address: str, token: str, timeout_s: float = 30.0) -> rpc.Client:
-    """A client of one server, configured like the roles' (token, deadline, retries)."""
+def client(role: str, address: str | None, token: str, timeout_s: float = 30.0) -> rpc.Client:
+    """A client of one server (a launcher `Child`'s address), configured like the roles'
+    (token, deadline, retries)."""
+    if address is None:
+        raise ValueError(f"a {role} client needs a server address, got None (a worker?)")
     return rpc.Client(rpc.stub_class(role), address, token, timeout_s=timeout_s)
 
 
