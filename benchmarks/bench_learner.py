@@ -135,8 +135,9 @@ def fill(memory, batch: dict, capacity: int) -> None:
 
 
 def compute_rate(algo, batch: dict, weights, duration_s: float) -> common.Rate:
-    """The agent's `learn` on one held batch, called for `duration_s`: a Rate of calls
-    (updates) with this process's CPU."""
+    """The agent's `learn` on one held batch, called for `duration_s` after a first call
+    (tracing) and a warm-up: a Rate of calls (updates) with this process's CPU."""
+    algo.learn(batch, weights)
     return common.measure(
         lambda: (algo.learn(batch, weights), None)[1],
         duration_s,

@@ -45,8 +45,8 @@ from easyrl.offline.dataset import episode_bounds, read_steps  # noqa: E402
 
 OFFLINE_CONFIGS = ("cartpole_bc.yaml", "cartpole_marwil.yaml", "cartpole_bcq.yaml")
 """The offline configs run on the dataset, in order (those that exist)."""
-SMOKE_RECORD = ("output.min_return_mean=null", "output.max_steps=2000", "env.num_envs=2")
-"""`--smoke`: record from the first step, 2,000 steps."""
+SMOKE_RECORD = ("output.min_return_mean=null", "output.max_steps=1000", "env.num_envs=2")
+"""`--smoke`: record from the first step, 1,000 steps."""
 SMOKE_TRAIN = ("stop.eval_return_mean=9", "eval.interval_s=2", "stop.max_seconds=60")
 """`--smoke`: BC alone, to a target any policy reaches (CartPole episodes last >= 8 steps)."""
 SMOKE_LINE = r"^Dataset: [\d,]+ steps in [\d,]+ whole episodes"

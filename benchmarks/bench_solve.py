@@ -33,9 +33,16 @@ from common import (  # noqa: E402
     write_section,
 )
 
-SMOKE_OVERRIDES = ("stop.max_env_steps=2000", "env.num_envs=2", "cluster.actor=1")
-"""`--smoke`: one small run that stops after 2,000 env steps (exit 0: a stop condition met)."""
-SMOKE_LINE = r"^Solved \d+/1; median wall time: "
+SMOKE_OVERRIDES = (
+    "stop.episode_return_mean=15",
+    "stop.window=10",
+    "stop.max_env_steps=20000",
+    "env.num_envs=2",
+    "cluster.actor=1",
+)
+"""`--smoke`: one small run to a target any policy reaches (CartPole episodes last >= 8 steps:
+it exits 0 once 10 episodes are done), 20,000 env steps at most."""
+SMOKE_LINE = r"^Solved 1/1; median wall time: [\d.]+ s"
 """The line a `--smoke` run must print (tests/test_benchmarks.py)."""
 
 
