@@ -6,7 +6,9 @@ configs/pong_impala_2core.yaml; any config whose algorithm uses the async_replay
 
 - compute: the agent's `learn` (the compiled gradient step the learner runs) called in a
   loop in this process on one batch held in memory (sampled once from the shard below, so
-  it has exactly the learner's shapes and dtypes), no transport. Measured before and after
+  it has exactly the learner's shapes and dtypes), no transport. This process re-executes
+  itself with the launcher's glibc settings (`MALLOC_ENV`), which every role process gets:
+  the same allocator on both sides. Measured before and after
   the learner's window; their mean is the reference.
 - learner: the real learner role (`easyrl run --role learner`, started by the local
   launcher: its prefetch threads, batch queue, gradient step, push threads and reports)
@@ -187,6 +189,7 @@ def run(args) -> dict:
     """Starts the servers, measures compute alone, the learner role, compute alone again."""
     import tensorflow as tf
 
+    from easyrl.algorithms import registry
     from easyrl.replay.frames import layout_for
     from easyrl.roles.common import RoleContext
     from easyrl.roles.learner import pick_device
@@ -201,8 +204,6 @@ def run(args) -> dict:
         if algo.flow != "async_replay":
             raise SystemExit(f"{cfg.algorithm.name} learns in flow {algo.flow}, not async_replay")
         obs_space, action_space = ctx.spaces()
-        from easyrl.algorithms import registry
-
         table_spec = registry.replay_spec(cfg, obs_space, action_space)
         layout = layout_for(cfg, table_spec)
         rng = np.random.default_rng(0)
@@ -237,6 +238,7 @@ def lines(result: dict) -> list[str]:
     learner = window["updates"]
     cpu_per_update = 1e3 * (before.cpu_seconds + after.cpu_seconds) / (before.calls + after.calls)
     learner_cores = window["cores"].get("learner", 0.0)
+    learner_ms = 1e3 * learner_cores / max(learner, 1e-9)
     roles = ", ".join(f"{r} {v:.2f}" for r, v in sorted(window["cores"].items()))
     procs = ", ".join(f"{p} {v:.2f}" for p, v in sorted(window["per_process"].items()))
     return [
@@ -246,7 +248,9 @@ def lines(result: dict) -> list[str]:
         f"{cpu_per_update:.1f} ms CPU per update)",
         f"learner (role process, memory + PS shards, no actors): {learner:,.1f} updates/s, "
         f"{learner * steps:,.0f} agent steps/s over {window['seconds']:.1f} s "
-        f"({1e3 * learner_cores / max(learner, 1e-9):.1f} ms learner CPU per update)",
+        f"({learner_ms:.1f} ms learner CPU per update)",
+        f"CPU per update, compute / learner: {cpu_per_update / learner_ms:.2f} (R if both "
+        "were CPU-bound on the same cores; less moved by other processes' load than R)",
         f"cores per role: {roles}",
         f"cores per process: {procs}",
         f"learner/compute: {learner / compute:.2f}",
@@ -260,6 +264,7 @@ def main() -> int:
     parser.add_argument("--duration", type=float, default=20.0, help="seconds of each rate")
     parser.add_argument("--warmup", type=float, default=5.0, help="seconds after the 1st update")
     args = common.parse_args(parser, tuned_malloc=False)
+    common.reexec_with_malloc_env()  # compute alone runs with the learner process's allocator
     if args.smoke:
         args.duration, args.warmup = 1.0, 0.0
     args.config_path = Path(args.config).resolve()

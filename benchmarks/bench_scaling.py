@@ -50,6 +50,7 @@ WORKERS = ("actor", "memory", "learner", "ps", "evaluator")
 POLL_S = 0.5
 PROJECTION_CORES = (2, 4, 8, 16, 32)
 AXES = ("actor", "memory", "learner", "ps")
+DEFAULT_CONFIG = "configs/cartpole_apex.yaml"
 
 
 class Snapshot(NamedTuple):
@@ -278,7 +279,7 @@ def parse_counts(parser: argparse.ArgumentParser, text: str | None, default: int
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
-    parser.add_argument("--config", default="configs/cartpole_apex.yaml")
+    parser.add_argument("--config", default=DEFAULT_CONFIG)
     parser.add_argument("--actors", default="1,2,4", help="actor counts (comma list)")
     for axis, what in (("memory", "memory shard"), ("learners", "learner"), ("ps", "PS shard")):
         parser.add_argument(f"--{axis}", help=f"{what} counts (default: the config's)")
@@ -288,7 +289,7 @@ def main() -> int:
     args = common.parse_args(parser, tuned_malloc=False)
     if args.smoke:
         args.config, args.actors, args.duration, args.warmup = (
-            "configs/cartpole_apex.yaml",
+            DEFAULT_CONFIG,
             "1",
             2.0,
             0.5,
@@ -323,9 +324,12 @@ def main() -> int:
     print()
     print(text)
     print("\n".join(summary_lines(results)))
-    if args.write:
-        section = common.section_text("Scaling: whole clusters", started, load_before, text)
-        common.write_section("bench_scaling", section)
+    if args.write:  # the default config's section, or one per other config
+        stem = Path(args.config).stem
+        own = "" if stem == Path(DEFAULT_CONFIG).stem else f"-{stem}"
+        title = "Scaling: whole clusters" + (f", {Path(args.config).name}" if own else "")
+        section = common.section_text(title, started, load_before, text)
+        common.write_section("bench_scaling" + own, section)
     return 0
 
 
