@@ -59,6 +59,9 @@ from easyrl.algorithms.nstep import PRIORITY  # noqa: E402
 from easyrl.transport import codec  # noqa: E402
 from easyrl.transport import easyrl_pb2 as pb  # noqa: E402
 
+SMOKE_LINE = r"^min actor/plain: \d"
+"""The line a `--smoke` run must print (tests/test_benchmarks.py)."""
+
 CONFIG = common.REPO / "configs" / "cartpole_apex.yaml"
 VECTORS = ("sync", "async", "envpool")
 QUEUE_CAPACITY = 10_000
@@ -257,7 +260,7 @@ def run_actor(cluster, local, cfg_path: Path, num_envs: int, vector: str, algo, 
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("--num-envs", default="1,8,32", help="comma list of vector sizes")
     parser.add_argument(
         "--config", type=Path, default=CONFIG, help="an async-replay config (DQN, IMPALA)"
@@ -282,6 +285,8 @@ def main() -> None:
         help="run the actor as an `easyrl run --role actor` process (default: in-process)",
     )
     args = common.parse_args(parser, tuned_malloc=False)
+    if args.smoke:  # seconds, tiny sizes, same processes (tests/test_benchmarks.py)
+        args.num_envs, args.duration = "2", 0.3
     sizes = [int(x) for x in args.num_envs.split(",")]
     vectors = args.vector.split(",") if args.vector else [None]
     for v in vectors:

@@ -21,8 +21,10 @@ not measured: the shared machine's load does not change the regret.
 import argparse
 import dataclasses
 import sys
+import tempfile
 import time
 from pathlib import Path
+from typing import cast
 
 import numpy as np
 
@@ -38,17 +40,21 @@ from common import (  # noqa: E402
 )
 
 PNG = Path(__file__).resolve().parent / "bandit_regret.png"
+SMOKE_LINE = r"^LinUCB's regret over the second half of the run is \d"
+"""The line a `--smoke` run must print (tests/test_benchmarks.py)."""
 
 
 def random_regret(env_id: str, kwargs: dict, steps: int, num_envs: int, seed: int) -> np.ndarray:
     """Per-step regret `[steps]` of a uniformly random arm on the same env and seed."""
+    from gymnasium.spaces import Discrete
+
     from easyrl.envs import make_vector_env
     from easyrl.envs.bandit import vector_regrets
 
     env = make_vector_env(env_id, num_envs, seed=seed, kwargs=kwargs)
     env.reset(seed=seed)
     rng = np.random.default_rng(seed)
-    arms = env.single_action_space.n
+    arms = int(cast(Discrete, env.single_action_space).n)
     out = [
         vector_regrets(env.step(rng.integers(arms, size=num_envs))[4], num_envs)
         for _ in range(-(-steps // num_envs))
@@ -88,12 +94,14 @@ def plot(curves: dict[str, np.ndarray], path: Path) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--config", default=str(REPO / "configs" / "bandit_linucb.yaml"))
     parser.add_argument("--steps", type=int, default=16384, help="env steps (a power of 2)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--set", dest="overrides", action="append", default=[])
     args = parse_args(parser, tuned_malloc=False)
+    if args.smoke:  # seconds, tiny sizes, same processes (tests/test_benchmarks.py)
+        args.steps = 256
     started, load_before = time.monotonic(), load_average()
 
     from easyrl import config as config_lib
@@ -101,18 +109,20 @@ def main() -> None:
 
     cfg = config_lib.load(args.config, args.overrides)
     params, env = cfg.algorithm.params, cfg.env
-    common = dict(num_envs=env.num_envs, seed=args.seed, env_kwargs=env.kwargs)
+
+    def linucb_regret(alpha: float | None = None) -> np.ndarray:
+        changed = params if alpha is None else dataclasses.replace(params, alpha=alpha)
+        run = regret_run(changed, env.id, args.steps, env.num_envs, args.seed, env.kwargs)
+        return run[0]
+
     curves = {
-        "LinUCB (config)": regret_run(params, env.id, args.steps, **common)[0],
-        "LinUCB alpha=1": regret_run(
-            dataclasses.replace(params, alpha=1.0), env.id, args.steps, **common
-        )[0],
-        "LinUCB alpha=0 (greedy)": regret_run(
-            dataclasses.replace(params, alpha=0.0), env.id, args.steps, **common
-        )[0],
+        "LinUCB (config)": linucb_regret(),
+        "LinUCB alpha=1": linucb_regret(1.0),
+        "LinUCB alpha=0 (greedy)": linucb_regret(0.0),
         "random arm": random_regret(env.id, env.kwargs, args.steps, env.num_envs, args.seed),
     }
-    plot(curves, PNG)
+    with tempfile.TemporaryDirectory() as tmp:  # a smoke run leaves the committed plot alone
+        plot(curves, Path(tmp) / PNG.name if args.smoke else PNG)
 
     horizons = [args.steps >> k for k in range(6, -1, -1) if args.steps >> k >= 64]
     rows = []

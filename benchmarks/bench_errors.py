@@ -50,6 +50,8 @@ CONFIG = "configs/cartpole_ppo.yaml"
 RUN = REPO / "benchmarks" / "artifacts" / "pong_impala"
 """A real run directory (config.yaml, checkpoints/ps-0.npz), copied before use."""
 GOAL_S = 2.0
+SMOKE_LINE = r"^slowest error: [\d.]+ s$"
+"""The line a `--smoke` run must print (tests/test_benchmarks.py)."""
 
 
 class Case(NamedTuple):

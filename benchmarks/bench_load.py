@@ -51,6 +51,9 @@ from easyrl.replay import item_bytes
 from easyrl.transport import codec
 from easyrl.transport import easyrl_pb2 as pb
 
+SMOKE_LINE = r"^\| acknowledged vs server \| equal: no acknowledged insert lost"
+"""The line a `--smoke` run must print (tests/test_benchmarks.py)."""
+
 SAMPLE_BATCH = 512
 RSS_POLL_S = 0.25
 
@@ -72,8 +75,9 @@ def insert_requests(items: str, batch: int, seed: int, count: int = 4) -> list:
 
 def count_failure(failures: Counter, examples: dict, err: TransportError) -> None:
     """Counts a failed call by status code, keeping the first message of each code."""
-    failures[err.code.name] += 1
-    examples.setdefault(err.code.name, str(err))
+    code = err.code.name if err.code is not None else "no status code"
+    failures[code] += 1
+    examples.setdefault(code, str(err))
 
 
 def _inserter_main(index, address, token, args, ready, go, results) -> None:
@@ -230,6 +234,8 @@ def run_load(args) -> dict:
                 raise RuntimeError(f"the memory shard died during the run:\n{tail(server)}")
         window = time.monotonic() - start
         cpu_after = common.cpu_seconds(pid)
+        if cpu_before is None or cpu_after is None:
+            raise RuntimeError(f"the memory shard exited during the run:\n{tail(server)}")
         clients_cpu = sum(common.cpu_seconds(p.pid) or 0.0 for p in procs) - clients_cpu_before
         outs = []
         for _ in procs:
@@ -363,7 +369,7 @@ def report(r: dict, args) -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("--items", choices=sorted(ITEM_SPECS), default="cartpole")
     parser.add_argument("--clients", type=int, default=32, help="inserting processes")
     parser.add_argument("--samplers", type=int, default=1, help="Sample+Update processes")
@@ -375,6 +381,9 @@ def main() -> None:
     parser.add_argument("--error-buffer", type=float, default=None)
     parser.add_argument("--rpc-timeout", type=float, default=10.0, help="per-call deadline, s")
     args = common.parse_args(parser, tuned_malloc=False)
+    if args.smoke:  # seconds, tiny sizes, same processes (tests/test_benchmarks.py)
+        args.clients, args.samplers, args.duration, args.batch = 2, 1, 1.0, 16
+        args.capacity, args.min_size = 2000, 100
     if args.clients < 1 or args.samplers < 0 or args.batch < 1 or args.duration <= 0:
         parser.error("--clients and --batch must be >= 1, --samplers >= 0, --duration > 0")
     if (args.samples_per_insert is None) != (args.error_buffer is None):

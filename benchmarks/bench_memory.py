@@ -64,6 +64,9 @@ from easyrl.replay import item_bytes
 from easyrl.replay.frames import layout_for
 from easyrl.transport.clients import MemoryClient
 
+SMOKE_LINE = r"^\| cartpole \| Sample\(64\) \+ UpdatePriorities, 1 thread\(s\) \| \d"
+"""The line a `--smoke` run must print (tests/test_benchmarks.py)."""
+
 REVERB_INSERTS_PER_S = 6_700.0  # single-transition inserts/s, writer flushing every 64
 REVERB_ROUNDS_PER_S = {"cartpole": 86.0, "atari": 46.0}  # sample(512) + priority update
 """Reverb 0.14's figures recorded in ../shared/NOTES.md, used without `--reverb-python`."""
@@ -423,7 +426,7 @@ def report(results: list[dict], args, reverb: dict | None = None) -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("--kind", choices=["prioritized", "uniform"], default="prioritized")
     parser.add_argument("--items", default="cartpole,atari", help="comma list: cartpole,atari")
     parser.add_argument("--duration", type=float, default=1.5, help="seconds per measurement")
@@ -457,6 +460,9 @@ def main() -> None:
         help="Python of the venv with dm-reverb 0.14: measure Reverb side by side (docstring)",
     )
     args = common.parse_args(parser)
+    if args.smoke:  # seconds, tiny sizes, same processes (tests/test_benchmarks.py)
+        args.items, args.duration, args.insert_batches = "cartpole", 0.2, "1,64"
+        args.sample_batch, args.sample_threads, args.capacity, args.min_size = 64, "1", 5000, 100
     args.insert_batches = [int(x) for x in args.insert_batches.split(",")]
     args.sample_threads = [int(x) for x in args.sample_threads.split(",")]
     items = [x for x in args.items.split(",") if x]

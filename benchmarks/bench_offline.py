@@ -27,7 +27,6 @@ import time
 from pathlib import Path
 
 import numpy as np
-import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -41,10 +40,17 @@ from common import (  # noqa: E402
     write_section,
 )
 
+from easyrl import config as config_lib  # noqa: E402
 from easyrl.offline.dataset import episode_bounds, read_steps  # noqa: E402
 
 OFFLINE_CONFIGS = ("cartpole_bc.yaml", "cartpole_marwil.yaml", "cartpole_bcq.yaml")
 """The offline configs run on the dataset, in order (those that exist)."""
+SMOKE_RECORD = ("output.min_return_mean=null", "output.max_steps=1000", "env.num_envs=2")
+"""`--smoke`: record from the first step, 1,000 steps."""
+SMOKE_TRAIN = ("stop.eval_return_mean=9", "eval.interval_s=2", "stop.max_seconds=60")
+"""`--smoke`: BC alone, to a target any policy reaches (CartPole episodes last >= 8 steps)."""
+SMOKE_LINE = r"^Dataset: [\d,]+ steps in [\d,]+ whole episodes"
+"""The line a `--smoke` run must print (tests/test_benchmarks.py)."""
 
 
 def train_once(config: Path, overrides: list[str], run_dir: Path) -> dict:
@@ -72,11 +78,12 @@ def describe_dataset(directory: Path) -> dict:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--data", type=Path, help="dataset directory (default: a temporary one)")
     parser.add_argument("--skip-record", action="store_true", help="use --data as it is")
     parser.add_argument("--set", dest="overrides", action="append", default=[])
     args = parse_args(parser, tuned_malloc=False)
+    smoke_train = SMOKE_TRAIN if args.smoke else ()
     if args.skip_record and args.data is None:
         parser.error("--skip-record needs --data")
     started, load_before = time.monotonic(), load_average()
@@ -86,18 +93,20 @@ def main() -> None:
         data = (args.data or Path(tmp) / "data").resolve()
         if not args.skip_record:
             record = solve_once(
-                str(configs / "cartpole_record.yaml"), [f"output.dir={data}"], Path(tmp) / "rec"
+                str(configs / "cartpole_record.yaml"),
+                [f"output.dir={data}", *(SMOKE_RECORD if args.smoke else ())],
+                Path(tmp) / "rec",
             )
             print(json.dumps(record), flush=True)
         dataset = describe_dataset(data)
         print(json.dumps(dataset), flush=True)
-        for name in OFFLINE_CONFIGS:
+        for name in OFFLINE_CONFIGS[:1] if args.smoke else OFFLINE_CONFIGS:
             if not (configs / name).exists():
                 continue
-            overrides = [f"input.dir={data}", *args.overrides]
+            overrides = [f"input.dir={data}", *smoke_train, *args.overrides]
             result = train_once(configs / name, overrides, Path(tmp) / Path(name).stem)
             print(json.dumps(result), flush=True)
-            target = yaml.safe_load((configs / name).read_text())["stop"]["eval_return_mean"]
+            target = config_lib.load(configs / name, overrides).stop.eval_return_mean
             rows.append([name, target, result["wall_s"], result["exit"]])
             rows[-1].append(result["eval_return_mean"])
             rows[-1] += [result["eval_ope_is"], result["eval_ope_wis"], result["updates"]]

@@ -46,6 +46,10 @@ from common import (  # noqa: E402
 
 WINDOW = 100
 """Episodes in the trailing mean, for every contender (easyrl's `stop.window`)."""
+SMOKE_TARGET = 15.0
+"""`--smoke`: easyrl PPO alone (the peers need their own venv) to a mean any policy reaches."""
+SMOKE_LINE = r"^\| easyrl \| PPO \| [\d.]+ \|"
+"""The line a `--smoke` run must print (tests/test_benchmarks.py)."""
 
 PEERS = Path(__file__).resolve().parent / "peers"
 """The peers' runner scripts (run by the peers' own Python)."""
@@ -64,6 +68,7 @@ def follow(command, target: float, budget_s: float, env=None, cwd=None) -> dict:
         command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, cwd=cwd
     )
     last, solved_at, tail = {}, None, []
+    assert proc.stdout is not None  # stdout=PIPE
     try:
         for line in proc.stdout:
             if time.monotonic() - start > budget_s:
@@ -126,7 +131,7 @@ def has_module(python: str, module: str) -> bool:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--peers-python", default=sys.executable, help="Python of the peers")
     parser.add_argument("--target", type=float, default=450.0)
     parser.add_argument("--budget-s", type=float, default=600.0, help="per contender")
@@ -135,6 +140,8 @@ def main() -> None:
         "--only", default="", help="comma-separated contender names to run (default: all)"
     )
     args = parse_args(parser, tuned_malloc=False)
+    if args.smoke:  # seconds, tiny sizes, same processes (tests/test_benchmarks.py)
+        args.only, args.target, args.budget_s = "easyrl ppo", SMOKE_TARGET, 90.0
     started, load_before = time.monotonic(), load_average()
     contenders = [
         ("easyrl", "PPO", "configs/cartpole_ppo.yaml"),

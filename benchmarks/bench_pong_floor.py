@@ -29,6 +29,9 @@ os.environ["CUDA_VISIBLE_DEVICES"] = "-1"
 import common  # noqa: E402
 import numpy as np  # noqa: E402
 
+SMOKE_LINE = r"^floor: \d"
+"""The line a `--smoke` run must print (tests/test_benchmarks.py)."""
+
 
 def cpu_per_unit(fn, units: int, duration_s: float) -> tuple[float, float]:
     """(CPU seconds per unit, units per wall second) of calling `fn` (`units` each call)
@@ -57,12 +60,14 @@ def random_unrolls(algo, batch_size: int, rng) -> dict:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--config", default=str(common.REPO / "configs" / "pong_impala_2core.yaml"))
     parser.add_argument("--set", action="append", default=[], help="config override")
     parser.add_argument("--num-envs", type=int, default=None, help="default: env.num_envs")
     parser.add_argument("--duration", type=float, default=5.0, help="seconds per piece")
     args = common.parse_args(parser, tuned_malloc=False)
+    if args.smoke:  # seconds, tiny sizes, same processes (tests/test_benchmarks.py)
+        args.duration, args.num_envs = 0.2, 2
     started, load_before = time.monotonic(), common.load_average()
 
     import tensorflow as tf

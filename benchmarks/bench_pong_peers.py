@@ -55,6 +55,12 @@ NATURE_84 = (
     "model.hidden=[512]",
 )
 """easyrl at Sample Factory's Atari shape: 84x84x4 frames, the Nature-DQN conv net."""
+SMOKE_WINDOW_S = 45.0
+"""`--smoke`: the 42x42x4 easyrl row alone (the peers need their own venvs), smaller, for a
+45 s (start-up included), reporting every 2 s so that the window has a steady part."""
+SMOKE_OVERRIDES = ("env.num_envs=4", "cluster.actor=1", "run.log_interval_s=2")
+SMOKE_LINE = r"^\| easyrl IMPALA, 42x42x4 \(pong_impala_2core.yaml\) \| [\d,]+ \|"
+"""The line a `--smoke` run must print (tests/test_benchmarks.py)."""
 
 
 def pinned(command: list[str], cores: int) -> list[str]:
@@ -152,24 +158,27 @@ def rllib(python: str, window: float, cores: int) -> dict:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
     parser.add_argument("--peers-python", help="Python of the venv with sample-factory")
     parser.add_argument("--rllib-python", help="Python of the venv with ray[rllib]")
     parser.add_argument("--window", type=float, default=300.0, help="seconds each contender trains")
     parser.add_argument("--cores", type=int, default=os.cpu_count() or 2)
     args = parse_args(parser, tuned_malloc=False)
+    if args.smoke:  # seconds, tiny sizes, same processes (tests/test_benchmarks.py)
+        args.window, args.peers_python, args.rllib_python = SMOKE_WINDOW_S, None, None
     started, load_before = time.monotonic(), load_average()
     rows = []
+    smoke = SMOKE_OVERRIDES if args.smoke else ()
     contenders = [
         (
             "easyrl IMPALA, 42x42x4 (pong_impala_2core.yaml)",
-            lambda: easyrl(args.window, args.cores, ()),
+            lambda: easyrl(args.window, args.cores, smoke),
         ),
         (
             "easyrl IMPALA, 84x84x4, Nature conv net",
             lambda: easyrl(args.window, args.cores, NATURE_84),
         ),
-    ]
+    ][: 1 if args.smoke else 2]
     if args.peers_python:
         python = args.peers_python
         contenders += [

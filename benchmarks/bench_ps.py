@@ -37,6 +37,9 @@ import numpy as np  # noqa: E402
 
 from easyrl.transport.clients import ParameterClient, Pushed  # noqa: E402
 
+SMOKE_LINE = r"^\| cartpole \| [\d.]+ \| 1 \| Learner round \(push \+ fetch\) \| \d"
+"""The line a `--smoke` run must print (tests/test_benchmarks.py)."""
+
 MODELS = {
     "cartpole": [64, 64],
     "mlp-512x3": [512, 512, 512],
@@ -214,11 +217,13 @@ def report(rows: list[dict], args) -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("--models", default=",".join(MODELS), help="comma list of models")
     parser.add_argument("--shards", default="1,2", help="comma list of PS shard counts")
     parser.add_argument("--duration", type=float, default=1.0, help="seconds per measurement")
     args = common.parse_args(parser)
+    if args.smoke:  # seconds, tiny sizes, same processes (tests/test_benchmarks.py)
+        args.models, args.shards, args.duration = "cartpole", "1", 0.2
     args.models = [m for m in args.models.split(",") if m]
     args.shards = [int(s) for s in args.shards.split(",")]
     for m in args.models:

@@ -33,6 +33,18 @@ from common import (  # noqa: E402
     write_section,
 )
 
+SMOKE_OVERRIDES = (
+    "stop.episode_return_mean=15",
+    "stop.window=10",
+    "stop.max_env_steps=20000",
+    "env.num_envs=2",
+    "cluster.actor=1",
+)
+"""`--smoke`: one small run to a target any policy reaches (CartPole episodes last >= 8 steps:
+it exits 0 once 10 episodes are done), 20,000 env steps at most."""
+SMOKE_LINE = r"^Solved 1/1; median wall time: [\d.]+ s"
+"""The line a `--smoke` run must print (tests/test_benchmarks.py)."""
+
 
 def solve_once(config: str, overrides: list[str], run_dir: Path) -> dict:
     """Runs `easyrl train` once; returns what its summary.json and clock say."""
@@ -55,12 +67,17 @@ def solve_once(config: str, overrides: list[str], run_dir: Path) -> dict:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("config")
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser.add_argument("config", nargs="?", help="the config to train (--smoke: CartPole PPO)")
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--set", dest="overrides", action="append", default=[])
     parser.add_argument("--plot", metavar="FILE", help="learning curves of the runs (PNG)")
     args = parse_args(parser, tuned_malloc=False)
+    if args.smoke:  # seconds, tiny sizes, same processes (tests/test_benchmarks.py)
+        args.config, args.runs = args.config or "configs/cartpole_ppo.yaml", 1
+        args.overrides = [*SMOKE_OVERRIDES, *args.overrides]
+    if args.config is None:
+        parser.error("the config to train is required")
     started, load_before = time.monotonic(), load_average()
     results = []
     with tempfile.TemporaryDirectory(prefix="easyrl-solve-") as tmp:
@@ -71,7 +88,7 @@ def main() -> None:
         if args.plot:
             from easyrl.tools.plot import plot
 
-            runs = [Path(tmp) / f"run{i}" for i in range(args.runs)]
+            runs: list[str | Path] = [Path(tmp) / f"run{i}" for i in range(args.runs)]
             Path(args.plot).parent.mkdir(parents=True, exist_ok=True)
             print(f"wrote {plot(runs, args.plot)}")
     solved = [r["wall_s"] for r in results if r["exit"] == 0]

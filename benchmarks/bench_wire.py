@@ -46,6 +46,9 @@ from easyrl.replay import item_bytes  # noqa: E402
 from easyrl.transport import rpc  # noqa: E402
 from easyrl.transport.clients import MemoryClient, ParameterClient  # noqa: E402
 
+SMOKE_LINE = r"^ratios: ps_pull=\d"
+"""The line a `--smoke` run must print (tests/test_benchmarks.py)."""
+
 RAW_SERVICE = "bench.Raw"
 SAMPLE_BATCH = 512
 ATARI_ITEMS = 4096
@@ -229,11 +232,13 @@ def report(rows: list[dict], args) -> tuple[str, str]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("--duration", type=float, default=1.5, help="seconds per measurement")
     parser.add_argument("--rounds", type=int, default=3, help="alternating rounds per pair")
     parser.add_argument("--models", default="mlp-512x3,mlp-1024x6")
     args = common.parse_args(parser)
+    if args.smoke:  # seconds, tiny sizes, same processes (tests/test_benchmarks.py)
+        args.duration, args.rounds, args.models = 0.2, 1, "cartpole"
     started, load_before = time.monotonic(), common.load_average()
     rows = []
     with common.Cluster() as cluster:

@@ -34,16 +34,27 @@ import random
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
 import numpy as np
 
-from easyrl import config as config_lib
-from easyrl.transport import easyrl_pb2 as pb
-from easyrl.transport import rpc
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # also when imported by a test
+
+from common import add_smoke  # noqa: E402
+
+from easyrl import config as config_lib  # noqa: E402
+from easyrl.transport import easyrl_pb2 as pb  # noqa: E402
+from easyrl.transport import rpc  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
+SMOKE_CONFIG = ROOT / "configs" / "cartpole_apex.yaml"
+SMOKE_OVERRIDES = ("stop.episode_return_mean=9", "env.num_envs=2", "cluster.actor=1")
+"""`--smoke`: a small Ape-X CartPole run whose target any policy reaches (episodes last >= 8
+steps), so that the soak's checks (restarts, insert accounting) decide the exit code."""
+SMOKE_LINE = r"^ok +every kill restarted"
+"""The line a `--smoke` run must print (tests/test_benchmarks.py)."""
 
 
 def role_processes(run_dir: Path) -> dict[str, int]:
@@ -341,8 +352,11 @@ def report(args, run, config, target, kills, first_kill, final, code) -> int:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
-    parser.add_argument("config")
-    parser.add_argument("--dir", required=True, help="the run directory (must not exist)")
+    parser.add_argument("config", nargs="?", help="the config to train (--smoke: Ape-X CartPole)")
+    parser.add_argument(
+        "--dir",
+        help="the run directory (must not exist; --smoke: a temporary one)",
+    )
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
     parser.add_argument("--every", type=float, default=15.0, help="seconds between kills")
     parser.add_argument("--for", dest="duration", type=float, default=300.0)
@@ -352,7 +366,19 @@ def main(argv=None) -> int:
     parser.add_argument("--settle", type=float, default=60.0, help="run time after the last")
     parser.add_argument("--checkpoint-s", type=float, default=5.0)
     parser.add_argument("--seed", type=int, default=0)
-    return soak(parser.parse_args(argv))
+    add_smoke(parser)
+    args = parser.parse_args(argv)
+    if not args.smoke:
+        if args.config is None or args.dir is None:
+            parser.error("CONFIG and --dir are required")
+        return soak(args)
+    # Seconds of soak: two kills 3 s apart, against a target any policy reaches.
+    args.config = args.config or str(SMOKE_CONFIG)
+    args.set = [*SMOKE_OVERRIDES, *args.set]
+    args.every, args.duration, args.start, args.settle = 3.0, 5.0, 2.0, 5.0
+    with tempfile.TemporaryDirectory(prefix="easyrl-chaos-") as tmp:
+        args.dir = args.dir or str(Path(tmp) / "run")
+        return soak(args)
 
 
 if __name__ == "__main__":

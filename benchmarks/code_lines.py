@@ -11,6 +11,10 @@ import io
 import tokenize
 from pathlib import Path
 
+from common import add_smoke
+
+SMOKE_LINE = r"^\d+ code lines, \d+ physical lines, \d+ files"
+"""The line a `--smoke` run must print (tests/test_benchmarks.py)."""
 SKIP = {tokenize.COMMENT, tokenize.NL, tokenize.NEWLINE, tokenize.INDENT, tokenize.DEDENT}
 
 
@@ -42,9 +46,10 @@ def code_lines(path: Path) -> int:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("root", nargs="?", default="easyrl")
     parser.add_argument("--per-file", action="store_true")
+    add_smoke(parser)  # the default run is seconds long already: --smoke changes nothing
     args = parser.parse_args()
     files = sorted(p for p in Path(args.root).rglob("*.py") if "_pb2" not in p.name)
     counts = {p: code_lines(p) for p in files}

@@ -11,6 +11,7 @@ like the roles do.
 This module does not import TensorFlow (neither does the spawned memory server).
 """
 
+import argparse
 import datetime
 import importlib.metadata
 import multiprocessing
@@ -28,6 +29,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import cast
 
 import numpy as np
 import yaml
@@ -44,6 +46,13 @@ from easyrl.cluster.launcher import (
 from easyrl.transport import rpc
 
 HOST = "127.0.0.1"
+NO_STOP = (
+    "stop.episode_return_mean=null",
+    "stop.eval_return_mean=null",
+    "stop.max_seconds=null",
+    "stop.max_env_steps=null",
+)
+"""Overrides that remove a config's stop condition (clusters measured for a set time)."""
 READY_TIMEOUT_S = 120.0
 RESULTS = Path(__file__).resolve().parent / "RESULTS.md"
 REPO = Path(__file__).resolve().parent.parent
@@ -160,9 +169,9 @@ def section_text(title: str, started: float, load_before: str, body: str) -> str
     )
 
 
-def parse_args(parser, tuned_malloc: bool = True):
-    """Adds the options every benchmark shares (`--write`, and `--tuned-malloc` where it
-    applies), parses, and re-executes with tuned malloc settings when asked."""
+def parse_args(parser: argparse.ArgumentParser, tuned_malloc: bool = True) -> argparse.Namespace:
+    """Adds the options every benchmark shares (`--write`, `--smoke`, and `--tuned-malloc`
+    where it applies), parses, and re-executes with tuned malloc settings when asked."""
     if tuned_malloc:
         parser.add_argument(
             "--tuned-malloc",
@@ -171,10 +180,19 @@ def parse_args(parser, tuned_malloc: bool = True):
             "arena) in all processes",
         )
     parser.add_argument("--write", action="store_true", help="update benchmarks/RESULTS.md")
+    add_smoke(parser)
     args = parser.parse_args()
     if getattr(args, "tuned_malloc", False):
         reexec_with_malloc_env()
     return args
+
+
+def add_smoke(parser: argparse.ArgumentParser) -> None:
+    """Adds `--smoke`: the same real processes and code paths with tiny sizes and durations,
+    seconds long, which tests/test_benchmarks.py runs so that no script rots unnoticed."""
+    parser.add_argument(
+        "--smoke", action="store_true", help="a seconds-long run with tiny sizes (the tests')"
+    )
 
 
 def write_section(name: str, text: str, path: Path = RESULTS) -> None:
@@ -304,15 +322,16 @@ def measure_threads(
     barrier.wait()
     for thread in threads:
         thread.join()
+    rates = []
     for result in results:
-        if isinstance(result, BaseException):
-            raise result
-    seconds = max(r.seconds for r in results)
+        if not isinstance(result, Rate):
+            raise result or RuntimeError("a measuring thread returned nothing")
+        rates.append(result)
     return Rate(
-        sum(r.calls for r in results),
-        seconds,
-        sum(r.units for r in results),
-        sum(r.nbytes for r in results),
+        sum(r.calls for r in rates),
+        max(r.seconds for r in rates),
+        sum(r.units for r in rates),
+        sum(r.nbytes for r in rates),
     )
 
 
@@ -335,9 +354,10 @@ def _stat(pid: int | str) -> list[str] | None:
     return text[text.rindex(")") + 2 :].split()
 
 
-def cpu_seconds(pid: int) -> float | None:
-    """User + system CPU time of process `pid` so far (None when it is gone)."""
-    fields = _stat(pid)
+def cpu_seconds(pid: int | None) -> float | None:
+    """User + system CPU time of process `pid` so far (None when it is gone or, pid None,
+    was never started)."""
+    fields = None if pid is None else _stat(pid)
     if fields is None:
         return None
     return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS  # utime, stime (fields 14, 15)
@@ -417,6 +437,15 @@ def cpu_used(
     return out
 
 
+def by_role(per_label: dict[str, float]) -> dict[str, float]:
+    """Sums per-process figures ({"actor-3": x, "bench": y}) by role ({"actor": ..})."""
+    out: dict[str, float] = {}
+    for label, value in per_label.items():
+        role = label.rsplit("-", 1)[0]
+        out[role] = out.get(role, 0.0) + value
+    return out
+
+
 def cores_used(
     before: dict[int, tuple[str, float]], after: dict[int, tuple[str, float]], seconds: float
 ) -> dict[str, float]:
@@ -438,13 +467,17 @@ def write_config(raw: dict, directory: Path, name: str = "config.yaml") -> Path:
     return path
 
 
-def client(role: str, address: str, token: str, timeout_s: float = 30.0) -> rpc.Client:
-    """A client of one server, configured like the roles' (token, deadline, retries)."""
+def client(role: str, address: str | None, token: str, timeout_s: float = 30.0) -> rpc.Client:
+    """A client of one server (a launcher `Child`'s address), configured like the roles'
+    (token, deadline, retries)."""
+    if address is None:
+        raise ValueError(f"a {role} client needs a server address, got None (a worker?)")
     return rpc.Client(rpc.stub_class(role), address, token, timeout_s=timeout_s)
 
 
 class _Spawned:
-    """A multiprocessing.Process behind the Popen calls the launcher makes."""
+    """A multiprocessing.Process behind the Popen calls the launcher makes (`pid`, `poll`,
+    `send_signal`, `wait`): a launcher `Child` of `spawn_memory_server`."""
 
     def __init__(self, process):
         self.process, self.pid = process, process.pid
@@ -460,15 +493,6 @@ class _Spawned:
         if self.process.exitcode is None:
             raise subprocess.TimeoutExpired(self.process.name, timeout or 0.0)
         return self.process.exitcode
-
-
-@dataclass
-class Server(Child):
-    """A launcher child for `spawn_memory_server`'s multiprocessing child."""
-
-    def __post_init__(self):
-        if not isinstance(self.process, subprocess.Popen):
-            self.process = _Spawned(self.process)
 
 
 @dataclass
@@ -524,7 +548,7 @@ class Cluster:
             self.wait_ready(started)
         return cluster
 
-    def spawn_memory_server(self, raw_config: dict, spec: dict) -> Server:
+    def spawn_memory_server(self, raw_config: dict, spec: dict) -> Child:
         """Starts a memory shard in a multiprocessing "spawn" child that builds
         `easyrl.roles.memory.build(cfg, spec)` + `rpc.make_server` itself, with the
         given table spec {column: (shape, dtype name)}; waits until it answers."""
@@ -538,7 +562,8 @@ class Cluster:
             daemon=True,
         )
         process.start()
-        server = Server("memory", 0, address, process)
+        popen = cast(subprocess.Popen, _Spawned(process))  # what the launcher calls of it
+        server = Child("memory", 0, address, popen)
         self.servers.append(server)
         self.wait_ready([server])
         return server

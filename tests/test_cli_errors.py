@@ -67,6 +67,7 @@ def refused(tmp_path_factory):
     return cases, by_name, report["imported"]
 
 
+@pytest.mark.cluster
 def test_every_bad_input_is_refused_naming_the_key_or_path(refused):
     cases, by_name, _ = refused
     assert len(cases) >= 12  # the missing-extra case only where Box2D or envpool is missing
@@ -79,6 +80,7 @@ def test_every_bad_input_is_refused_naming_the_key_or_path(refused):
             assert text in stderr, (case.name, text, stderr)
 
 
+@pytest.mark.cluster
 def test_no_bad_input_waits_for_tensorflow(refused):
     """None of the refusals imported TensorFlow or Keras (seconds of CPU each)."""
     assert refused[2] == []

@@ -173,7 +173,7 @@ def bench_items(items: str, spec: dict, args) -> dict:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("--specs", required=True, help="JSON {kind: {column: [shape, dtype]}}")
     parser.add_argument("--duration", type=float, default=1.5, help="seconds per measurement")
     parser.add_argument("--insert-batches", default="1,64,512", help="comma list of sizes")
