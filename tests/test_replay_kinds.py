@@ -3,12 +3,14 @@ loader, the contract check, the memory role and k8s; a kind defined here, outsid
 package, is registered, loaded from a config and served by a memory shard over real gRPC."""
 
 import dataclasses
+import os
 from pathlib import Path
 from typing import Any
 
 import grpc
 import numpy as np
 import pytest
+from test_cluster import _counters, one_each
 
 from easyrl import config as config_lib
 from easyrl.algorithms import registry
@@ -65,7 +67,9 @@ def check_newest(replay: config_lib.ReplayConfig) -> None:
 NEWEST = kinds.register(Kind("newest", build_newest, check=check_newest))
 
 NEWEST_DQN = '''
-"""DQN whose items go to the "newest" replay kind (registered by tests/test_replay_kinds.py)."""
+"""DQN whose items go to the "newest" replay kind, which importing tests/test_replay_kinds.py
+registers (in every process of a run: each one imports this module)."""
+import test_replay_kinds  # noqa: F401
 from easyrl.algorithms.dqn import FLOW, Params, build, optimizer, replay_spec
 
 REPLAY_KINDS = ("newest",)
@@ -74,10 +78,15 @@ REPLAY_KINDS = ("newest",)
 
 @pytest.fixture
 def newest_dqn(tmp_path, monkeypatch) -> str:
-    """The name of an importable algorithm module of user code that uses the "newest" kind."""
-    (tmp_path / "newest_dqn.py").write_text(NEWEST_DQN)
-    (tmp_path / "unknown_kind_dqn.py").write_text(NEWEST_DQN.replace('"newest"', '"newst"'))
-    monkeypatch.syspath_prepend(str(tmp_path))
+    """The name of an algorithm module of user code that uses the "newest" kind, importable
+    here and by the processes a run starts (as this test module is)."""
+    modules = tmp_path / "modules"
+    modules.mkdir()
+    (modules / "newest_dqn.py").write_text(NEWEST_DQN)
+    (modules / "unknown_kind_dqn.py").write_text(NEWEST_DQN.replace('"newest"', '"newst"'))
+    monkeypatch.syspath_prepend(str(modules))
+    path = [str(modules), str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")]
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, path)))
     return "newest_dqn"
 
 
@@ -225,3 +234,27 @@ def test_an_aggregate_shard_is_built_from_its_kind_with_the_cluster_sizing_its_r
 def test_the_memory_server_holds_every_table_through_one_interface():
     source = Path(memory_role.__file__).read_text()
     assert "AggregateTable" not in source and '"aggregate"' not in source
+
+
+@pytest.mark.cluster
+@pytest.mark.timeout(300)
+def test_a_kind_of_our_own_trains_cartpole_through_real_role_processes(newest_dqn, launch):
+    budget = 1500
+    run = launch(
+        f"algorithm.name={newest_dqn}",
+        "replay.kind=newest",
+        f"stop.max_env_steps={budget}",
+        "stop.max_seconds=150",
+        *one_each(1),
+    )
+    code = run.wait(240)
+    assert code == 0, f"exit code {code}:\n{run.output()}\n{run.logs()}"
+    summary = run.summary()
+    assert "max_env_steps" in summary["reason"], summary["reason"]
+    ps, memory = _counters(summary, "ps/0"), _counters(summary, "memory/0")
+    assert ps["env_steps"] >= budget and ps["ps/0/applied"] > 0, ps
+    # Samples of the newest kind, through the same rate limiter as any ring (1 per insert).
+    assert memory["memory/0/inserts"] > 0 and memory["memory/0/samples"] > 0
+    assert memory["memory/0/sample_batches"] > 0
+    assert "memory/0/priority_updates" not in memory  # the kind has no priorities
+    assert config_lib.load(run.config_path).replay.kind == "newest"
