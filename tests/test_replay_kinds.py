@@ -17,7 +17,7 @@ from easyrl.algorithms import registry
 from easyrl.cluster import k8s
 from easyrl.envs import env_spaces
 from easyrl.errors import ConfigError, ReplayError, TransportError
-from easyrl.replay import AggregateTable, LimitedTable, RateLimiter, Sampler, Table, kinds
+from easyrl.replay import AggregateTable, LimitedTable, Sampler, Table, kinds
 from easyrl.replay.kinds import Kind, ShardSetup
 from easyrl.roles import memory as memory_role
 from easyrl.transport import rpc
@@ -53,9 +53,11 @@ class Newest(Sampler):
 
 
 def build_newest(setup: ShardSetup) -> LimitedTable:
-    """A ring sampled newest first; samples wait for `min_size_to_sample` items."""
+    """A ring sampled newest first, rate limited as the built-in rings are (samples wait for
+    `min_size_to_sample` items, and `samples_per_insert` when set)."""
     table = Table(setup.spec, setup.replay.capacity, Newest(), seed=setup.seed)
-    limiter = RateLimiter.min_size(setup.replay.min_size_to_sample)
+    insert_items = setup.send_every * setup.num_envs
+    limiter = kinds.ring_limiter(setup.replay, table, insert_items, setup.batch_size)
     return LimitedTable(table, limiter, setup.batch_size)
 
 
