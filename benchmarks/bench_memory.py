@@ -20,7 +20,7 @@ through `easyrl.transport.rpc.Client` + the codec, the way actors and learners t
 the table's own arrays (all of them, divided by the transitions it holds) after inserting
 real preprocessed Pong transitions: ALE/Pong-v5 through our gymnasium pipeline (42x42x4),
 4 envs, random actions, the DQN n-step accumulator (n = 3), shipped every 16 steps as an
-actor ships them, into the table `make_table` builds for the config (prioritized,
+actor ships them, into the table the config's replay kind builds (prioritized,
 `--bytes-capacity` items), until the ring has wrapped:
 
     atari bytes per stored transition: N
@@ -52,6 +52,7 @@ Without it the column uses the figures recorded in ../shared/NOTES.md
 """
 
 import argparse
+import dataclasses
 import json
 import os
 import subprocess
@@ -149,7 +150,8 @@ def atari_bytes(args) -> dict:
     from easyrl.algorithms import dqn
     from easyrl.algorithms.nstep import NStepAccumulator
     from easyrl.envs import env_options, final_observations, make_vector_env
-    from easyrl.replay import make_table
+    from easyrl.replay.served import LimitedTable
+    from easyrl.roles.memory import shard_setup
 
     raw = raw_config(args, "atari")
     raw["env"] = {**raw["env"], "id": "ALE/Pong-v5", "num_envs": 4}
@@ -160,7 +162,12 @@ def atari_bytes(args) -> dict:
     obs_space = gymnasium.spaces.Box(0, 255, (42, 42, 4), np.uint8)
     spec = dqn.replay_spec(params, obs_space, gymnasium.spaces.Discrete(6))
     layout = layout_for(cfg, spec)
-    table = make_table(cfg.replay, spec, seed=0, frames=layout)
+    setup = dataclasses.replace(shard_setup(cfg, spec, 0), seed=0, send_every=16)
+    kind = cfg.replay.kind_spec
+    assert kind is not None, "the atari items' config names a replay kind"
+    served = kind.build(setup)
+    assert isinstance(served, LimitedTable), f"{kind.name} is not a ring table"
+    table = served.table
     num_envs, send_every = cfg.env.num_envs, 16
     env = make_vector_env(cfg.env.id, num_envs, vector="sync", seed=0, **env_options(cfg.env))
     nstep = NStepAccumulator(num_envs, params.n_step, params.gamma, (42, 42, 4), np.uint8)

@@ -30,6 +30,7 @@ import yaml
 from easyrl.algorithms import learning_rate, registry
 from easyrl.errors import ConfigError, closest
 from easyrl.imports import load_object
+from easyrl.replay import kinds as replay_kinds
 from easyrl.seeds import check_deterministic
 
 __all__ = [
@@ -164,9 +165,10 @@ class ReplayConfig(_Section):
 
     SECTION: ClassVar[str] = "replay"
 
-    kind: Literal["uniform", "prioritized", "trajectory", "aggregate"] | None = None
-    """Table kind (None: the algorithm's own): uniform/prioritized replay (DQN), trajectory =
-    a FIFO of unrolls (IMPALA), aggregate = whole rounds (PPO, ES)."""
+    kind: str | None = None
+    """Table kind (None: the algorithm's own), a name registered in easyrl.replay.kinds:
+    uniform/prioritized replay (DQN), trajectory = a FIFO of unrolls (IMPALA), aggregate =
+    whole rounds (PPO, ES), or a kind of your own."""
     capacity: int = 100_000
     """Items kept per memory shard (transitions; unrolls for a trajectory table)."""
     alpha: float = 0.6
@@ -190,10 +192,15 @@ class ReplayConfig(_Section):
     rebuild the stacks when sampling (easyrl.replay.frames); false: whole stacks per item."""
 
     @property
+    def kind_spec(self) -> replay_kinds.Kind | None:
+        """The registered replay kind `kind` names (None: no replay memory)."""
+        return None if self.kind is None else replay_kinds.get(self.kind)
+
+    @property
     def prioritized(self) -> bool:
         """Whether items carry priorities: actors compute initial ones, learners send new
         ones back."""
-        return self.kind == "prioritized"
+        return self.kind_spec is not None and self.kind_spec.prioritized
 
 
 @dataclass(frozen=True)
@@ -563,12 +570,6 @@ _CROSS_RULES: dict[type, tuple[tuple[Callable[[Any], bool], str], ...]] = {
             "encoders: keys are observation keys of letters, digits, '_', '.' and '-'",
         ),
     ),
-    ReplayConfig: (
-        (
-            lambda r: r.kind in ("trajectory", "aggregate") or r.min_size_to_sample <= r.capacity,
-            "min_size_to_sample must be <= capacity",
-        ),
-    ),
     SecurityConfig: (
         (lambda s: (s.tls_cert is None) == (s.tls_key is None), "tls_cert and tls_key go together"),
     ),
@@ -889,6 +890,8 @@ def _resolve(cfg: Config) -> Config:
     if kind not in kinds and kind is not None:
         works = f"works with {' or '.join(kinds)}" if kinds else "uses no replay memory"
         raise ConfigError(f"replay.kind: {cfg.algorithm.name} {works}, got {kind!r}")
+    if kind is not None:  # the kind's own checks of the section
+        replay_kinds.get(kind).check(cfg.replay)
     if ":" in cfg.model.kind and not callable(load_object(cfg.model.kind, "model.kind")):
         raise ConfigError(f"model.kind: {cfg.model.kind!r} is not a class or function")
     model_kinds = getattr(module, "MODEL_KINDS", ("mlp",))

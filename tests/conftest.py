@@ -329,8 +329,10 @@ class RoleServers:
                 values=[t.SerializeToString(deterministic=True) for t in pull.tensors],
             )
             return state
+        from easyrl.replay import AggregateTable
+
         table = servicer.table
-        if hasattr(table, "state_dict"):
+        if not isinstance(table, AggregateTable):
             content = table.state_dict()
         else:  # an aggregate table: the round it collects and the items held for it
             content = {

@@ -6,6 +6,7 @@ round-trip; malformed wire batches are refused with the table unchanged; a small
 cluster on Pong trains with it.
 """
 
+import dataclasses
 import re
 
 import gymnasium
@@ -17,12 +18,13 @@ from easyrl import config as config_lib
 from easyrl.algorithms.nstep import NStepAccumulator
 from easyrl.errors import ReplayError
 from easyrl.replay import (
+    BetaSchedule,
+    LimitedTable,
     PrioritizedTable,
     RateLimiter,
     Table,
     UniformTable,
-    make_limiter,
-    make_table,
+    kinds,
 )
 from easyrl.replay.frames import (
     FRAMES_KEY,
@@ -328,7 +330,10 @@ def test_real_pong_transitions_sample_alike_and_take_one_frame_each(pong_shipmen
     layout = layout_for(cfg, spec)
     assert layout is not None
     plain = PrioritizedTable(spec, 400, alpha=0.6, seed=9)
-    framed = make_table(cfg.replay, spec, seed=9, frames=layout)
+    # The table alone: a shard of this config would also refuse inserts of 64 items.
+    setup = dataclasses.replace(memory_role.shard_setup(cfg, spec, 0), seed=9, send_every=1)
+    assert setup.frames == layout
+    framed = kinds.get(cfg.replay.kind).build(setup).table
     assert framed.frames is not None
     assert framed.frames.capacity == frame_capacity(layout, 400, False) == 500
     feed_and_compare(plain, framed, shipments, sample_size=32, sources=1)
@@ -491,10 +496,12 @@ def test_a_queue_waits_for_frame_room_until_samples_free_it():
 def test_frame_tables_refuse_batch_sizes_that_never_fit_or_deadlock():
     cfg = _config("pong_impala.yaml", "replay.capacity=20", "algorithm.batch_size=12")
     spec = _spec(cfg)
-    table = make_table(cfg.replay, spec, frames=layout_for(cfg, spec))
-    with pytest.raises(ReplayError, match="deadlock"):  # needs 2 * 5 + 12 - 2 = 20 + ...
-        make_limiter(cfg.replay, table, 6, 1, 12)
-    make_limiter(cfg.replay, table, 5, 1, 12)
+    setup = memory_role.shard_setup(cfg, spec, 0)
+    assert setup.frames is not None and setup.batch_size == 12
+    trajectory = kinds.get(cfg.replay.kind)
+    with pytest.raises(ReplayError, match="deadlock"):  # needs 2 * 6 + 12 - 2 = 22 > 20
+        trajectory.build(dataclasses.replace(setup, num_envs=6))
+    trajectory.build(dataclasses.replace(setup, num_envs=5))
     apex = _config(
         "pong_apex.yaml",
         "env.atari.screen_size=42",
@@ -502,9 +509,10 @@ def test_frame_tables_refuse_batch_sizes_that_never_fit_or_deadlock():
         "replay.min_size_to_sample=100",
     )
     spec = _spec(apex)
-    table = make_table(apex.replay, spec, frames=layout_for(apex, spec))
+    setup = memory_role.shard_setup(apex, spec, 0)
+    setup = dataclasses.replace(setup, num_envs=4, send_every=16, batch_size=32)
     with pytest.raises(ReplayError, match="raise replay.capacity"):
-        make_limiter(apex.replay, table, 4, 16, 32)  # 64 items x 8 frames > 125
+        kinds.get(apex.replay.kind).build(setup)  # 64 items x 8 frames > 125
 
 
 # --- snapshots ---------------------------------------------------------------------------
@@ -519,8 +527,8 @@ def test_snapshot_round_trip_restores_the_same_samples(tmp_path):
     feed_and_compare(plain, framed, shipments[:20])
     paths = {}
     for name, table in (("plain", plain), ("framed", framed)):
-        beta = memory_role.BetaSchedule(0.4, 0.4, 0)
-        memory = memory_role.MemoryServer(table, RateLimiter(1), 4, 1, beta)
+        served = LimitedTable(table, RateLimiter(1), 4, BetaSchedule(0.4, 0.4, 0))
+        memory = memory_role.MemoryServer(served)
         memory.close()
         paths[name] = tmp_path / f"{name}.npz"
         assert memory.snapshot(paths[name]) == table.size
@@ -720,9 +728,7 @@ def test_the_memory_shard_answers_malformed_frames_with_invalid_argument(framed_
     from easyrl.transport.clients import MemoryClient
 
     table, wire = framed_and_wire
-    memory = memory_role.MemoryServer(
-        table, RateLimiter(1), 4, 1, memory_role.BetaSchedule(0, 0, 0)
-    )
+    memory = memory_role.MemoryServer(LimitedTable(table, RateLimiter(1), 4))
     server, port = rpc.make_server("127.0.0.1:0", "t0ken", max_workers=4)
     rpc.add_servicer("memory", memory, server)
     server.start()

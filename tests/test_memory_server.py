@@ -9,8 +9,8 @@ import pytest
 from conftest import Served
 
 from easyrl.errors import ReplayError, TransportError
-from easyrl.replay import PrioritizedTable, RateLimiter, UniformTable
-from easyrl.roles.memory import BetaSchedule, MemoryServer, Op
+from easyrl.replay import BetaSchedule, LimitedTable, PrioritizedTable, RateLimiter, UniformTable
+from easyrl.roles.memory import MemoryServer, Op
 from easyrl.transport import codec, rpc
 from easyrl.transport import easyrl_pb2 as pb
 
@@ -56,7 +56,7 @@ def serve_memory():
         table = UniformTable(SPEC, 32, seed=1) if table is None else table
         limiter = RateLimiter(1) if limiter is None else limiter
         beta = BetaSchedule(0.4, 1.0, 100) if beta is None else beta
-        memory = MemoryServer(table, limiter, batch_size, prefetch, beta)
+        memory = MemoryServer(LimitedTable(table, limiter, batch_size, beta), prefetch)
         memories.append(memory)
         return memory, served.start("memory", memory, TOKEN, token, timeout_s, max_workers=8)
 
@@ -561,7 +561,7 @@ def test_snapshot_then_restore_gives_back_the_table(tmp_path, kind):
         return PrioritizedTable(SPEC, 32, alpha=0.6, seed=1)
 
     table = make_table()
-    memory = MemoryServer(table, RateLimiter(1), BATCH, 2, BetaSchedule(0.4, 1.0, 100))
+    memory = MemoryServer(LimitedTable(table, RateLimiter(1), BATCH, BETA), 2)
     try:
         memory._submit(Op("insert", 1.0, batch=make_batch(0, 40), n=40))  # wraps the ring
         path = tmp_path / "checkpoints" / "memory-0.npz"
@@ -589,7 +589,7 @@ def test_a_restarted_shard_knows_the_inserts_its_snapshot_holds(tmp_path):
         op = Op("insert", 1.0, batch=make_batch(start, 4), n=4, source=3, sender=77, sequence=5)
         return memory._submit(op)
 
-    memory = MemoryServer(UniformTable(SPEC, 32, seed=1), RateLimiter(1), BATCH, 2, BETA)
+    memory = MemoryServer(LimitedTable(UniformTable(SPEC, 32, seed=1), RateLimiter(1), BATCH), 2)
     path = tmp_path / "memory-0.npz"
     try:
         assert not insert_once(memory, 0).duplicate
@@ -599,7 +599,8 @@ def test_a_restarted_shard_knows_the_inserts_its_snapshot_holds(tmp_path):
     # The shard restarts from its snapshot; the actor, whose reply was lost, resends.
     table = UniformTable(SPEC, 32, seed=1)
     assert restore(table, path) == 4 and restore_stored(path) == {3: (77, 5)}
-    again = MemoryServer(table, RateLimiter(1), BATCH, 2, BETA, stored=restore_stored(path))
+    served = LimitedTable(table, RateLimiter(1), BATCH)
+    again = MemoryServer(served, 2, stored=restore_stored(path))
     try:
         assert insert_once(again, 0).duplicate and table.size == 4
     finally:
@@ -609,7 +610,7 @@ def test_a_restarted_shard_knows_the_inserts_its_snapshot_holds(tmp_path):
 
 def test_insert_whose_caller_gave_up_is_not_stored():
     table = UniformTable(SPEC, 32, seed=1)
-    memory = MemoryServer(table, RateLimiter(1), BATCH, 2, BetaSchedule(0.4, 1.0, 100))
+    memory = MemoryServer(LimitedTable(table, RateLimiter(1), BATCH, BETA), 2)
     try:
         # The call's deadline passed while the op waited in the queue: storing it would
         # make the actor's resend a duplicate.

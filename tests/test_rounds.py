@@ -22,11 +22,10 @@ from easyrl.algorithms.optimizers import OptimizerSpec  # noqa: E402
 from easyrl.config import from_dict  # noqa: E402
 from easyrl.errors import ConfigError, ReplayError, TransportError  # noqa: E402
 from easyrl.metrics import RunStats  # noqa: E402
-from easyrl.replay import RateLimiter, UniformTable  # noqa: E402
 from easyrl.replay.aggregate import AggregateTable  # noqa: E402
 from easyrl.roles import memory as memory_role  # noqa: E402
 from easyrl.roles.common import ShardedWeights  # noqa: E402
-from easyrl.roles.memory import BetaSchedule, MemoryServer  # noqa: E402
+from easyrl.roles.memory import MemoryServer  # noqa: E402
 from easyrl.roles.ps import ParameterServer  # noqa: E402
 from easyrl.transport import codec  # noqa: E402
 from easyrl.transport import easyrl_pb2 as pb  # noqa: E402
@@ -328,9 +327,7 @@ def serve_rounds():
     served, memories = Served(), []
 
     def start(capacity=16, round_size=8, timeout_s=5.0):
-        memory = MemoryServer(
-            AggregateTable(SPEC, capacity, round_size), None, 1, 1, BetaSchedule(0, 0, 0)
-        )
+        memory = MemoryServer(AggregateTable(SPEC, capacity, round_size))
         memories.append(memory)
         address = served.serve("memory", memory, TOKEN, max_workers=8)
         connect = functools.partial(served.connect, "memory", address, TOKEN, timeout_s)
@@ -473,7 +470,7 @@ def test_sample_times_out_and_keeps_the_partial_round(serve_rounds):
     elapsed = time.monotonic() - start
     assert not reply.ready and reply.round == 0 and not reply.tensors
     assert 0.25 <= elapsed < 2.5
-    assert counters(client)["memory/0/rate_limited_take_round"] == 1
+    assert counters(client)["memory/0/rate_limited_sample"] == 1
     assert memory.table.size == 3
 
     reply = take(client, 0, timeout_s=0.0)  # no wait at all
@@ -557,14 +554,6 @@ def test_malformed_requests_are_invalid_and_change_nothing(serve_rounds, name):
     assert_state_equal(table_state(memory.table), before)
 
 
-def test_memory_server_pairs_aggregate_tables_with_no_limiter():
-    beta = BetaSchedule(0, 0, 0)
-    with pytest.raises(ValueError, match="rate limiter"):
-        MemoryServer(AggregateTable(SPEC, 4, 2), RateLimiter(1), 1, 1, beta)
-    with pytest.raises(ValueError, match="rate limiter"):
-        MemoryServer(UniformTable(SPEC, 4, seed=0), None, 1, 1, beta)
-
-
 def ppo_cfg():
     """A PPO config with rollout_length 8 and 2 envs per actor."""
     try:
@@ -616,9 +605,10 @@ def test_round_size_sums_the_shares_of_the_shards_actors(
 def aggregate_cfg(capacity: int):
     return SimpleNamespace(
         algorithm=SimpleNamespace(name="ppo", params=ppo.Params(rollout_length=8)),
-        env=SimpleNamespace(num_envs=2),
+        env=SimpleNamespace(num_envs=2, atari=None),
+        actor=SimpleNamespace(send_every=1),
         model=SimpleNamespace(lstm=0),
-        replay=SimpleNamespace(kind="aggregate", capacity=capacity),
+        replay=SimpleNamespace(kind="aggregate", capacity=capacity, prefetch=2),
         run=SimpleNamespace(seed=0),
         input=SimpleNamespace(dir=None),
         multiagent=SimpleNamespace(enabled=False),
@@ -629,8 +619,7 @@ def test_build_makes_an_aggregate_shard_sized_by_its_actors():
     cluster = SimpleNamespace(actor=3, memory=["127.0.0.1:1", "127.0.0.1:2"])
     built = [memory_role.build(aggregate_cfg(64), SPEC, shard, cluster) for shard in (0, 1)]
     try:
-        assert [m.rounds for m in built] == [True, True]
-        assert [m.limiter for m in built] == [None, None]
+        assert all(isinstance(m.table, AggregateTable) and not m.table.prefetch for m in built)
         assert [m.table.round_size for m in built] == [32, 16]  # actors {0, 2} and {1}
         assert [m.shard for m in built] == [0, 1]
         assert built[0].table.spec == SPEC and built[0].table.capacity == 64

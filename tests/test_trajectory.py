@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from easyrl.errors import ReplayError, TransportError
-from easyrl.replay import RateLimiter, Table
-from easyrl.roles.memory import BetaSchedule, MemoryServer, Op
+from easyrl.replay import LimitedTable, RateLimiter, Table
+from easyrl.roles.memory import MemoryServer, Op
 from easyrl.transport import codec, rpc
 from easyrl.transport import easyrl_pb2 as pb
 
@@ -83,7 +83,7 @@ def test_fifo_limiter_is_the_queue_state():
 def fifo_shard():
     """A memory shard with a 6-unroll FIFO (learner batch 2, prefetch 1) on 127.0.0.1."""
     table = Table.queue(SPEC, 6)
-    memory = MemoryServer(table, RateLimiter.queue(table), 2, 1, BetaSchedule(0, 0, 0))
+    memory = MemoryServer(LimitedTable(table, RateLimiter.queue(table), 2))
     server, port = rpc.make_server("127.0.0.1:0", TOKEN, max_workers=8)
     rpc.add_servicer("memory", memory, server)
     server.start()
@@ -215,7 +215,7 @@ def test_fifo_shard_snapshot_restores_the_queue(tmp_path):
     from easyrl.roles.memory import restore
 
     table = Table.queue(SPEC, 8)
-    memory = MemoryServer(table, RateLimiter.queue(table), 2, 1, BetaSchedule(0, 0, 0))
+    memory = MemoryServer(LimitedTable(table, RateLimiter.queue(table), 2))
     path = tmp_path / "checkpoints" / "memory-0.npz"
     try:
         memory._submit(Op("insert", 1.0, batch=unrolls(0, 5), n=5))

@@ -26,9 +26,9 @@ Flow = Literal["async_replay", "sync_rounds", "actor_gradients"]
 """The loop an algorithm's actor and learner run."""
 FLOWS: tuple[Flow, ...] = ("async_replay", "sync_rounds", "actor_gradients")
 
-ReplayKind = Literal["uniform", "prioritized", "trajectory", "aggregate"]
-"""The replay tables an algorithm's items can go to."""
-REPLAY_KINDS: tuple[ReplayKind, ...] = ("uniform", "prioritized", "trajectory", "aggregate")
+ReplayKind = str
+"""The name of a replay kind an algorithm's items can go to: one registered in
+`easyrl.replay.kinds` (built in: uniform, prioritized, trajectory, aggregate)."""
 
 Batch = dict[str, np.ndarray]
 """Named columns, batch-major: the items of a replay table, or what a collector ships."""

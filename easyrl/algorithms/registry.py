@@ -28,6 +28,7 @@ from typing import Any
 from easyrl.algorithms.contract import FLOWS
 from easyrl.errors import ConfigError
 from easyrl.imports import import_module
+from easyrl.replay import kinds
 
 _MODULES = {
     "a2c": "easyrl.algorithms.a2c",
@@ -96,7 +97,8 @@ def _check_contract(found: ModuleType, name: str) -> None:
             f"{', '.join(FLOWS)}"
         )
     runtime = ["max_staleness"]
-    if set(found.REPLAY_KINDS) & {"uniform", "prioritized", "trajectory"}:
+    key = f"algorithm.name: {name}.REPLAY_KINDS"
+    if any(kinds.get(kind, key).batches for kind in found.REPLAY_KINDS):
         runtime.append("batch_size")  # learners sample batches of this size
     lacking = [field for field in runtime if not hasattr(found.Params, field)]
     if lacking:

@@ -219,7 +219,8 @@ def resources(cfg: config_lib.Config, role: str, replay: int) -> dict:
 def grace_s(cfg: config_lib.Config, role: str, replay: int) -> int:
     """terminationGracePeriodSeconds of a role: GRACE_S, plus, for a memory shard that
     snapshots its table on SIGTERM, the time to write it at DISK_BYTES_PER_S."""
-    if role == "memory" and cfg.replay.kind != "aggregate":
+    kind = cfg.replay.kind_spec
+    if role == "memory" and kind is not None and kind.snapshots:
         return GRACE_S + math.ceil(replay / DISK_BYTES_PER_S)
     return GRACE_S
 

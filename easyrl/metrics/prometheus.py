@@ -46,7 +46,7 @@ _RATE_LIMITED: dict[str, tuple[Kind, str]] = {
         COUNTER,
         f"{op.replace('_', ' ').capitalize()} requests timed out waiting for the rate limiter",
     )
-    for op in ("insert", "sample", "update", "take_round", "snapshot")
+    for op in ("insert", "sample", "update", "snapshot")
 }
 KNOWN: dict[str, tuple[Kind, str]] = {
     # Reports (actors, learners, evaluator) and the run's totals of them.

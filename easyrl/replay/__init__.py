@@ -3,11 +3,12 @@
 * ``Table``: one columnar numpy ring buffer with global int64 keys, composed with a
   sampler (``Uniform``, ``Prioritized``, ``Fifo``) and a remover (a ring overwrites its
   oldest items; ``Table.queue`` removes what a sample returns). ``UniformTable`` and
-  ``PrioritizedTable`` name the two rings; ``make_table`` builds a shard's table from the
-  config's ``replay`` section.
+  ``PrioritizedTable`` name the two rings.
 * ``RateLimiter``: a non-blocking Reverb-style state machine: a sample-to-insert ratio
-  (its constructor), ``RateLimiter.min_size`` or ``RateLimiter.queue``; ``make_limiter``
-  pairs one with a table.
+  (its constructor), ``RateLimiter.min_size`` or ``RateLimiter.queue``.
+* ``kinds``: the replay kinds ``replay.kind`` names, one ``Kind`` object each, registered
+  in one place; a kind builds a memory shard's ``ServedTable`` (``served``:
+  ``LimitedTable``, a table with its rate limiter, or an ``AggregateTable``).
 * ``FrameStore`` (``frames``): composed into a table, stores the frames of its frame-stack
   columns (Atari observations) once each and rebuilds the stacks when it samples;
   ``layout_for`` finds a run's ``FrameLayout`` (which columns, how a stack splits).
@@ -15,9 +16,17 @@
 * ``SumTree``: the vectorized sum tree behind proportional prioritized sampling.
 """
 
+from easyrl.replay import kinds
 from easyrl.replay.aggregate import AggregateTable
 from easyrl.replay.frames import FrameLayout, FrameStore, layout_for
 from easyrl.replay.rate_limiter import RateLimiter
+from easyrl.replay.served import (
+    BetaSchedule,
+    LimitedTable,
+    NotReady,
+    Sampled,
+    ServedTable,
+)
 from easyrl.replay.sumtree import SumTree
 from easyrl.replay.tables import (
     Fifo,
@@ -30,31 +39,33 @@ from easyrl.replay.tables import (
     Uniform,
     UniformTable,
     item_bytes,
-    make_limiter,
-    make_table,
     validate_batch,
     validate_spec,
 )
 
 __all__ = [
     "AggregateTable",
+    "BetaSchedule",
     "Fifo",
     "FrameLayout",
     "FrameStore",
+    "LimitedTable",
+    "NotReady",
     "Prioritized",
     "PrioritizedTable",
     "RateLimiter",
     "SampleBatch",
+    "Sampled",
     "Sampler",
+    "ServedTable",
     "SumTree",
     "Table",
     "TableSpec",
     "Uniform",
     "UniformTable",
     "item_bytes",
+    "kinds",
     "layout_for",
-    "make_limiter",
-    "make_table",
     "validate_batch",
     "validate_spec",
 ]

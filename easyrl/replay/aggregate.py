@@ -9,16 +9,23 @@ A table of a restarted shard cannot know what its previous process held: the fir
 it collects is marked incomplete (items shipped before the restart are gone, and their
 actors wait for the next round), and the learner abandons that round instead of waiting
 for it. Every later round starts after the restart, so it is whole.
+
+A memory shard serves the table as it is (it is a `served.ServedTable`): an Insert carries
+its round, a Sample asks for a round (batch size 0: all of it) and waits until it is
+complete; there are no priorities, no prefetch and no snapshot.
 """
+
+from typing import Any
 
 import numpy as np
 
 from easyrl.errors import ReplayError
+from easyrl.replay.served import Batch, NotReady, Sampled
 from easyrl.replay.tables import TableSpec, validate_batch, validate_spec
 
 
 class AggregateTable:
-    """Collects one round of items and releases it whole.
+    """Collects one round of items and releases it whole (a `ServedTable`).
 
     Args:
         spec: column name -> (item shape, dtype).
@@ -54,6 +61,8 @@ class AggregateTable:
         self._restarted = restarted
         self.incomplete_round: int | None = None
         """The round this restarted table cannot complete (None: every round is whole)."""
+        self.batch_size = round_size
+        """The largest Sample reply holds a round (at least `round_size` items)."""
 
     @property
     def spec(self) -> TableSpec:
@@ -135,3 +144,60 @@ class AggregateTable:
         self.refused += self._size
         self._parts, self._size = [], 0
         self.round = round_
+
+    # --- served by a memory shard (`served.ServedTable`) -------------------------------
+
+    prefetch = False
+    """Rounds are taken whole, on request."""
+
+    def check_insert(
+        self, batch: Batch, priorities: np.ndarray | None, round_: int
+    ) -> tuple[Batch, int]:
+        """Items of the spec, a round >= 0 and no priorities."""
+        n = validate_batch(self._spec, batch)
+        if priorities is not None or round_ < 0:
+            raise ReplayError("an aggregate table takes a round >= 0 and no priorities")
+        return batch, n
+
+    def try_insert(
+        self, batch: Batch, n: int, priorities: np.ndarray | None, round_: int, source: int
+    ) -> bool:
+        """Always runs: `insert` (False: refused as stale)."""
+        return self.insert(batch, round_)
+
+    def check_sample(self, batch_size: int, round_: int) -> None:
+        """A round >= 0, taken whole (batch size 0)."""
+        if round_ < 0 or batch_size != 0:
+            raise ReplayError("an aggregate table takes a round >= 0 and batch_size 0 (all of it)")
+
+    def try_sample(self, batch_size: int, round_: int) -> Sampled | NotReady | None:
+        """Round `round_` whole once complete (None: not yet); NotReady when the caller is
+        behind (the round collected now) or the round cannot be completed."""
+        self.catch_up(round_)
+        if self.round > round_:  # the caller is behind: tell it which round is collected
+            return NotReady(self.round)
+        if self.incomplete_round == round_:
+            return NotReady(round_, incomplete=True)
+        if not self.ready(round_):
+            return None
+        return Sampled(self.take(round_), round=round_)
+
+    def update_priorities(self, keys: np.ndarray, priorities: Any) -> int:
+        """Always raises ReplayError."""
+        raise ReplayError("an aggregate table has no priorities")
+
+    def status(self) -> dict[str, float]:
+        """The round collected, the items dropped as stale and the rounds released."""
+        return {
+            "round": float(self.round),
+            "dropped_items": float(self.refused),
+            "rounds_released": float(self.released_rounds),
+        }
+
+    def state_dict(self) -> dict[str, Any]:
+        """Always raises ReplayError: a restarted shard makes the learner abandon the round."""
+        raise ReplayError("an aggregate table is not snapshotted")
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Always raises ReplayError (see `state_dict`)."""
+        raise ReplayError("an aggregate table is not snapshotted")

@@ -304,8 +304,9 @@ def frame_capacity(layout: FrameLayout, capacity: int, queue: bool) -> int:
 
 def layout_for(cfg: "Config", spec: TableSpec) -> FrameLayout | None:
     """The frame layout the actors and memory shards of a run use for a replay spec: the
-    stacks of ``env.atari`` (frame_stack > 1) in a uniform, prioritized or trajectory table
-    of an online run with ``replay.frame_dedup``; None otherwise (whole stacks per item).
+    stacks of ``env.atari`` (frame_stack > 1) in the table of a replay kind that stores
+    frames once (uniform, prioritized, trajectory: `Kind.frames`) of an online run with
+    ``replay.frame_dedup``; None otherwise (whole stacks per item).
 
     Raises:
         ReplayError: If the spec is malformed.
@@ -313,7 +314,8 @@ def layout_for(cfg: "Config", spec: TableSpec) -> FrameLayout | None:
     atari, replay = cfg.env.atari, cfg.replay
     if atari is None or atari.frame_stack < 2 or not replay.frame_dedup:
         return None
-    if replay.kind not in ("uniform", "prioritized", "trajectory") or cfg.input.dir is not None:
+    kind = replay.kind_spec
+    if kind is None or not kind.frames or cfg.input.dir is not None:
         return None
     channels = atari.frame_stack * (1 if atari.grayscale else 3)
     obs_shape = (atari.screen_size, atari.screen_size, channels)
@@ -349,7 +351,7 @@ class FrameStore:
             window`` are stored again, so that an item never holds a frame much older than
             its insert (a frame seen again and again, such as a blank screen, would
             otherwise keep its first id and make the ring drop every item that uses it
-            early). None: ``F // 4``; `make_table` passes the frames beyond what its
+            early). None: ``F // 4``; a replay kind passes the frames beyond what its
             ``capacity`` items need, ``F - capacity * steps_per_item``.
 
     Raises:

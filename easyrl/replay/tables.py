@@ -12,15 +12,15 @@ counter: item ``k`` lives in slot ``k % capacity``; the stored keys are
   returns, so every item goes to exactly one sample.
 
 `Table.queue` is the trajectory FIFO of IMPALA-style learning (Reverb's ``Table.queue``:
-FIFO sampler, remove-on-sample, paired with `RateLimiter.queue`). `make_table` and
-`make_limiter` build a memory shard's table and limiter from the config's ``replay``
-section. Inserts, samples and priority updates are vectorized over the batch; no Python
+FIFO sampler, remove-on-sample, paired with `RateLimiter.queue`). The replay kinds
+(`easyrl.replay.kinds`) build a memory shard's table and limiter from the config's
+``replay`` section. Inserts, samples and priority updates are vectorized over the batch; no Python
 loop runs per item.
 """
 
 import bisect
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
+from typing import Any, NamedTuple, Protocol
 
 import numpy as np
 
@@ -35,16 +35,9 @@ from easyrl.replay.checks import (
 )
 from easyrl.replay.frames import (
     FRAMES_PREFIX,
-    FrameLayout,
     FrameStore,
-    frame_capacity,
-    frame_window,
 )
-from easyrl.replay.rate_limiter import RateLimiter
 from easyrl.replay.sumtree import SumTree
-
-if TYPE_CHECKING:
-    from easyrl.config import ReplayConfig
 
 DATA_PREFIX = "data/"
 """Prefix of the column arrays in a table snapshot (`state_dict`)."""
@@ -752,74 +745,3 @@ class PrioritizedTable(Table):
         if not np.all(valid):
             raise ReplayError(f"keys {array[~valid][:5]} have been overwritten")
         return self.prioritized.tree.get(array % self.capacity)
-
-
-def make_table(
-    r: "ReplayConfig", spec: TableSpec, seed: int = 0, frames: FrameLayout | None = None
-) -> Table:
-    """The table of a memory shard of replay kind ``r.kind``: a ring of ``r.capacity``
-    items sampled uniformly or by priority (``r.alpha``), or a trajectory queue; with a
-    frame store (`frame_capacity` frames) for the columns of ``frames`` when given
-    (`easyrl.replay.frames.layout_for`).
-
-    Raises:
-        ReplayError: If the kind has no such table (an aggregate table collects rounds:
-            `AggregateTable`) or an argument is invalid.
-    """
-    store = None
-    if frames is not None and r.kind in ("trajectory", "prioritized", "uniform"):
-        queue = r.kind == "trajectory"
-        capacity = check_int("capacity", r.capacity, 1)
-        size, window = frame_capacity(frames, capacity, queue), frame_window(frames, capacity)
-        store = FrameStore(frames, size, match_sources=not queue, window=window)
-    if r.kind == "trajectory":
-        return Table.queue(spec, r.capacity, frames=store)
-    if r.kind == "prioritized":
-        return PrioritizedTable(spec, r.capacity, alpha=r.alpha, seed=seed, frames=store)
-    if r.kind == "uniform":
-        return UniformTable(spec, r.capacity, seed=seed, frames=store)
-    raise ReplayError(f"replay.kind {r.kind!r} has no replay table")
-
-
-def make_limiter(
-    r: "ReplayConfig", table: Table, num_envs: int, send_every: int, batch_size: int
-) -> RateLimiter:
-    """The rate limiter a memory server pairs with ``table`` (from `make_table`).
-
-    A queue gets Reverb's ``Queue`` (its state is the queue's, restored items included;
-    an actor ships one unroll per env); a ring gets ``SampleToInsertRatio`` or ``MinSize``
-    from the config (it counts what this process inserts; an actor ships ``send_every``
-    steps per env). Both are checked against the insert and learner batch sizes.
-
-    A table with a frame store is also checked against its frames: a ring's must hold
-    the frames of any insert (``max_frames`` per item); a queue's, whose oldest shipment
-    may hold its frames while part of its items are sampled, must hold the frames of a
-    learner batch and two inserts, ``capacity >= 2 * num_envs + batch_size - 2``, or
-    inserts waiting for frame room and samples waiting for items could deadlock.
-
-    Raises:
-        ReplayError: If the batch sizes could deadlock (or never fit the frame store) or an
-            argument is invalid.
-    """
-    frames = table.frames
-    if table.remove_on_sample:
-        limiter = RateLimiter.queue(table)
-        limiter.check_batch_sizes(num_envs, batch_size)
-        if frames is not None and table.capacity < 2 * num_envs + batch_size - 2:
-            raise ReplayError(
-                f"replay.capacity {table.capacity} (unrolls) must be at least 2 * num_envs + "
-                f"batch_size - 2 = {2 * num_envs + batch_size - 2} with frame stacks stored "
-                "frame by frame, or inserts and samples could deadlock; raise it (or set "
-                "replay.frame_dedup: false)"
-            )
-        return limiter
-    limiter = RateLimiter(r.min_size_to_sample, r.samples_per_insert, r.error_buffer)
-    limiter.check_batch_sizes(send_every * num_envs, batch_size)
-    insert_frames = send_every * num_envs * (frames.layout.max_frames if frames else 0)
-    if frames is not None and insert_frames > frames.capacity:
-        raise ReplayError(
-            f"an insert of {send_every * num_envs} items may hold {insert_frames} frames, more "
-            f"than the {frames.capacity} frames replay.capacity {table.capacity} keeps; raise "
-            "replay.capacity (or set replay.frame_dedup: false)"
-        )
-    return limiter

@@ -1,21 +1,18 @@
 """Replay-memory shard: one table, owned by one thread, behind a gRPC service.
 
 gRPC handler threads validate requests and hand them to the table thread as typed
-operations (`Op`); the table thread is the only code that touches the table and the rate
-limiter (no locks on the table). Operations the rate limiter does not allow yet wait in a
-pending list until they are legal or their deadline passes. The table thread also keeps a
-small queue of ready, already-encoded sample batches so a learner's Sample call usually
-returns without waiting for the table.
+operations (`Op`); the table thread is the only code that touches the table (no locks on
+the table). Operations the table does not admit yet (its rate limiter, a round not yet
+complete) wait in a pending list until they are admitted or their deadline passes. The
+table thread also keeps a small queue of ready, already-encoded sample batches so a
+learner's Sample call usually returns without waiting for the table.
 
-A replay table (`replay.Table`: uniform, prioritized or a trajectory queue) is served the
-same way whatever its sampler; `replay.make_table` and `replay.make_limiter` build it and
-its rate limiter from the config. With Atari frame stacks (`replay.frames.layout_for`) the
-table stores each frame once: actors ship the wire form (`FrameLayout.pack`), an Insert of
-whole stacks is packed by its handler thread, and the table matches an insert's frames
-against the same actor's previous one; Sample returns whole stacks as before. An
-aggregate table (synchronous rounds) has no rate limiter and no prefetch: an Insert
-carries its weight round, and a Sample for round r waits until the round is complete,
-then takes all of it.
+The server holds its table through one interface, `replay.ServedTable`, whatever the
+replay kind (`replay.kinds`: a ring or a queue with its rate limiter, the aggregate table
+of synchronous rounds, or a kind of your own); `build` asks the config's kind to make it.
+With Atari frame stacks (`replay.frames.layout_for`) a table stores each frame once:
+actors ship the wire form (`FrameLayout.pack`), an Insert of whole stacks is packed by its
+handler thread, and Sample returns whole stacks as before.
 
 An offline run (`input.dir`) fills a uniform table from the dataset at start (see
 `load_dataset`) and only serves samples: no inserts come, so the rate limiter asks for
@@ -41,13 +38,15 @@ import numpy as np
 from easyrl.atomic import save_npz
 from easyrl.errors import RateLimitTimeout, ReplayError
 from easyrl.replay import (
-    AggregateTable,
+    LimitedTable,
+    NotReady,
     RateLimiter,
+    Sampled,
+    ServedTable,
     Table,
     UniformTable,
     item_bytes,
-    make_limiter,
-    make_table,
+    kinds,
     validate_batch,
 )
 from easyrl.replay.frames import layout_for
@@ -73,15 +72,15 @@ def _always() -> bool:
 
 @dataclass
 class Op:
-    """One request for the table thread: its kind, how long it may wait for the rate
-    limiter (or its round), and what its kind uses (the others keep their defaults):
-    `batch` (insert), `priorities` (insert, update; None: the table's default), `keys`
-    (update), `n` (items inserted, sampled or updated), `round` (insert and take_round of
-    an aggregate table), `source` (insert: the actor that sent it), `sender` and `sequence`
-    (insert: exactly-once, see `InsertRequest`) and `active` (whether the caller still
-    waits: nothing is stored or released for one that is gone)."""
+    """One request for the table thread: its kind, how long it may wait for the table to
+    admit it, and what its kind uses (the others keep their defaults): `batch` (insert),
+    `priorities` (insert, update; None: the table's default), `keys` (update), `n` (items
+    inserted, sampled or updated; 0 for a whole round), `round` (insert, sample: a table of
+    rounds), `source` (insert: the actor that sent it), `sender` and `sequence` (insert:
+    exactly-once, see `InsertRequest`) and `active` (whether the caller still waits:
+    nothing is stored or released for one that is gone)."""
 
-    kind: Literal["insert", "sample", "update", "take_round", "snapshot"]
+    kind: Literal["insert", "sample", "update", "snapshot"]
     timeout_s: float
     batch: dict[str, np.ndarray] = field(default_factory=dict)
     priorities: np.ndarray | None = None
@@ -99,29 +98,13 @@ class Op:
         self.deadline = time.monotonic() + self.timeout_s
 
 
-class BetaSchedule:
-    """Importance-sampling exponent annealed linearly over sampled batches."""
-
-    def __init__(self, start: float, final: float, steps: int):
-        self.start, self.final, self.steps = start, final, steps
-
-    def __call__(self, batches: int) -> float:
-        if self.steps <= 0:
-            return self.start
-        frac = min(1.0, batches / self.steps)
-        return self.start + frac * (self.final - self.start)
-
-
 class MemoryServer(pb_grpc.ReplayMemoryServicer):
     """A replay shard.
 
     Args:
-        table: a replay `Table` (any sampler) or an `AggregateTable`.
-        limiter: the rate limiter paired with a replay table (`replay.make_limiter`); None
-            for an aggregate table.
-        batch_size: the learners' batch size (prefetched batches have this size).
-        prefetch: how many ready batches to keep.
-        beta: importance-sampling exponent schedule.
+        table: the served table (`replay.kinds.Kind.build`: a `replay.LimitedTable`, an
+            aggregate table of rounds or one of your own).
+        prefetch: how many ready batches to keep (a table that prefetches).
         shard: this shard's index (for status).
         stored: {actor: (sender, last sequence)} of the inserts stored before a restart
             (`restore_stored`): their resends are known as duplicates.
@@ -129,24 +112,15 @@ class MemoryServer(pb_grpc.ReplayMemoryServicer):
 
     def __init__(
         self,
-        table: Table | AggregateTable,
-        limiter: RateLimiter | None,
-        batch_size: int,
-        prefetch: int,
-        beta: BetaSchedule,
+        table: ServedTable,
+        prefetch: int = 1,
         shard: int = 0,
         stored: dict[int, tuple[int, int]] | None = None,
     ):
-        if batch_size < 1 or prefetch < 1:
-            raise ValueError("batch_size and prefetch must be >= 1")
+        if prefetch < 1:
+            raise ValueError("prefetch must be >= 1")
         self.table = table
-        self.rounds = isinstance(table, AggregateTable)
-        if (limiter is None) != self.rounds:
-            raise ValueError("an aggregate table takes no rate limiter; other tables need one")
-        self.limiter = limiter
-        self.batch_size = batch_size
         self.shard = shard
-        self._beta = beta
         self._ops: queue.Queue[Op | None] = queue.Queue()
         self._ready: queue.Queue[codec.Framed] = queue.Queue(maxsize=prefetch)
         self._pending: collections.deque[Op] = collections.deque()
@@ -200,34 +174,38 @@ class MemoryServer(pb_grpc.ReplayMemoryServicer):
         self._pending = still
 
     def _try(self, op: Op):
-        """Runs `op` if the rate limiter allows it now; returns its result or None."""
-        table, limiter = self.table, self.limiter
-        if isinstance(table, AggregateTable):
-            return self._try_round(table, op)
-        assert limiter is not None, "a replay table is served with its rate limiter"
+        """Runs `op` if the table admits it now; returns its result or None."""
+        if op.kind == "insert":
+            return self._insert(op)
+        if op.kind == "sample":
+            if not op.active():  # nothing is taken (a FIFO or a round would lose it)
+                raise ReplayError("the caller gave up before the sample ran")
+            result = self.table.try_sample(op.n, op.round)
+            return None if result is None else self._reply(result)
         if op.kind == "snapshot":  # a copy taken between two operations: consistent
             return self._state()
-        if op.kind == "insert":
-            if self._duplicate(op):
-                return pb.InsertResponse(size=table.size, inserted=table.inserted, duplicate=True)
-            if not op.active():  # the caller's deadline passed while the op waited: not stored
-                self.counters["inserts_abandoned"] += op.n
-                raise ReplayError("the caller gave up before the insert ran")
-            if not limiter.can_insert(op.n) or not table.fits(op.batch):
-                return None
-            table.insert(op.batch, op.priorities, source=op.source)
-            limiter.on_insert(op.n)
-            self._remember(op)
-            self.counters["inserts"] += op.n
-            return pb.InsertResponse(size=table.size, inserted=table.inserted)
-        if op.kind == "sample":
-            if not op.active():  # nothing is sampled (a FIFO would lose it) for a caller gone
-                raise ReplayError("the caller gave up before the sample ran")
-            return self._sample(table, limiter, op.n) if limiter.can_sample(op.n) else None
-        updated = table.update_priorities(op.keys, op.priorities)
+        updated = self.table.update_priorities(op.keys, op.priorities)
         self.counters["priority_updates"] += updated
         self.counters["stale_priority_keys"] += op.n - updated
         return pb.UpdatePrioritiesResponse(updated=updated)
+
+    def _insert(self, op: Op) -> pb.InsertResponse | None:
+        table = self.table
+        if self._duplicate(op):
+            return pb.InsertResponse(
+                size=table.size, inserted=table.inserted, round=table.round, duplicate=True
+            )
+        if not op.active():  # the caller's deadline passed while the op waited: not stored
+            self.counters["inserts_abandoned"] += op.n
+            raise ReplayError("the caller gave up before the insert ran")
+        kept = table.try_insert(op.batch, op.n, op.priorities, op.round, op.source)
+        if kept is None:
+            return None
+        self._remember(op)
+        self.counters["inserts" if kept else "refused_stale"] += op.n
+        return pb.InsertResponse(
+            size=table.size, inserted=table.inserted, refused=not kept, round=table.round
+        )
 
     def _remember(self, op: Op) -> None:
         """Keeps the number of stored insert `op` when it has one (exactly-once)."""
@@ -243,59 +221,39 @@ class MemoryServer(pb_grpc.ReplayMemoryServicer):
         self.counters["duplicate_inserts"] += op.n
         return True
 
-    def _try_round(self, table: AggregateTable, op: Op):
-        """Aggregate table: inserts always run; a round is taken once complete."""
-        if op.kind == "insert":
-            if self._duplicate(op):
-                return pb.InsertResponse(
-                    size=table.size, inserted=table.inserted, round=table.round, duplicate=True
-                )
-            kept = table.insert(op.batch, op.round)
-            self._remember(op)
-            self.counters["inserts" if kept else "refused_stale"] += op.n
-            return pb.InsertResponse(
-                size=table.size, inserted=table.inserted, refused=not kept, round=table.round
-            )
-        if not op.active():  # the caller gave up (deadline, crash): keep the round
-            raise ReplayError("the caller is gone")
-        table.catch_up(op.round)
-        if table.round > op.round:  # the caller is behind: tell it which round is collected
-            return pb.SampleResponse(ready=False, round=table.round)
-        if table.incomplete_round == op.round:
-            return pb.SampleResponse(ready=False, round=op.round, incomplete=True)
-        if not table.ready(op.round):
-            return None
-        batch = table.take(op.round)
-        self.counters["rounds_released"] += 1
-        self.counters["samples"] += len(next(iter(batch.values())))
-        body = codec.Body()
-        return body.frame(pb.SampleResponse(ready=True, tensors=body.batch(batch), round=op.round))
+    def _reply(self, result: Sampled | NotReady) -> pb.SampleResponse | codec.Framed:
+        """The Sample reply of a table's answer."""
+        if isinstance(result, NotReady):
+            return pb.SampleResponse(ready=False, round=result.round, incomplete=result.incomplete)
+        return self._encode(result)
 
-    def _sample(self, table: Table, limiter: RateLimiter, batch_size: int) -> codec.Framed:
-        sample = table.sample(batch_size, self._beta(self.counters["sample_batches"]))
-        limiter.on_sample(batch_size)
-        self.counters["samples"] += batch_size
-        self.counters["sample_batches"] += 1
+    def _encode(self, sampled: Sampled) -> codec.Framed:
+        """A Sample reply of sampled items, encoded once, on this thread."""
+        self.counters["samples"] += len(next(iter(sampled.data.values())))
         body = codec.Body()
-        response = pb.SampleResponse(
-            ready=True,
-            tensors=body.batch(sample.data),
-            keys=body.tensor("keys", sample.keys),
-            weights=body.tensor("weights", sample.weights),
+        extra = {}  # keys and weights of a table that has them
+        if sampled.keys is not None:
+            extra["keys"] = body.tensor("keys", sampled.keys)
+        if sampled.weights is not None:
+            extra["weights"] = body.tensor("weights", sampled.weights)
+        tensors = body.batch(sampled.data)
+        return body.frame(
+            pb.SampleResponse(ready=True, tensors=tensors, round=sampled.round, **extra)
         )
-        return body.frame(response)
 
     def _fill_prefetch(self) -> None:
-        table, limiter = self.table, self.limiter
-        if isinstance(table, AggregateTable) or limiter is None:  # whole rounds on request
+        table = self.table
+        if not table.prefetch:  # e.g. whole rounds, on request
             return
-        while not self._ready.full() and limiter.can_sample(self.batch_size):
+        while not self._ready.full():
             try:
-                response = self._sample(table, limiter, self.batch_size)
+                result = table.try_sample(table.batch_size, 0)
             except ReplayError as err:  # e.g. every stored priority is zero: retry later
                 log.debug("prefetch skipped: %s", err)
                 return
-            self._ready.put_nowait(response)
+            if not isinstance(result, Sampled):
+                return
+            self._ready.put_nowait(self._encode(result))
 
     def _submit(self, op: Op):
         if self.stopping.is_set():
@@ -321,28 +279,19 @@ class MemoryServer(pb_grpc.ReplayMemoryServicer):
         priorities = None
         if request.HasField("priorities"):
             priorities = codec.decode_array(request.priorities, request.body)
-        timeout, table = within_deadline(context, INSERT_WAIT_S), self.table
-        if isinstance(table, AggregateTable):
-            n = validate_batch(table.spec, batch)
-            if priorities is not None or request.round < 0:
-                raise ReplayError("an aggregate table takes a round >= 0 and no priorities")
-            op = Op("insert", timeout, batch=batch, n=n, round=request.round, source=request.actor)
-            op.sender, op.sequence = request.sender, request.sequence
-            return self._submit(op)
-        n = table.check_insert(batch, priorities)  # e.g. more unrolls than a queue ever holds
-        if table.frames is not None:  # whole stacks: split and matched here, not by the table
-            batch = table.frames.layout.packed(batch)
-        active = caller_active(context)
+        timeout = within_deadline(context, INSERT_WAIT_S)
+        batch, n = self.table.check_insert(batch, priorities, request.round)
         op = Op(
             "insert",
             timeout,
             batch=batch,
             priorities=priorities,
             n=n,
+            round=request.round,
             source=request.actor,
             sender=request.sender,
             sequence=request.sequence,
-            active=active,
+            active=caller_active(context),
         )
         try:
             return self._submit(op)
@@ -354,45 +303,34 @@ class MemoryServer(pb_grpc.ReplayMemoryServicer):
         if not 0 <= request.timeout_s <= 600:
             raise ReplayError("timeout_s must be in [0, 600]")
         table = self.table
-        if isinstance(table, AggregateTable):
-            return self._take_round(table, request, context)
-        if not 1 <= request.batch_size <= table.capacity:
-            raise ReplayError(f"batch_size must be in [1, {table.capacity}]")
-        # Waits end at the caller's deadline, or as soon as it cancels.
+        table.check_sample(request.batch_size, request.round)
+        # Waits end at the caller's deadline, or as soon as it cancels; never release
+        # items to a caller that is gone: they would be lost.
         timeout, active = within_deadline(context, request.timeout_s), caller_active(context)
-        if request.batch_size == self.batch_size:
-            deadline = time.monotonic() + timeout
-            while active():
-                try:
-                    batch = self._ready.get(timeout=min(0.1, max(0.0, deadline - time.monotonic())))
-                except queue.Empty:
-                    if time.monotonic() >= deadline:
-                        break
-                    continue
-                self._ops.put(None)  # wake the table thread to refill the prefetch queue
-                return batch
-            return pb.SampleResponse(ready=False)
-        try:
-            return self._submit(Op("sample", timeout, n=request.batch_size, active=active))
-        except RateLimitTimeout:
-            return pb.SampleResponse(ready=False)
-
-    def _take_round(self, table: AggregateTable, request, context) -> pb.SampleResponse:
-        if request.round < 0 or request.batch_size != 0:
-            raise ReplayError("an aggregate table takes a round >= 0 and batch_size 0 (all of it)")
-        # Give up before the caller's deadline does, and never release a round to a caller
-        # that is gone: its items would be lost.
-        timeout = within_deadline(context, request.timeout_s)
-        op = Op("take_round", timeout, round=request.round, active=caller_active(context))
+        if table.prefetch and request.batch_size == table.batch_size:
+            return self._prefetched(timeout, active)
+        op = Op("sample", timeout, n=request.batch_size, round=request.round, active=active)
         try:
             return self._submit(op)
         except RateLimitTimeout:
             return pb.SampleResponse(ready=False, round=table.round)
 
+    def _prefetched(self, timeout: float, active: Callable[[], bool]):
+        """A ready batch from the prefetch queue, waiting up to `timeout` for one."""
+        deadline = time.monotonic() + timeout
+        while active():
+            try:
+                batch = self._ready.get(timeout=min(0.1, max(0.0, deadline - time.monotonic())))
+            except queue.Empty:
+                if time.monotonic() >= deadline:
+                    break
+                continue
+            self._ops.put(None)  # wake the table thread to refill the prefetch queue
+            return batch
+        return pb.SampleResponse(ready=False)
+
     @invalid_argument_on_error
     def UpdatePriorities(self, request, context):
-        if self.rounds:
-            raise ReplayError("an aggregate table has no priorities")
         keys = codec.decode_array(request.keys, request.body)
         priorities = codec.decode_array(request.priorities, request.body)
         if keys.ndim != 1 or keys.dtype.kind not in "iu" or priorities.shape != keys.shape:
@@ -401,20 +339,13 @@ class MemoryServer(pb_grpc.ReplayMemoryServicer):
         return self._submit(op)
 
     def Status(self, request, context):
-        snapshot = dict(self.counters)  # the table thread may add keys meanwhile
+        snapshot = {
+            **self.counters,  # copied: the table thread may add keys meanwhile
+            **self.table.status(),
+            "size": self.table.size,
+            "ready_batches": self._ready.qsize(),
+        }
         counters = {f"memory/{self.shard}/{k}": float(v) for k, v in snapshot.items()}
-        counters[f"memory/{self.shard}/size"] = float(self.table.size)
-        if isinstance(self.table, AggregateTable):
-            counters[f"memory/{self.shard}/round"] = float(self.table.round)
-            counters[f"memory/{self.shard}/dropped_items"] = float(self.table.refused)
-        counters[f"memory/{self.shard}/ready_batches"] = float(self._ready.qsize())
-        if not isinstance(self.table, AggregateTable):  # every item stored, snapshots' too
-            counters[f"memory/{self.shard}/inserted"] = float(self.table.inserted)
-        if not isinstance(self.table, AggregateTable) and self.table.frames is not None:
-            frames = self.table.frames
-            counters[f"memory/{self.shard}/frames_stored"] = float(frames.next)
-            counters[f"memory/{self.shard}/frames_matched"] = float(frames.matched)
-            counters[f"memory/{self.shard}/dropped_for_frames"] = float(self.table.dropped)
         return pb.StatusResponse(
             role="memory",
             task=self.shard,
@@ -434,16 +365,9 @@ class MemoryServer(pb_grpc.ReplayMemoryServicer):
     def _state(self) -> dict:
         """The table's state and the last insert stored from each actor (exactly-once
         across a restart of this shard: a resend of an insert it had stored is known)."""
-        table = self.table
-        assert not isinstance(table, AggregateTable), "an aggregate table is not snapshotted"
         stored = [(source, *last) for source, last in self._stored.items()]
-        return {**table.state_dict(), STORED_KEY: np.array(stored, np.int64).reshape(-1, 3)}
-
-    @property
-    def snapshots(self) -> bool:
-        """Whether this shard's table is snapshotted: a replay table is; an aggregate round
-        is not (a restarted shard makes the learner abandon the round)."""
-        return not self.rounds
+        state = self.table.state_dict()
+        return {**state, STORED_KEY: np.array(stored, np.int64).reshape(-1, 3)}
 
     def snapshot(self, path: Path) -> int:
         """Writes the table to `path` (write, then rename): copied by the table thread between
@@ -454,11 +378,8 @@ class MemoryServer(pb_grpc.ReplayMemoryServicer):
             The number of items saved.
 
         Raises:
-            ReplayError: the table is an aggregate table.
+            ReplayError: the table is not snapshotted (`Kind.snapshots`).
         """
-        table = self.table
-        if isinstance(table, AggregateTable):
-            raise ReplayError("an aggregate table is not snapshotted")
         state = self._submit(Op("snapshot", 0.0)) if self._thread.is_alive() else self._state()
         save_npz(path, state)
         items = len(next(v for k, v in state.items() if k.startswith(DATA_PREFIX)))
@@ -466,7 +387,7 @@ class MemoryServer(pb_grpc.ReplayMemoryServicer):
         return items
 
 
-def restore(table: Table, path: Path) -> int:
+def restore(table: Table | ServedTable, path: Path) -> int:
     """Loads a snapshot written by `MemoryServer.snapshot` into a new table.
 
     Returns:
@@ -541,18 +462,50 @@ def load_dataset(cfg, spec, shard: int, num_memory: int) -> tuple[UniformTable, 
     return table, len(indices)
 
 
-def build(
-    cfg, spec, shard: int, cluster=None, snapshot: Path | None = None, restarted: bool = False
-) -> MemoryServer:
-    """Builds a memory shard from the config's `replay` section and a table spec.
+def shard_setup(cfg, spec, shard: int, cluster=None, restarted: bool = False) -> kinds.ShardSetup:
+    """What the config's replay kind takes to build memory `shard`'s table.
 
     Args:
         cfg: the run's config.
         spec: the table's column spec (from the algorithm's `replay_spec`).
         shard: this shard's index.
-        cluster: the cluster spec (needed by an aggregate table to size its rounds).
-        snapshot: a replay or trajectory table restores this snapshot when it exists.
-        restarted: this shard ran before in this run directory (an aggregate table then
+        cluster: the cluster spec (sizes the rounds of a kind whose learners take rounds).
+        restarted: this shard ran before in this run directory.
+    """
+    kind = kinds.get(cfg.replay.kind)
+
+    def items_per_round() -> int:
+        if cluster is None:
+            raise ReplayError(f"replay.kind {kind.name!r} needs the cluster to size its rounds")
+        return round_size(cfg, cluster.actor, len(cluster.memory), shard)
+
+    return kinds.ShardSetup(
+        replay=cfg.replay,
+        spec=spec,
+        seed=derive_seed(cfg.run.seed, "memory", shard),
+        batch_size=cfg.algorithm.params.batch_size if kind.batches else 0,
+        num_envs=cfg.env.num_envs,
+        send_every=cfg.actor.send_every,
+        frames=layout_for(cfg, spec),
+        round_size=items_per_round,
+        restarted=restarted,
+    )
+
+
+def build(
+    cfg, spec, shard: int, cluster=None, snapshot: Path | None = None, restarted: bool = False
+) -> MemoryServer:
+    """Builds a memory shard from the config's `replay` section and a table spec: the
+    table of its replay kind (`replay.kinds`), restored from `snapshot` when the kind
+    snapshots and the file exists.
+
+    Args:
+        cfg: the run's config.
+        spec: the table's column spec (from the algorithm's `replay_spec`).
+        shard: this shard's index.
+        cluster: the cluster spec (needed by a table of rounds to size them).
+        snapshot: the shard's snapshot file.
+        restarted: this shard ran before in this run directory (a table of rounds then
             marks its first round incomplete).
     """
     r = cfg.replay
@@ -561,37 +514,28 @@ def build(
         table, shards = load_dataset(cfg, spec, shard, num_memory)
         limiter = RateLimiter.min_size(min(r.min_size_to_sample, table.size))
         limiter.on_insert(table.size)  # before the table thread starts reading it
-        batch_size = cfg.algorithm.params.batch_size
-        memory = MemoryServer(table, limiter, batch_size, r.prefetch, BetaSchedule(0, 0, 0), shard)
+        served = LimitedTable(table, limiter, cfg.algorithm.params.batch_size)
+        memory = MemoryServer(served, r.prefetch, shard)
         memory.counters.update(loaded_items=table.size, loaded_shards=shards)
         return memory
-    if r.kind == "aggregate":  # synchronous rounds, sized by the actors shipping here
-        if cluster is None:
-            raise ReplayError("an aggregate table needs the cluster to size its rounds")
-        size = round_size(cfg, cluster.actor, len(cluster.memory), shard)
-        table = AggregateTable(spec, r.capacity, size, restarted)
-        return MemoryServer(table, None, 1, 1, BetaSchedule(0, 0, 0), shard)
-    batch_size = cfg.algorithm.params.batch_size
-    seed = derive_seed(cfg.run.seed, "memory", shard)
-    table = make_table(r, spec, seed=seed, frames=layout_for(cfg, spec))
-    restored = restore(table, snapshot) if snapshot is not None else 0
-    limiter = make_limiter(r, table, cfg.env.num_envs, cfg.actor.send_every, batch_size)
-    beta = BetaSchedule(r.beta, r.beta_final, r.beta_anneal_steps)
-    stored = restore_stored(snapshot) if snapshot is not None else None
-    memory = MemoryServer(table, limiter, batch_size, r.prefetch, beta, shard, stored)
+    kind = kinds.get(r.kind)
+    served = kind.build(shard_setup(cfg, spec, shard, cluster, restarted))
+    if not kind.snapshots or snapshot is None:
+        return MemoryServer(served, r.prefetch, shard)
+    restored = restore(served, snapshot)
+    memory = MemoryServer(served, r.prefetch, shard, restore_stored(snapshot))
     # What the restored table counts as acknowledged (its `inserted` once restored).
-    memory.counters.update(restored_items=restored, restored_inserted=table.inserted)
+    memory.counters.update(restored_items=restored, restored_inserted=served.inserted)
     return memory
 
 
 def largest_message(cfg, spec: dict, memory: MemoryServer) -> int:
     """Bytes of the largest message shard `memory` legitimately takes or sends: an actor's
     Insert (at most one item per env and vector step between shipments, or its round
-    share), a Sample reply (`batch_size` items) or a round taken whole; items as the spec
-    sizes them (Atari stacks whole: an Insert of distinct frames is smaller)."""
-    items = max(cfg.env.num_envs * cfg.actor.send_every, memory.batch_size)
-    if isinstance(memory.table, AggregateTable):
-        items = max(items, memory.table.round_size)
+    share), a Sample reply (`batch_size` items: a learner's batch or a round taken whole);
+    items as the spec sizes them (Atari stacks whole: an Insert of distinct frames is
+    smaller)."""
+    items = max(cfg.env.num_envs * cfg.actor.send_every, memory.table.batch_size)
     return items * item_bytes(spec)
 
 
@@ -611,7 +555,7 @@ def run(ctx) -> int:
     marker.parent.mkdir(parents=True, exist_ok=True)
     marker.touch()
     memory = build(ctx.cfg, spec, ctx.task, ctx.cluster, snapshot=path, restarted=restarted)
-    snapshots = memory.snapshots and ctx.cfg.input.dir is None  # a dataset is reloaded
+    snapshots = kinds.get(ctx.cfg.replay.kind).snapshots and ctx.cfg.input.dir is None
     # Every actor keeps one Insert in flight, and one the rate limiter holds back occupies
     # a handler thread: enough threads that learners' Samples never queue behind them.
     workers = 16 + ctx.cluster.actor + 4 * ctx.cluster.learner

@@ -1,0 +1,262 @@
+"""Replay kinds as objects (easyrl.replay.kinds): each registered once and read by the config
+loader, the contract check, the memory role and k8s; a kind defined here, outside the
+package, is registered, loaded from a config and served by a memory shard over real gRPC."""
+
+import dataclasses
+import os
+from pathlib import Path
+from typing import Any
+
+import grpc
+import numpy as np
+import pytest
+from test_cluster import _counters, one_each
+
+from easyrl import config as config_lib
+from easyrl.algorithms import registry
+from easyrl.cluster import k8s
+from easyrl.envs import env_spaces
+from easyrl.errors import ConfigError, ReplayError, TransportError
+from easyrl.replay import AggregateTable, LimitedTable, Sampler, Table, kinds
+from easyrl.replay.kinds import Kind, ShardSetup
+from easyrl.roles import memory as memory_role
+from easyrl.transport import rpc
+from easyrl.transport.clients import MemoryClient
+
+TOKEN = "kinds-test-token"
+
+
+# --- a replay kind of our own ---------------------------------------------------------------
+
+
+class Newest(Sampler):
+    """Samples the `batch_size` newest items (no priorities): a kind no built-in one is."""
+
+    def check_priorities(self, priorities: Any, n: int) -> np.ndarray:
+        """Refuses priorities."""
+        if priorities is not None:
+            raise ReplayError("a newest-first table takes no priorities")
+        return np.zeros(0)
+
+    def sample(
+        self, table: Table, batch_size: int, rng: np.random.Generator
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """The newest `batch_size` items (probability 1 each)."""
+        if batch_size > table.size:
+            raise ReplayError(f"batch_size must be in [1, {table.size}] (items stored)")
+        slots = np.arange(table.inserted - batch_size, table.inserted) % table.capacity  # [B]
+        return slots, np.ones(batch_size)
+
+    def update(self, table: Table, keys: Any, priorities: Any) -> int:
+        """No priorities: always raises ReplayError."""
+        raise ReplayError("a newest-first table has no priorities")
+
+
+def build_newest(setup: ShardSetup) -> LimitedTable:
+    """A ring sampled newest first, rate limited as the built-in rings are (samples wait for
+    `min_size_to_sample` items, and `samples_per_insert` when set)."""
+    table = Table(setup.spec, setup.replay.capacity, Newest(), seed=setup.seed)
+    insert_items = setup.send_every * setup.num_envs
+    limiter = kinds.ring_limiter(setup.replay, table, insert_items, setup.batch_size)
+    return LimitedTable(table, limiter, setup.batch_size)
+
+
+def check_newest(replay: config_lib.ReplayConfig) -> None:
+    if replay.min_size_to_sample > replay.capacity:
+        raise ConfigError("replay.min_size_to_sample: must be <= replay.capacity")
+
+
+NEWEST = kinds.register(Kind("newest", build_newest, check=check_newest))
+
+NEWEST_DQN = '''
+"""DQN whose items go to the "newest" replay kind, which importing tests/test_replay_kinds.py
+registers (in every process of a run: each one imports this module)."""
+import test_replay_kinds  # noqa: F401
+from easyrl.algorithms.dqn import FLOW, Params, build, optimizer, replay_spec
+
+REPLAY_KINDS = ("newest",)
+'''
+
+
+@pytest.fixture
+def newest_dqn(tmp_path, monkeypatch) -> str:
+    """The name of an algorithm module of user code that uses the "newest" kind, importable
+    here and by the processes a run starts (as this test module is)."""
+    modules = tmp_path / "modules"
+    modules.mkdir()
+    (modules / "newest_dqn.py").write_text(NEWEST_DQN)
+    (modules / "unknown_kind_dqn.py").write_text(NEWEST_DQN.replace('"newest"', '"newst"'))
+    monkeypatch.syspath_prepend(str(modules))
+    path = [str(modules), str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")]
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, path)))
+    return "newest_dqn"
+
+
+def newest_config(name: str, **replay) -> config_lib.Config:
+    raw = {
+        "algorithm": {"name": name, "batch_size": 4},
+        "replay": {"capacity": 16, "min_size_to_sample": 3, **replay},
+    }
+    return config_lib.from_dict(raw)
+
+
+def items(spec: dict, start: int, n: int) -> dict[str, np.ndarray]:
+    """`n` items of `spec`; every value of item i is `start + i`."""
+    k = np.arange(start, start + n)
+    return {
+        name: (k.reshape(-1, *[1] * len(shape)) + np.zeros(shape)).astype(dtype)
+        for name, (shape, dtype) in spec.items()
+    }
+
+
+@pytest.fixture
+def serve():
+    """Serves a MemoryServer on 127.0.0.1; returns (client, memory) of the last one."""
+    started = []
+
+    def start(memory: memory_role.MemoryServer) -> MemoryClient:
+        server, port = rpc.make_server("127.0.0.1:0", TOKEN, max_workers=4)
+        rpc.add_servicer("memory", memory, server)
+        server.start()
+        started.append((memory, server))
+        address = f"127.0.0.1:{port}"
+        return MemoryClient(rpc.Client(rpc.stub_class("memory"), address, TOKEN, timeout_s=5.0))
+
+    yield start
+    for memory, server in started:
+        memory.close()
+        server.stop(None).wait()
+
+
+def test_a_kind_defined_outside_the_package_is_loaded_built_and_served_over_grpc(newest_dqn, serve):
+    cfg = newest_config(newest_dqn)
+    assert cfg.replay.kind == "newest" and cfg.replay.kind_spec is NEWEST
+    assert not cfg.replay.prioritized  # actors send no priorities, learners no updates
+    spec = registry.replay_spec(cfg, *env_spaces("CartPole-v1"))
+    memory = memory_role.build(cfg, spec, 0)
+    assert isinstance(memory.table, LimitedTable) and isinstance(memory.table.table.sampler, Newest)
+    client = serve(memory)
+
+    client.insert(items(spec, 0, 2), actor=0)
+    assert client.sample(2, timeout_s=0.2) is None  # min_size_to_sample 3: not yet
+    client.insert(items(spec, 2, 8), actor=0)  # the shard now samples ahead: keys 6 to 9
+    taken = client.sample(4, timeout_s=5.0)  # the prefetched batch size
+    assert taken is not None
+    batch, keys, weights = taken
+    np.testing.assert_array_equal(keys, [6, 7, 8, 9])
+    np.testing.assert_array_equal(batch["action"], [6, 7, 8, 9])
+    np.testing.assert_array_equal(weights, 1.0)
+    batch, keys, _ = client.sample(2, timeout_s=5.0) or ({}, None, None)  # not prefetched
+    np.testing.assert_array_equal(keys, [8, 9])
+    with pytest.raises(TransportError) as info:  # the kind has no priorities
+        client.update_priorities(keys, np.ones(2))
+    assert info.value.code == grpc.StatusCode.INVALID_ARGUMENT
+    assert "no priorities" in str(info.value)
+    status = memory.Status(None, None).counters
+    assert status["memory/0/inserts"] == 10 and status["memory/0/size"] == 10
+    assert status["memory/0/samples"] >= 6  # and what the prefetch took since
+
+
+def test_a_kind_snapshots_and_restores_through_its_table(newest_dqn, tmp_path):
+    cfg = newest_config(newest_dqn)
+    spec = registry.replay_spec(cfg, *env_spaces("CartPole-v1"))
+    path = tmp_path / "memory-0.npz"
+    memory = memory_role.build(cfg, spec, 0, snapshot=path)
+    try:
+        memory._submit(memory_role.Op("insert", 1.0, batch=items(spec, 0, 5), n=5))
+        assert memory.snapshot(path) == 5
+    finally:
+        memory.close()
+    again = memory_role.build(cfg, spec, 0, snapshot=path)
+    try:
+        assert again.table.size == 5 and again.counters["restored_items"] == 5
+    finally:
+        again.close()
+
+
+def test_the_kinds_own_check_and_unknown_kinds_fail_at_load(newest_dqn):
+    with pytest.raises(ConfigError, match="replay.min_size_to_sample: must be <= replay.capacity"):
+        newest_config(newest_dqn, min_size_to_sample=17)
+    with pytest.raises(
+        ConfigError, match="replay.kind: newest_dqn works with newest, got 'uniform'"
+    ):
+        newest_config(newest_dqn, kind="uniform")
+    with pytest.raises(ConfigError, match=r"unknown_kind_dqn.REPLAY_KINDS: unknown replay kind "):
+        newest_config("unknown_kind_dqn")
+    with pytest.raises(ConfigError, match="replay.kind: unknown replay kind 'unifrom'; did you "):
+        kinds.get("unifrom")
+    with pytest.raises(ReplayError, match="letters, digits"):
+        kinds.register(Kind("no such", build_newest))
+
+
+@pytest.mark.parametrize(
+    "name, batches, prioritized, frames, snapshots",
+    [
+        ("uniform", True, False, True, True),
+        ("prioritized", True, True, True, True),
+        ("trajectory", True, False, True, True),
+        ("aggregate", False, False, False, False),
+    ],
+)
+def test_the_built_in_kinds_say_what_the_runtime_reads(
+    name, batches, prioritized, frames, snapshots
+):
+    kind = kinds.get(name)
+    assert (kind.batches, kind.prioritized, kind.frames, kind.snapshots) == (
+        batches,
+        prioritized,
+        frames,
+        snapshots,
+    )
+    assert name in kinds.names()
+
+
+def test_k8s_gives_memory_shards_time_to_snapshot_only_for_kinds_that_snapshot(newest_dqn):
+    replay = 10 * k8s.DISK_BYTES_PER_S
+    ppo = config_lib.from_dict({"algorithm": {"name": "ppo"}})
+    assert k8s.grace_s(ppo, "memory", replay) == k8s.GRACE_S  # aggregate: no snapshot
+    newest = newest_config(newest_dqn)
+    assert k8s.grace_s(newest, "memory", replay) == k8s.GRACE_S + 10
+    assert k8s.grace_s(newest, "actor", replay) == k8s.GRACE_S
+
+
+def test_an_aggregate_shard_is_built_from_its_kind_with_the_cluster_sizing_its_rounds():
+    cfg = config_lib.from_dict(
+        {"algorithm": {"name": "ppo", "rollout_length": 8}, "env": {"num_envs": 2}}
+    )
+    spec = {"obs": ((4,), np.float32)}
+    setup = memory_role.shard_setup(cfg, spec, 0)
+    with pytest.raises(ReplayError, match="needs the cluster to size its rounds"):
+        kinds.get("aggregate").build(setup)
+    setup = dataclasses.replace(setup, round_size=lambda: 16)
+    table = kinds.get("aggregate").build(setup)
+    assert isinstance(table, AggregateTable) and table.round_size == table.batch_size == 16
+
+
+def test_the_memory_server_holds_every_table_through_one_interface():
+    source = Path(memory_role.__file__).read_text()
+    assert "AggregateTable" not in source and '"aggregate"' not in source
+
+
+@pytest.mark.cluster
+@pytest.mark.timeout(300)
+def test_a_kind_of_our_own_trains_cartpole_through_real_role_processes(newest_dqn, launch):
+    budget = 1500
+    run = launch(
+        f"algorithm.name={newest_dqn}",
+        "replay.kind=newest",
+        f"stop.max_env_steps={budget}",
+        "stop.max_seconds=150",
+        *one_each(1),
+    )
+    code = run.wait(240)
+    assert code == 0, f"exit code {code}:\n{run.output()}\n{run.logs()}"
+    summary = run.summary()
+    assert "max_env_steps" in summary["reason"], summary["reason"]
+    ps, memory = _counters(summary, "ps/0"), _counters(summary, "memory/0")
+    assert ps["env_steps"] >= budget and ps["ps/0/applied"] > 0, ps
+    # Samples of the newest kind, through the same rate limiter as any ring (1 per insert).
+    assert memory["memory/0/inserts"] > 0 and memory["memory/0/samples"] > 0
+    assert memory["memory/0/sample_batches"] > 0
+    assert "memory/0/priority_updates" not in memory  # the kind has no priorities
+    assert config_lib.load(run.config_path).replay.kind == "newest"
