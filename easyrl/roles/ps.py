@@ -275,7 +275,7 @@ class ParameterServer(pb_grpc.ParameterServerServicer):
             meta = {
                 "version": self.version,
                 "round": self.round,
-                "counters": self.counters,
+                "counters": dict(self.counters),  # as of this moment: pushes go on
                 "elapsed_s": self.elapsed(),
             }
             if self.stats is not None:
