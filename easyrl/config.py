@@ -276,7 +276,8 @@ class LearnerConfig(_Section):
     push_queue: int = 2
     """Gradient pushes buffered towards the PS."""
     push_threads: int = 2
-    """Pushes in flight at once (each thread pushes, then pulls the new values)."""
+    """Pushes in flight at once (each thread pushes to every PS shard; the replies carry the
+    shards' newest values)."""
     device: Literal["auto", "cpu", "gpu"] = "auto"
     """Device the learner computes on (auto: a GPU when one is visible)."""
     updates_per_report: int = 20

@@ -10,6 +10,7 @@ from conftest import RoleServers
 from easyrl import config as config_lib
 from easyrl.roles.common import StopSignal, guarded
 from easyrl.roles.learner import Learner
+from easyrl.roles.ps import QUEUE_PUSHES
 
 CONFIG = Path(__file__).resolve().parents[1] / "configs" / "cartpole_apex.yaml"
 
@@ -84,3 +85,67 @@ def test_a_priority_update_past_its_deadline_is_dropped_and_the_learner_goes_on(
         stop.set()
         thread.join(timeout=10)
         shards.memory._try = run_op
+
+
+def test_a_learner_keeps_computing_while_its_pushes_wait_for_the_ps(role_servers):
+    """The PS shard applies nothing for a while (its apply thread is held back): the learner
+    still computes the next updates, up to a bound on the pushes in flight (the shard's queue,
+    the push threads, the push queue, the update being computed and one the apply thread
+    took before it was held), then waits. Once the
+    shard goes on, every push it accepted is applied, each drop is counted on both sides,
+    and the staleness the shard counts includes the pushes queued ahead of each."""
+    cfg = config_lib.load(
+        CONFIG,
+        [
+            "env.num_envs=1",
+            "algorithm.batch_size=32",
+            "replay.min_size_to_sample=64",
+            "replay.samples_per_insert=null",
+            "replay.error_buffer=null",
+        ],
+    )
+    shards = role_servers.start(cfg, token="learner-test-token")
+    ps, stop = shards.ps, StopSignal()
+    learner = Learner(shards.ctx, shards.ctx.build_algorithm(learner=True), stop)
+    items = RoleServers.items(shards.memory.table.spec, 0, 128)
+    items["action"] %= 2  # CartPole's actions
+    assert learner.memories[0].insert(items)
+    thread = threading.Thread(target=learner.run, daemon=True)
+    thread.start()
+    try:
+        wait_until(lambda: ps.counters["applied"] >= 3, stop)
+        bound = QUEUE_PUSHES + cfg.learner.push_threads + cfg.learner.push_queue + 2
+        gate, oldest = threading.Event(), ps._queue.oldest
+        ps._queue.oldest = lambda: gate.wait() and oldest()  # the apply thread's next push
+        before = learner.updates
+        try:
+            time.sleep(0.5)  # the push being applied, if any, is done
+            version = ps.version
+            time.sleep(2.0)
+            during = learner.updates - before
+            assert ps.version == version and len(ps._queue) == QUEUE_PUSHES
+        finally:
+            gate.set()
+            ps._queue.oldest = oldest
+        assert QUEUE_PUSHES <= during <= bound, (during, bound)
+        wait_until(lambda: ps.version >= version + QUEUE_PUSHES, stop)
+    finally:
+        stop.set()
+        thread.join(timeout=15)
+    assert not thread.is_alive() and not stop.error
+    wait_until(lambda: len(ps._queue) == 0, StopSignal())
+    c = ps.counters
+    assert c["pushes"] == c["applied"] + c["dropped_stale"] + c["dropped_nonfinite"]
+    assert c["pushes"] <= learner.updates
+    assert learner.counters["dropped_stale"] == c["dropped_stale"]
+    assert learner.counters["dropped_nonfinite"] == c["dropped_nonfinite"]
+    # The pushes queued behind the held thread were applied to values 1, 2, ... versions
+    # newer than those they were computed against.
+    assert c["staleness_sum"] >= sum(range(min(during, QUEUE_PUSHES)))
+
+
+def wait_until(condition, stop: StopSignal, timeout_s: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline and not stop.error, stop.error
+        time.sleep(0.02)

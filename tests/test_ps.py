@@ -525,6 +525,7 @@ def test_report_to_other_shard_invalid_and_no_return_counters(serve_ps):
             "dropped_ahead",
             "version",
             "round",
+            "queued",
         )
     }
     assert not any("return" in k or "env_steps" in k for k in after.counters)

@@ -7,6 +7,12 @@ the slot `swap_in` reads). Learner threads: one prefetch per memory shard (Sampl
 queue), the loop below (one compiled gradient step per batch), push threads (gradients to
 every PS shard in parallel) and a priority thread (new priorities back to the shard that
 issued the keys). Bounded queues between them make back-pressure explicit.
+
+The loop computes the next gradient while earlier pushes travel or wait in a PS shard's
+queue (the shards answer a push once they queued it, with their newest applied values): each
+gradient goes with the shard versions of the values it was computed against, so the shards
+count its staleness, the pushes queued ahead of it included. A target sync copies the values
+the next gradient is computed against.
 """
 
 import functools

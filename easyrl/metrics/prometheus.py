@@ -73,6 +73,7 @@ KNOWN: dict[str, tuple[Kind, str]] = {
     "pulls": (COUNTER, "Pulls of the parameters answered"),
     "pushes": (COUNTER, "Gradient pushes received"),
     "applied": (COUNTER, "Gradients applied to the parameters"),
+    "queued": (GAUGE, "Pushes accepted and not applied yet (the shard's apply queue)"),
     "dropped_ahead": (COUNTER, "Gradients dropped as computed for a version ahead"),
     "dropped_stale": (COUNTER, "Gradients dropped as older than algorithm.max_staleness"),
     "dropped_nonfinite": (COUNTER, "Gradients dropped for NaN or infinite values"),

@@ -347,33 +347,43 @@ class ShardedWeights:
                 on_wait()
         return False
 
-    def push(self, grads: dict, versions: list[int], sender: int, pool, counters: dict) -> None:
+    def push(
+        self,
+        grads: dict,
+        versions: list[int],
+        sender: int,
+        pool,
+        counters: dict,
+        wait: bool = False,
+    ) -> None:
         """Pushes `grads` ({name: array}) to the PS shards holding those variables, in
         parallel, each computed against its shard's version in `versions`; offers the values
-        the shards return. `grads` may leave out whole optimizer groups (an update of the
-        critic only). A dropped push (stale, non-finite) is counted in `counters` and the
-        newest values are pulled.
+        the shards return (their newest applied ones). `grads` may leave out whole optimizer
+        groups (an update of the critic only). A dropped push (stale, non-finite) is counted
+        in `counters` and the newest values are pulled.
 
         Args:
             sender: the pushing worker's index (for the PS's logs).
             pool: an executor with a thread per shard.
+            wait: the shards answer once they applied the push (the values returned include
+                it), not as soon as they accepted it.
         """
 
         shards = [s for s, names in enumerate(self.shard_names) if any(n in grads for n in names)]
 
         def push_one(shard: int) -> Pushed:
             mine = {n: grads[n] for n in self.shard_names[shard] if n in grads}
-            return self.clients[shard].push(versions[shard], mine, sender)
+            return self.clients[shard].push(versions[shard], mine, sender, wait=wait)
 
         replies = list(pool.map(push_one, shards))
         for shard, reply in zip(shards, replies, strict=True):
-            if reply.applied:
+            if reply.accepted and reply.values:  # none: the pusher's version is the newest
                 self.offer(shard, reply.version, reply.values)
             elif reply.reason == "stale":
                 counters["dropped_stale"] += 1
             elif reply.reason == "non-finite":
                 counters["dropped_nonfinite"] += 1
-        if any(not reply.applied for reply in replies):
+        if not all(reply.accepted for reply in replies):
             self.fetch()
 
     def by_name(self, grads: list) -> dict:
@@ -384,9 +394,11 @@ class ShardedWeights:
 
     def push_and_swap_in(self, grads: list, sender: int, pool, counters: dict) -> None:
         """Pushes one update computed against the local values (`grads` in the order of
-        `variables`), then swaps in the values the shards return: the next update starts
-        from them (synchronous use: PPO/ES rounds, A3C actors)."""
-        self.push(self.by_name(grads), list(self.local_versions), sender, pool, counters)
+        `variables`), waits until the shards applied it, then swaps in the values they
+        return: the next update starts from them (synchronous use: PPO/ES rounds, A3C
+        actors)."""
+        versions = list(self.local_versions)
+        self.push(self.by_name(grads), versions, sender, pool, counters, wait=True)
         self.swap_in()
 
     def assign_local(self, names: list[str]) -> None:
@@ -404,6 +416,8 @@ class ShardedWeights:
         slot, unless a newer version is already there (several threads may fetch)."""
         if sorted(values) != self.shard_names[shard]:
             raise TransportError(f"PS shard {shard} holds unexpected variables")
+        if version <= self.fetched_versions[shard]:
+            return  # checked again below; this spares the copy
         # Flattened here, in the communication thread, so swap_in is one assign call.
         flat = self._flat[shard].concat([values[n] for n in self.shard_names[shard]])
         with self._lock:

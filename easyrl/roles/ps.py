@@ -1,22 +1,32 @@
 """Parameter-server shard: holds a partition of the variables and their optimizer state.
 
-Applies pushed gradients asynchronously (one at a time per shard), serves the
-newest values, counts staleness and drops what it must not apply. Shard 0 is also
-the run's metrics hub (see `easyrl.metrics`).
+Applies pushed gradients asynchronously, serves the newest values, counts staleness and
+drops what it must not apply. Shard 0 is also the run's metrics hub (see `easyrl.metrics`).
+
+Pushes: a gRPC handler checks a push (shapes and dtypes, version, staleness, finiteness),
+counts it and either drops it or accepts it into a bounded queue (`PushQueue`); the shard's
+apply thread applies accepted pushes one at a time, in arrival order. A push asking to be
+`queue`d is answered once accepted, before it is applied; the others once applied. Since every
+accepted push is applied, the staleness a push will be applied with is known when it is
+accepted: max_staleness is checked, and the staleness answered, then.
 
 Synchronous rounds (PPO, ES): the learner publishes round r+1 on every shard
 (`PublishRound`) once round r's gradients are applied; actors long-poll
 with `Pull(min_round=r+1)`, which waits on a condition instead of spinning.
 """
 
+import contextlib
 import json
 import logging
 import queue
 import threading
 import time
+from collections import deque
 from collections.abc import Iterator
 from pathlib import Path
+from typing import NamedTuple
 
+import grpc
 import numpy as np
 import tensorflow as tf
 
@@ -44,6 +54,130 @@ REPORTERS = ("actor", "learner", "evaluator")
 Row = tuple[float, dict[str, float]]
 """One metrics row: (run clock, counters snapshot)."""
 
+QUEUE_PUSHES = 4
+"""Accepted pushes a shard holds before it has applied them, at most..."""
+QUEUE_BYTES = 16 << 20
+"""... and at most this many bytes of their gradients (one push always fits): a queued push
+keeps its request's bytes, and a push acknowledged and not yet applied is part of what a
+throughput measurement counts."""
+QUEUE_WAIT_S = 30.0
+"""The longest a Push waits for room in a full queue (back-pressure) before the shard answers
+UNAVAILABLE (the caller retries); the caller's deadline cuts it shorter."""
+
+
+class QueuedPush(NamedTuple):
+    """An accepted push: its flat gradients by optimizer group and the staleness it is
+    applied with."""
+
+    grads: dict[str, np.ndarray]
+    staleness: int
+
+
+class PushQueue:
+    """The pushes a shard has accepted and not applied yet, oldest first: a handler checks a
+    push and `put`s it (holding `changed`, after `wait_for_room`); the shard's apply thread
+    applies `oldest()` and then calls `done()`, so a push stays queued until it is applied.
+
+    `accepted` is the version the shard holds once every accepted push is applied. Every
+    accepted push is applied, so one computed against version v and accepted now is applied
+    to the values of version `accepted` exactly: its staleness is `accepted - v`.
+
+    Args:
+        pushes: at most this many queued pushes...
+        max_bytes: ... and this many bytes of gradients (one push always fits).
+    """
+
+    def __init__(self, pushes: int = QUEUE_PUSHES, max_bytes: int = QUEUE_BYTES):
+        if pushes < 1 or max_bytes < 0:
+            raise ValueError("a push queue holds at least 1 push and max_bytes >= 0")
+        self.changed = threading.Condition()
+        """Guards the queue; notified whenever it changes."""
+        self.accepted = 0
+        self.closed = False
+        """No more pushes are accepted; the apply thread applies the queued ones and ends."""
+        self.stopped = False
+        """The apply thread has ended (what is still queued is never applied)."""
+        self._pushes, self._max_bytes = pushes, max_bytes
+        self._items: deque[QueuedPush] = deque()
+        self._bytes = 0
+        self._holds = 0
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def wait_for_room(self, push_bytes: int, wait_s: float) -> bool:
+        """Waits (the caller holds `changed`) up to `wait_s` seconds until a push of
+        `push_bytes` bytes fits and nothing holds pushes back; False if it does not by then
+        or the queue closed."""
+        deadline = time.monotonic() + wait_s
+
+        def full() -> bool:
+            too_many = len(self._items) >= self._pushes
+            too_big = self._items and self._bytes + push_bytes > self._max_bytes
+            return bool(self._holds or too_many or too_big)
+
+        while not self.closed and full():
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return False
+            self.changed.wait(left)
+        return not self.closed
+
+    def put(self, push: QueuedPush) -> int:
+        """Queues an accepted push (the caller holds `changed`); returns the version the
+        shard holds once it is applied."""
+        self._items.append(push)
+        self._bytes += push_bytes(push)
+        self.accepted += 1
+        self.changed.notify_all()
+        return self.accepted
+
+    def oldest(self) -> QueuedPush | None:
+        """The apply thread: waits for the oldest queued push (it stays queued until `done`);
+        None once the queue is closed and empty."""
+        with self.changed:
+            while not self._items and not self.closed:
+                self.changed.wait()
+            return self._items[0] if self._items else None
+
+    def done(self) -> None:
+        """The apply thread applied the oldest push."""
+        with self.changed:
+            self._bytes -= push_bytes(self._items.popleft())
+            self.changed.notify_all()
+
+    @contextlib.contextmanager
+    def held(self) -> Iterator[None]:
+        """Holds new pushes back while the block runs, and starts it once every queued push
+        is applied: the block sees a shard with no push in flight (checkpoints, Assign)."""
+        with self.changed:
+            self._holds += 1
+            while self._items and not self.stopped:
+                self.changed.wait()
+        try:
+            yield
+        finally:
+            with self.changed:
+                self._holds -= 1
+                self.changed.notify_all()
+
+    def reset(self, version: int) -> None:
+        """The shard's values were set to `version` (Assign, restore; nothing is queued)."""
+        with self.changed:
+            self.accepted = version
+
+    def close(self, stopped: bool = False) -> None:
+        """Accepts no more pushes; `stopped`: the apply thread has ended."""
+        with self.changed:
+            self.closed = True
+            self.stopped |= stopped
+            self.changed.notify_all()
+
+
+def push_bytes(push: QueuedPush) -> int:
+    """Bytes of a queued push's gradients."""
+    return sum(g.nbytes for g in push.grads.values())
+
 
 class ParameterServer(pb_grpc.ParameterServerServicer):
     """One PS shard.
@@ -57,6 +191,9 @@ class ParameterServer(pb_grpc.ParameterServerServicer):
         stats: the run's counters (shard 0 only; None on other shards).
         round_rows: shard 0 of a `run.deterministic` run: each published round queues its
             metrics row on `round_rows` (see `publish`).
+        pushes: accepted pushes waiting for the apply thread (None: a `PushQueue()`).
+
+    The apply thread starts with the shard; `close` ends it.
     """
 
     def __init__(
@@ -67,6 +204,7 @@ class ParameterServer(pb_grpc.ParameterServerServicer):
         checkpoint_path: Path | None = None,
         stats: RunStats | None = None,
         round_rows: bool = False,
+        pushes: PushQueue | None = None,
     ):
         if max_staleness < 0:
             raise ValueError("max_staleness must be >= 0")
@@ -75,8 +213,13 @@ class ParameterServer(pb_grpc.ParameterServerServicer):
         self._spec = optimizer
         self._max_staleness = max_staleness
         self._checkpoint_path = checkpoint_path
+        # _lock guards the values, optimizer, version, round, pull cache and the counters the
+        # apply thread and Pull move (applied, staleness_sum, pulls); the queue's lock guards
+        # the queue and the counters handlers move when they accept or drop a push.
         self._lock = threading.Lock()
         self._round_published = threading.Condition(self._lock)
+        self._applied = threading.Condition(self._lock)
+        self._queue = pushes if pushes is not None else PushQueue()
         self._optimizer: OptimizerGroups | None = None
         """The variables, in flat groups, and their optimizers (None until the first Assign)."""
         self._meta: dict[str, tuple] = {}
@@ -98,6 +241,11 @@ class ParameterServer(pb_grpc.ParameterServerServicer):
             self.round_rows = queue.Queue()
         if checkpoint_path is not None and checkpoint_path.exists():
             self._restore(checkpoint_path)
+        self._queue.reset(self.version)
+        self._applier = threading.Thread(
+            target=self._apply_loop, name=f"ps-{shard}-apply", daemon=True
+        )
+        self._applier.start()
 
     # --- state -----------------------------------------------------------------------
 
@@ -129,7 +277,7 @@ class ParameterServer(pb_grpc.ParameterServerServicer):
         """Saves variables, optimizer slots, version and counters (write, then rename)."""
         if self._checkpoint_path is None:
             return
-        with self._lock:
+        with self._queue.held(), self._lock:  # every accepted push applied, none accepted
             if self._optimizer is None:  # no values yet
                 return
             arrays = {f"var/{n}": v for n, v in self._optimizer.values().items()}
@@ -137,7 +285,7 @@ class ParameterServer(pb_grpc.ParameterServerServicer):
             meta = {
                 "version": self.version,
                 "round": self.round,
-                "counters": self.counters,
+                "counters": dict(self.counters),  # as of this moment: pushes go on
                 "elapsed_s": self.elapsed(),
             }
             if self.stats is not None:
@@ -191,7 +339,7 @@ class ParameterServer(pb_grpc.ParameterServerServicer):
             # float32 only: the shard's optimizer cannot update float16/float64 variables.
             if value.dtype != np.float32 or not np.all(np.isfinite(value)):
                 raise ValueError(f"Assign: {name} must be finite float32, got {value.dtype}")
-        with self._lock:
+        with self._queue.held(), self._lock:  # after the pushes accepted before it
             if self._optimizer is not None and request.only_if_empty:
                 return pb.AssignResponse(assigned=False, version=self.version)
             if self._optimizer is not None:
@@ -200,6 +348,7 @@ class ParameterServer(pb_grpc.ParameterServerServicer):
             else:
                 self._create(values)
             self.version += 1
+            self._queue.reset(self.version)
             return pb.AssignResponse(assigned=True, version=self.version)
 
     @invalid_argument_on_error
@@ -240,37 +389,113 @@ class ParameterServer(pb_grpc.ParameterServerServicer):
     @invalid_argument_on_error
     def Push(self, request, context):
         grads = codec.decode_named(request.gradients, request.body)
+        flat_grads = self._checked_push(request.version, grads)
+        finite = all(all_finite(g) for g in flat_grads.values())
+        size = sum(g.nbytes for g in flat_grads.values())
+        with self._queue.changed:
+            if not self._queue.wait_for_room(size, within_deadline(context, QUEUE_WAIT_S)):
+                why = "is stopping" if self._queue.closed else "applies pushes too slowly"
+                context.abort(grpc.StatusCode.UNAVAILABLE, f"PS shard {self.shard} {why}")
+            ticket, response = self._accept(request.version, flat_grads, finite)
+        if ticket:
+            if request.queue:
+                response.queued = True
+            else:
+                self._wait_applied(ticket, context)
+                response.applied = True
+        # Values when asked for, unless the pusher computed against the newest already.
+        if not ticket or not request.return_values or self.version == request.version:
+            response.version = self.version
+            return response
         with self._lock:
-            if self._optimizer is None:
-                raise ValueError("Push: shard is not initialized (no Assign yet)")
-            if not grads:
-                raise ValueError("Push: expected gradients")
-            # Whole optimizer groups only (e.g. TD3's critic without its actor).
-            self._check_tensors(grads, "Push", subset=True)
-            flat_grads = self._optimizer.flatten(grads)
-            if request.version < 1:
-                raise ValueError(f"Push: version {request.version} must be >= 1")
-            self.counters["pushes"] += 1
-            if request.version > self.version:
-                # Computed against values this shard no longer has: it was restarted from an
-                # older checkpoint. The pusher pulls the restored values and goes on.
-                self.counters["dropped_ahead"] += 1
-                return pb.PushResponse(version=self.version, reason="ahead")
-            staleness = self.version - request.version
-            if staleness > self._max_staleness:
-                self.counters["dropped_stale"] += 1
-                return pb.PushResponse(version=self.version, staleness=staleness, reason="stale")
-            if not all(all_finite(g) for g in flat_grads.values()):
-                self.counters["dropped_nonfinite"] += 1
-                return pb.PushResponse(
-                    version=self.version, staleness=staleness, reason="non-finite"
-                )
-            self._optimizer.apply_flat(flat_grads)
-            self.version += 1
-            self.counters["applied"] += 1
-            self.counters["staleness_sum"] += staleness
-            response = pb.PushResponse(version=self.version, applied=True, staleness=staleness)
-            return self._with_values(response) if request.return_values else response
+            response.version = self.version
+            return self._with_values(response)
+
+    def _checked_push(self, version: int, grads: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """A push's gradients as flat vectors by optimizer group.
+
+        Raises:
+            ValueError: the shard holds no values yet, or the push is malformed (no
+                gradients, names, shapes or dtypes not this shard's, part of a group only,
+                version < 1).
+        """
+        if self._optimizer is None:  # set once, by the first Assign
+            raise ValueError("Push: shard is not initialized (no Assign yet)")
+        if not grads:
+            raise ValueError("Push: expected gradients")
+        # Whole optimizer groups only (e.g. TD3's critic without its actor).
+        self._check_tensors(grads, "Push", subset=True)
+        flat_grads = self._optimizer.flatten(grads)
+        if version < 1:
+            raise ValueError(f"Push: version {version} must be >= 1")
+        return flat_grads
+
+    def _accept(
+        self, version: int, flat_grads: dict[str, np.ndarray], finite: bool
+    ) -> tuple[int, pb.PushResponse]:
+        """Counts a checked push and queues it, or drops it (counted, with the reason); the
+        caller holds the queue's lock and made room.
+
+        Returns:
+            (the version the shard holds once the push is applied, or 0 when dropped; the
+            reply so far).
+        """
+        self.counters["pushes"] += 1
+        accepted = self._queue.accepted
+        if version > accepted:
+            # Computed against values this shard no longer has: it was restarted from an
+            # older checkpoint. The pusher pulls the restored values and goes on.
+            self.counters["dropped_ahead"] += 1
+            return 0, pb.PushResponse(reason="ahead")
+        staleness = accepted - version
+        if staleness > self._max_staleness:
+            self.counters["dropped_stale"] += 1
+            return 0, pb.PushResponse(staleness=staleness, reason="stale")
+        if not finite:
+            self.counters["dropped_nonfinite"] += 1
+            return 0, pb.PushResponse(staleness=staleness, reason="non-finite")
+        ticket = self._queue.put(QueuedPush(flat_grads, staleness))
+        return ticket, pb.PushResponse(staleness=staleness)
+
+    def _wait_applied(self, version: int, context) -> None:
+        """Waits until the shard holds `version` (the push that brings it is applied).
+
+        Raises:
+            grpc.RpcError: UNAVAILABLE, the apply thread ended first (the shard stops).
+        """
+        with self._lock:
+            while self.version < version and not self._queue.stopped:
+                self._applied.wait(0.5)
+            if self.version < version:
+                context.abort(grpc.StatusCode.UNAVAILABLE, f"PS shard {self.shard} stopped")
+
+    def _apply_loop(self) -> None:
+        """The apply thread: applies the accepted pushes one at a time, in arrival order,
+        until the shard closes (after applying what is queued)."""
+        try:
+            while (push := self._queue.oldest()) is not None:
+                with self._lock:
+                    assert self._optimizer is not None  # pushes are accepted after Assign
+                    self._optimizer.apply_flat(push.grads)
+                    self.version += 1
+                    self.counters["applied"] += 1
+                    self.counters["staleness_sum"] += push.staleness
+                    self._applied.notify_all()
+                self._queue.done()
+        finally:
+            self._queue.close(stopped=True)
+            with self._lock:
+                self._applied.notify_all()
+
+    def applying(self) -> bool:
+        """Whether the apply thread runs (it ends on `close`, or when applying failed)."""
+        return self._applier.is_alive()
+
+    def close(self, timeout_s: float = 10.0) -> None:
+        """Accepts no more pushes, applies the accepted ones and ends the apply thread
+        (waiting up to `timeout_s`)."""
+        self._queue.close()
+        self._applier.join(timeout_s)
 
     def publish(self, round_: int) -> None:
         """Publishes the current values as round `round_` (rounds only move forward) and
@@ -335,6 +560,7 @@ class ParameterServer(pb_grpc.ParameterServerServicer):
         counters = {f"ps/{self.shard}/{k}": float(v) for k, v in self.counters.items()}
         counters[f"ps/{self.shard}/version"] = float(self.version)
         counters[f"ps/{self.shard}/round"] = float(self.round)
+        counters[f"ps/{self.shard}/queued"] = float(len(self._queue))
         return counters
 
     def Status(self, request, context):
@@ -430,7 +656,7 @@ def weight_bytes(ctx) -> int:
 
 def run(ctx) -> int:
     """Runs PS shard `ctx.task` until Shutdown or SIGTERM; checkpoints periodically and
-    on exit. Returns the process exit code."""
+    on exit. Returns the process exit code (1 when applying pushes failed)."""
     from easyrl.metrics import prometheus
     from easyrl.roles.common import stop_event_on_signals
     from easyrl.transport.rpc import add_servicer, make_server
@@ -467,15 +693,17 @@ def run(ctx) -> int:
         thread.start()
     last_checkpoint = time.monotonic()
     try:
-        while not (stop.is_set() or ps.shutdown_requested.is_set()):
+        while not (stop.is_set() or ps.shutdown_requested.is_set()) and ps.applying():
             stop.wait(0.2)
             if time.monotonic() - last_checkpoint >= cfg.run.checkpoint_interval_s:
                 ps.checkpoint()
                 last_checkpoint = time.monotonic()
     finally:
+        failed = not ps.applying()
         done.set()
         for thread in threads:
             thread.join(timeout=5)
+        ps.close()  # what was acknowledged is applied before the final checkpoint
         try:
             ps.checkpoint()
         except (OSError, EasyRLError) as err:
@@ -483,4 +711,6 @@ def run(ctx) -> int:
         if scrapes is not None:
             scrapes.shutdown()
         server.stop(grace=1.0).wait()
-    return 0
+    if failed:
+        log.error("PS shard %d: the apply thread failed; exiting", ctx.task)
+    return 1 if failed else 0

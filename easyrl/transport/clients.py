@@ -40,13 +40,21 @@ class Pulled(NamedTuple):
 
 
 class Pushed(NamedTuple):
-    """A push's outcome: the shard's `version`, why it was not `applied` ("stale",
-    "non-finite", "ahead") and, when asked for and applied, the values at `version`."""
+    """A push's outcome: the shard's newest applied `version`, whether the push is `applied`
+    or `queued` (accepted, applied after the pushes queued before it), why it was dropped
+    otherwise ("stale", "non-finite", "ahead") and, when asked for and not dropped, the values
+    at `version`."""
 
     version: int
     applied: bool
     reason: str
     values: dict[str, np.ndarray]
+    queued: bool = False
+
+    @property
+    def accepted(self) -> bool:
+        """Whether the shard applied the push or will apply it."""
+        return self.applied or self.queued
 
 
 class RoundTaken(NamedTuple):
@@ -106,16 +114,24 @@ class ParameterClient(ShardClient):
         values = None if reply.current else codec.decode_named(reply.tensors, reply.body)
         return Pulled(reply.version, reply.round, values)
 
-    def push(self, version: int, grads: Mapping, learner: int = 0, values=True) -> Pushed:
-        """Pushes gradients computed against `version` (by `learner`, for the shard's logs);
-        with `values`, an applied push returns the new values (saves the pusher a Pull)."""
+    def push(
+        self, version: int, grads: Mapping, learner: int = 0, values=True, wait=False
+    ) -> Pushed:
+        """Pushes gradients computed against `version` (by `learner`, for the shard's logs).
+        The shard answers once it accepted the push (checked and queued: `queued`), or with
+        `wait` once it applied it (`applied`); with `values`, an accepted push returns the
+        shard's newest values (saves the pusher a Pull; with `wait` they include this push)."""
         body = codec.Body()
         request = pb.PushRequest(
-            version=version, gradients=body.named(grads), learner=learner, return_values=values
+            version=version,
+            gradients=body.named(grads),
+            learner=learner,
+            return_values=values,
+            queue=not wait,
         )
         reply = self.call("Push", body.frame(request))
         values_ = codec.decode_named(reply.tensors, reply.body)
-        return Pushed(reply.version, reply.applied, reply.reason, values_)
+        return Pushed(reply.version, reply.applied, reply.reason, values_, reply.queued)
 
     def assign(self, values: Mapping[str, np.ndarray], only_if_empty: bool = False) -> int:
         """Writes `values`; returns the shard's new version, or 0 when `only_if_empty` and

@@ -61,34 +61,38 @@ class PullResponse(_message.Message):
     def __init__(self, version: _Optional[int] = ..., current: _Optional[bool] = ..., tensors: _Optional[_Iterable[_Union[Tensor, _Mapping]]] = ..., round: _Optional[int] = ..., body: _Optional[bytes] = ...) -> None: ...
 
 class PushRequest(_message.Message):
-    __slots__ = ("version", "gradients", "learner", "return_values", "body")
+    __slots__ = ("version", "gradients", "learner", "return_values", "queue", "body")
     VERSION_FIELD_NUMBER: _ClassVar[int]
     GRADIENTS_FIELD_NUMBER: _ClassVar[int]
     LEARNER_FIELD_NUMBER: _ClassVar[int]
     RETURN_VALUES_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_FIELD_NUMBER: _ClassVar[int]
     BODY_FIELD_NUMBER: _ClassVar[int]
     version: int
     gradients: _containers.RepeatedCompositeFieldContainer[Tensor]
     learner: int
     return_values: bool
+    queue: bool
     body: bytes
-    def __init__(self, version: _Optional[int] = ..., gradients: _Optional[_Iterable[_Union[Tensor, _Mapping]]] = ..., learner: _Optional[int] = ..., return_values: _Optional[bool] = ..., body: _Optional[bytes] = ...) -> None: ...
+    def __init__(self, version: _Optional[int] = ..., gradients: _Optional[_Iterable[_Union[Tensor, _Mapping]]] = ..., learner: _Optional[int] = ..., return_values: _Optional[bool] = ..., queue: _Optional[bool] = ..., body: _Optional[bytes] = ...) -> None: ...
 
 class PushResponse(_message.Message):
-    __slots__ = ("version", "applied", "staleness", "reason", "tensors", "body")
+    __slots__ = ("version", "applied", "staleness", "reason", "queued", "tensors", "body")
     VERSION_FIELD_NUMBER: _ClassVar[int]
     APPLIED_FIELD_NUMBER: _ClassVar[int]
     STALENESS_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
+    QUEUED_FIELD_NUMBER: _ClassVar[int]
     TENSORS_FIELD_NUMBER: _ClassVar[int]
     BODY_FIELD_NUMBER: _ClassVar[int]
     version: int
     applied: bool
     staleness: int
     reason: str
+    queued: bool
     tensors: _containers.RepeatedCompositeFieldContainer[Tensor]
     body: bytes
-    def __init__(self, version: _Optional[int] = ..., applied: _Optional[bool] = ..., staleness: _Optional[int] = ..., reason: _Optional[str] = ..., tensors: _Optional[_Iterable[_Union[Tensor, _Mapping]]] = ..., body: _Optional[bytes] = ...) -> None: ...
+    def __init__(self, version: _Optional[int] = ..., applied: _Optional[bool] = ..., staleness: _Optional[int] = ..., reason: _Optional[str] = ..., queued: _Optional[bool] = ..., tensors: _Optional[_Iterable[_Union[Tensor, _Mapping]]] = ..., body: _Optional[bytes] = ...) -> None: ...
 
 class AssignRequest(_message.Message):
     __slots__ = ("tensors", "only_if_empty", "body")
