@@ -82,6 +82,9 @@ def test_two_deterministic_ppo_runs_write_the_same_metrics_rows(tmp_path):
     first, second = rows
     # One row per round of 8 envs x 64 steps; the sixth round passes 3,000 steps and stops.
     assert [r["env_steps"] for r in first] == [512.0 * (i + 1) for i in range(6)]
-    assert first[-1]["stop"] == "max_env_steps reached: 3072 env steps"
+    assert (
+        first[-1]["stop"]
+        == "max_env_steps 3,000 reached at 3,072 (counters arrive in actor reports)"
+    )
     assert first[-1]["updates"] == 6 * 20 and first[-1]["episodes"] > 0
     assert second == first
