@@ -17,7 +17,7 @@ import subprocess
 import sys
 import time
 
-CASES = ("impala", "impala-lstm", "ppo", "ppo-lstm", "r2d2-lstm")
+CASES: tuple[str, ...] = ("impala", "impala-lstm", "ppo", "ppo-lstm", "r2d2-lstm")
 
 
 def build(case: str, num_envs: int):
@@ -77,7 +77,7 @@ def child(num_envs: int, blocks: int) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("--num-envs", type=int, default=8)
     parser.add_argument("--blocks", type=int, default=8, help="blocks of 200 vector steps")
     parser.add_argument("--trees", default="", help="comma list of checkouts to alternate")
@@ -88,7 +88,7 @@ def main() -> None:
         child(args.num_envs, args.blocks)
         return
     trees = [os.path.abspath(t) for t in args.trees.split(",")]
-    best = {t: dict.fromkeys(CASES, float("inf")) for t in trees}
+    best: dict[str, dict[str, float]] = {t: dict.fromkeys(CASES, float("inf")) for t in trees}
     for _ in range(args.rounds):
         for tree in trees:
             env = {**os.environ, "PYTHONPATH": tree, "TF_CPP_MIN_LOG_LEVEL": "2"}
