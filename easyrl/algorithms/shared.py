@@ -601,13 +601,21 @@ def _core(width: int, model, name: str, rng):
 
 def _step(net, obs, state, first):
     """A recurrent PolicyNet's or ValueNet's step: (head output, next state)."""
-    h, state = net.core.step(net.torso(net.inputs(obs)), state, first)
-    return net.masked(net.head(h), obs), state
+    from easyrl.models.lstm import recurrent_step
+
+    x = net.inputs(obs)
+    return recurrent_step(
+        net.torso, net.core, lambda h: net.masked(net.head(h), obs), x, state, first
+    )
 
 
 def _unroll(net, obs, state, first):
     """A recurrent PolicyNet's or ValueNet's head outputs `[B * T, out]` over B sequences."""
+    from easyrl.models.lstm import recurrent_unroll
+
     b, t = tf.shape(obs)[0], tf.shape(obs)[1]
     obs = tf.reshape(obs, [b * t, obs.shape[-1]])  # [B * T, D]
-    h = net.torso(net.inputs(obs))  # [B * T, H]
-    return net.masked(net.head(net.core.unroll_batch_major(h, state, first)), obs)
+    x = net.inputs(obs)
+    return recurrent_unroll(
+        net.torso, net.core, lambda h: net.masked(net.head(h), obs), x, state, first
+    )

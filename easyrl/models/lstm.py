@@ -9,7 +9,13 @@ as one replay column). One step (Hochreiter & Schmidhuber 1997, gates i, f, g, o
 
 `first` resets: a row whose `first` is 1 starts an episode, and its state is zeroed before the
 step, so actors and learners reset at exactly the same places.
+
+A recurrent network is torso -> core -> heads: `recurrent_step` runs it for one step of N envs,
+`recurrent_unroll` over B sequences (the one place each pattern is written).
 """
+
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import tensorflow as tf
@@ -68,3 +74,25 @@ class LSTMCore(tf.Module):
         xs = tf.transpose(tf.reshape(xs, [b, t, self.in_dim]), [1, 0, 2])  # [T, B, in]
         hs = self.unroll(xs, state, tf.transpose(firsts))  # [T, B, U]
         return tf.reshape(tf.transpose(hs, [1, 0, 2]), [b * t, self.units])  # [B * T, U]
+
+
+def recurrent_step(
+    torso: Callable, core: LSTMCore, heads: Callable[[tf.Tensor], Any], x, state, first
+) -> tuple:
+    """One step of N envs through torso -> `core.step` -> heads: `x` the torso's inputs
+    `[N, ...]`, `state` `[N, 2U]`, `first` `[N]` (1: reset before).
+
+    Returns:
+        (heads(h') of the core's output h' `[N, U]`, the core's new state `[N, 2U]`).
+    """
+    h, state = core.step(torso(x), state, first)  # [N, U], [N, 2U]
+    return heads(h), state
+
+
+def recurrent_unroll(
+    torso: Callable, core: LSTMCore, heads: Callable[[tf.Tensor], Any], x, state, first
+):
+    """B sequences of T steps through torso -> `core` -> heads, batch-major and flat: `x` the
+    torso's inputs `[B * T, ...]` (row b * T + t), `state` `[B, 2U]` before step 0, `first`
+    `[B, T]`. Returns heads(hs) of the core's outputs hs `[B * T, U]` (same row order)."""
+    return heads(core.unroll_batch_major(torso(x), state, first))

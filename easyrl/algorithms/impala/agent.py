@@ -24,6 +24,7 @@ import tensorflow as tf
 from easyrl.algorithms.contract import Flow, LearnStep
 from easyrl.algorithms.impala import FLOW, AgentParams, check_spaces, unroll_spec
 from easyrl.algorithms.masking import features, masked
+from easyrl.algorithms.sampling import gumbel_max, gumbel_noise
 from easyrl.algorithms.shared import (
     CompiledGreedy,
     NoTargetNetwork,
@@ -31,10 +32,11 @@ from easyrl.algorithms.shared import (
     compiled,
     flat_gradients,
 )
+from easyrl.algorithms.unrolls import UnrollAccumulator
 from easyrl.envs.flat import action_mask_size, legal_actions, observation_parts
 from easyrl.errors import EasyRLError
 from easyrl.models import Dense, FlatVariables, build_torso, named_variables
-from easyrl.models.lstm import LSTMCore
+from easyrl.models.lstm import LSTMCore, recurrent_step, recurrent_unroll
 
 STAT_NAMES: tuple[str, ...] = ("policy_loss", "baseline_loss", "entropy", "rho_mean", "value_mean")
 """Keys of the stats `IMPALA.learn` returns."""
@@ -117,19 +119,21 @@ class ActorCritic(tf.Module):
 
     def __call__(self, obs):
         """Feed-forward: observations `[N, ...]` to (logits `[N, A]`, values `[N]`)."""
-        h = self.torso(features(obs, self.mask_size))  # [N, H]
-        return self._logits(h, obs), self.value(h)[:, 0]  # [N, A], [N]
+        return self._heads(self.torso(features(obs, self.mask_size)), obs)
 
-    def _logits(self, h, obs):
-        """The policy head on features `h` `[N, H]`, masked by `obs` `[N, D]`: `[N, A]`."""
-        return masked(self.logits(h), obs, self.mask_size)
+    def _heads(self, h, obs):
+        """The heads on features `h` `[N, H]`: (logits `[N, A]` masked by `obs` `[N, D]`,
+        values `[N]`)."""
+        return masked(self.logits(h), obs, self.mask_size), self.value(h)[:, 0]
 
     def step(self, obs, state, first):
         """Recurrent, one step of N envs: (logits `[N, A]`, values `[N]`, state `[N, 2U]`)."""
         assert self.core is not None
-        h = self.torso(features(obs, self.mask_size))  # [N, H]
-        h, state = self.core.step(h, state, first)  # [N, U], [N, 2U]
-        return self._logits(h, obs), self.value(h)[:, 0], state
+        x = features(obs, self.mask_size)
+        (logits, values), state = recurrent_step(
+            self.torso, self.core, lambda h: self._heads(h, obs), x, state, first
+        )
+        return logits, values, state
 
     def unroll(self, obs, state, first):
         """Recurrent, B unrolls: obs `[B, T + 1, ...]`, state `[B, 2U]` before step 0,
@@ -137,10 +141,11 @@ class ActorCritic(tf.Module):
         assert self.core is not None
         b, steps = tf.shape(obs)[0], tf.shape(obs)[1]
         obs = tf.reshape(obs, [-1, *self.obs_shape])  # [B * (T+1), ...]
-        h = self.torso(features(obs, self.mask_size))  # [B * (T+1), H]
-        hs = self.core.unroll_batch_major(h, state, first)  # [B * (T+1), U]
-        logits = tf.reshape(self._logits(hs, obs), [b, steps, -1])  # [B, T+1, A]
-        return logits, tf.reshape(self.value(hs), [b, steps])  # [B, T+1]
+        x = features(obs, self.mask_size)
+        logits, values = recurrent_unroll(
+            self.torso, self.core, lambda h: self._heads(h, obs), x, state, first
+        )
+        return tf.reshape(logits, [b, steps, -1]), tf.reshape(values, [b, steps])  # [B, T+1]
 
 
 class IMPALA(CompiledGreedy, NoTargetNetwork):
@@ -188,14 +193,17 @@ class IMPALA(CompiledGreedy, NoTargetNetwork):
             tf.TensorSpec([None, t], tf.float32),  # reward
             tf.TensorSpec([None, t], tf.float32),  # discount
         ]
+        noise = tf.TensorSpec([None, self.num_actions], tf.float64)  # Gumbel, see `act`
         if self.state_size:
             state = tf.TensorSpec([None, self.state_size], tf.float32)
             first = tf.TensorSpec([None], tf.float32)
             self._forward = compiled(self.net.step, obs, state, first)
+            self._act = compiled(self._act_step_fn, obs, noise, state, first)
             self._greedy = compiled(self._greedy_step_fn, obs, state, first)
             batch_signature += [state, tf.TensorSpec([None, t + 1], tf.float32)]
         else:
             self._forward = compiled(self.net.__call__, obs)
+            self._act = compiled(self._act_fn, obs, noise)
             self._greedy = compiled(self._greedy_fn, obs)  # argmax of the logits
         self._step = compiled(self._step_fn, *batch_signature)
 
@@ -239,6 +247,14 @@ class IMPALA(CompiledGreedy, NoTargetNetwork):
         return LearnStep(grads, stats)
 
     # --- compiled functions ---------------------------------------------------------------
+
+    def _act_fn(self, obs, noise):
+        logits, _ = self.net(obs)  # [N, A]
+        return gumbel_max(logits, noise), logits  # [N], [N, A]
+
+    def _act_step_fn(self, obs, noise, state, first):
+        logits, _, state = self.net.step(obs, state, first)  # [N, A], [N, 2U]
+        return gumbel_max(logits, noise), logits, state  # [N], [N, A], [N, 2U]
 
     def _greedy_fn(self, obs):
         logits, _ = self.net(obs)  # [N, A]
@@ -320,36 +336,28 @@ class UnrollCollector:
     """Episodes continue across unrolls: the runtime never resets the envs for a new one."""
 
     def __init__(self, algo: IMPALA, num_envs: int, seed: int = 0):
-        if num_envs < 1:
-            raise EasyRLError(f"num_envs must be positive, got {num_envs}")
         self.algo = algo
         self.num_envs = num_envs
         self.unroll_length = algo.params.unroll_length
         self._rng = np.random.default_rng(seed)
-        t, n = self.unroll_length, num_envs
-        # Time-major buffers; `observe` returns them batch-major.
-        self._obs = np.zeros((t + 1, n, *algo.obs_shape), algo.obs_dtype)
-        self._action = np.zeros((t, n), np.int64)
-        self._logits = np.zeros((t, n, algo.num_actions), np.float32)
-        self._reward = np.zeros((t, n), np.float32)
-        self._discount = np.zeros((t, n), np.float32)
-        self._t = 0
-        self._acted = False
+        columns = {
+            "obs": (algo.obs_shape, algo.obs_dtype),
+            "action": ((), np.int64),
+            "logits": ((algo.num_actions,), np.float32),
+            "reward": ((), np.float32),
+            "discount": ((), np.float32),
+        }
+        self._steps = UnrollAccumulator(num_envs, self.unroll_length, columns, algo.state_size)
         self._unrolls = 0
-        # The recurrent state per env, and whether the next step starts an episode.
-        self._state = np.zeros((n, algo.state_size), np.float32)
-        self._first = np.ones(n, np.float32)
-        self._initial_state = self._state.copy()  # of the unroll being collected
-        self._firsts = np.zeros((t + 1, n), np.float32)
         # None: the unrolls carry the behaviour logits instead.
         self.last_action_logp: np.ndarray | None = None
 
     def act(self, obs: np.ndarray, rng: np.random.Generator | None = None) -> np.ndarray:
         """Samples actions for `obs` `[N, *obs_shape]` and remembers obs, action and logits.
 
-        One compiled call gives the logits; the sample is Gumbel-max,
-        argmax_a(logits_a + g_a) with g ~ Gumbel(0, 1) drawn from `rng` (the collector's own
-        when None), which is distributed as softmax(logits).
+        One compiled call gives the logits and the sample, Gumbel-max
+        (`easyrl.algorithms.sampling`) with the noise drawn from `rng` (the collector's own
+        when None) and summed in float64.
 
         Returns:
             Actions `[N]` int64.
@@ -358,8 +366,8 @@ class UnrollCollector:
             EasyRLError: `act` was already called for this step, `obs` has a wrong shape, or
                 an observation's action mask has no legal action.
         """
-        if self._acted:
-            raise EasyRLError("act called twice without observe")
+        steps = self._steps
+        steps.expect_act()
         obs = np.asarray(obs, self.algo.obs_dtype)
         if obs.shape != (self.num_envs, *self.algo.obs_shape):
             raise EasyRLError(
@@ -368,23 +376,16 @@ class UnrollCollector:
         if self.algo.net.mask_size:
             legal_actions(obs, self.algo.net.mask_size)  # raises when a row has none
         rng = self._rng if rng is None else rng
-        t = self._t
+        noise = gumbel_noise(rng, (self.num_envs, self.algo.num_actions), np.float64)
+        state = None
         if self.algo.state_size:
-            if t == 0:
-                self._initial_state = self._state
-            self._firsts[t] = self._first
-            logits, _, state = self.algo._forward(obs, self._state, self._first)
-            self._state = state.numpy()
+            action, logits, state = self.algo._act(obs, noise, steps.state, steps.first)
+            state = state.numpy()
         else:
-            logits, _ = self.algo._forward(obs)
-        logits = logits.numpy()  # [N, A]
-        noise = rng.gumbel(size=logits.shape)  # [N, A]
-        action = np.argmax(logits + noise, axis=1).astype(np.int64)  # [N]
-        self._obs[t] = obs
-        self._action[t] = action
-        self._logits[t] = logits
-        self._acted = True
-        return action.copy()
+            action, logits = self.algo._act(obs, noise)
+        action = action.numpy()  # [N]
+        steps.record_act(state, obs=obs, action=action, logits=logits.numpy())
+        return action
 
     def observe(
         self,
@@ -415,9 +416,9 @@ class UnrollCollector:
         Raises:
             EasyRLError: no `act` preceded this call, or an argument has a wrong shape.
         """
-        if not self._acted:
-            raise EasyRLError("observe called without a preceding act")
-        n, t = self.num_envs, self._t
+        steps = self._steps
+        steps.expect_observe()
+        n = self.num_envs
         rewards = np.asarray(rewards, np.float32).reshape(-1)
         done = np.asarray(terminated, bool).reshape(-1) | np.asarray(truncated, bool).reshape(-1)
         if len(rewards) != n or len(done) != n:
@@ -427,26 +428,14 @@ class UnrollCollector:
             raise EasyRLError(
                 f"next_obs must be {[n, *self.algo.obs_shape]}, got {list(next_obs.shape)}"
             )
-        self._reward[t] = rewards
-        self._discount[t] = self.algo.params.gamma * (1.0 - done.astype(np.float32))
-        self._first = done.astype(np.float32)  # next_obs starts an episode where done
-        self._acted = False
-        self._t += 1
-        if self._t < self.unroll_length:
+        discount = self.algo.params.gamma * (1.0 - done.astype(np.float32))
+        if not steps.record_outcome(done, reward=rewards, discount=discount):
             return None
-        self._obs[self.unroll_length] = next_obs
-        batch = {
-            "obs": np.swapaxes(self._obs, 0, 1).copy(),  # [N, T+1, ...]
-            "action": self._action.T.copy(),  # [N, T]
-            "logits": np.swapaxes(self._logits, 0, 1).copy(),  # [N, T, A]
-            "reward": self._reward.T.copy(),  # [N, T]
-            "discount": self._discount.T.copy(),  # [N, T]
-        }
+        batch = {"obs": steps.batch_major("obs", bootstrap=next_obs)}  # [N, T+1, ...]
+        for name in ("action", "logits", "reward", "discount"):
+            batch[name] = steps.batch_major(name)  # [N, T, ...]
         if self.algo.state_size:
-            self._firsts[self.unroll_length] = self._first
-            batch["state"] = self._initial_state.copy()  # [N, 2U]
-            batch["first"] = self._firsts.T.copy()  # [N, T+1]
-        self._t = 0
+            batch.update(steps.recurrent(bootstrap=True))  # state [N, 2U], first [N, T+1]
         self._unrolls += 1
         return batch
 

@@ -24,6 +24,7 @@ import tensorflow as tf
 
 from easyrl.algorithms.contract import Flow, LearnStep
 from easyrl.algorithms.ppo import FLOW, Params, check_spaces, gae
+from easyrl.algorithms.sampling import gumbel_max, gumbel_noise
 from easyrl.algorithms.shared import (
     CompiledGreedy,
     ObsNorm,
@@ -33,6 +34,7 @@ from easyrl.algorithms.shared import (
     flatten,
     gradients,
 )
+from easyrl.algorithms.unrolls import UnrollAccumulator
 from easyrl.envs.flat import action_mask_size, legal_actions, observation_parts
 from easyrl.errors import ConfigError, EasyRLError
 from easyrl.models import FlatVariables, named_variables
@@ -241,8 +243,7 @@ class PPO(CompiledGreedy):
 
     def _sample(self, out, noise):
         if self.discrete:
-            # Gumbel-max: argmax(logits + Gumbel noise) ~ softmax(logits).
-            return tf.argmax(out + noise, axis=1)  # [N]
+            return gumbel_max(out, noise)  # [N]
         return out + tf.exp(self.pi.log_std) * noise  # [N, A], unclipped
 
     def _replica_grads(self, inputs, size):
@@ -337,48 +338,35 @@ class RolloutCollector:
     resets_envs = False
 
     def __init__(self, algo: PPO, num_envs: int, seed: int = 0):
-        if num_envs < 1:
-            raise EasyRLError(f"num_envs must be positive, got {num_envs}")
         self.algo = algo
         self.num_envs = num_envs
         self.rollout_length = algo.params.rollout_length
         self._rng = np.random.default_rng(seed)
-        t, n = self.rollout_length, num_envs
-        self._obs = np.zeros((t, n, algo.obs_dim), np.float32)
-        if algo.discrete:
-            self._action = np.zeros((t, n), np.int64)
-        else:
-            self._action = np.zeros((t, n, algo.action_dim), np.float32)
-        self._logp = np.zeros((t, n), np.float32)
-        self._value = np.zeros((t, n), np.float32)
-        self._reward = np.zeros((t, n), np.float32)
-        self._terminated = np.zeros((t, n), bool)
-        self._truncated = np.zeros((t, n), bool)
-        self._truncated_value = np.zeros((t, n), np.float32)  # V(final obs) of truncated rows
-        # A recurrent policy's state per env, whether the next step starts an episode, and
-        # the round's initial state and episode starts.
-        self._state = np.zeros((n, algo.state_size), np.float32)
-        self._first = np.ones(n, np.float32)
-        self._initial_state = self._state
-        self._firsts = np.zeros((t, n), np.float32)
+        action = ((), np.int64) if algo.discrete else ((algo.action_dim,), np.float32)
+        columns = {
+            "obs": ((algo.obs_dim,), np.float32),
+            "action": action,
+            "logp": ((), np.float32),
+            "value": ((), np.float32),
+            "reward": ((), np.float32),
+            "terminated": ((), bool),
+            "truncated": ((), bool),
+            "truncated_value": ((), np.float32),  # V(final obs) of truncated rows
+        }
+        self._steps = UnrollAccumulator(num_envs, self.rollout_length, columns, algo.state_size)
         # Behaviour log-probs of the last `act`, for recording.
         self.last_action_logp: np.ndarray | None = None
         self.start_round()
 
     def start_round(self, share: int | None = None) -> None:
-        """Starts a new round (after the round's weights were swapped in): clears the buffers,
-        dropping any partial round. `share` (items per round) is fixed by `rollout_length`
-        for PPO and only checked when given."""
+        """Starts a new round (after the round's weights were swapped in), dropping any
+        partial round. `share` (items per round) is fixed by `rollout_length` for PPO and
+        only checked when given."""
         steps = self.algo.params.rollout_length * self.num_envs
         expected = self.num_envs if self.algo.state_size else steps  # sequences, or steps
         if share is not None and share != expected:
             raise EasyRLError(f"PPO collects {expected} items per round, asked for {share}")
-        self._t = 0
-        self._acted = False
-        for buffer in (self._obs, self._action, self._logp, self._value, self._reward):
-            buffer.fill(0)
-        for buffer in (self._terminated, self._truncated, self._truncated_value):
-            buffer.fill(0)
+        self._steps.clear()
 
     def act(self, obs: np.ndarray, rng: np.random.Generator | None = None) -> np.ndarray:
         """Samples actions for `obs` `[N, obs]` with one compiled call and remembers them.
@@ -391,8 +379,8 @@ class RolloutCollector:
             EasyRLError: `act` was already called for this step, `obs` has a wrong shape, or
                 an observation's action mask has no legal action.
         """
-        if self._acted:
-            raise EasyRLError("act called twice without observe")
+        steps = self._steps
+        steps.expect_act()
         obs = np.asarray(obs, np.float32)
         if obs.shape != (self.num_envs, self.algo.obs_dim):
             raise EasyRLError(
@@ -402,27 +390,23 @@ class RolloutCollector:
             legal_actions(obs, self.algo.mask_size)  # raises when a row has none
         rng = self._rng if rng is None else rng
         shape = (self.num_envs, self.algo.action_dim)
-        noise = rng.gumbel(size=shape) if self.algo.discrete else rng.standard_normal(shape)
-        t = self._t
-        if self.algo.state_size:
-            if t == 0:
-                self._initial_state = self._state
-            self._firsts[t] = self._first
-            args = (obs, noise.astype(np.float32), self._state, self._first)
-            action, logp, value, state = self.algo._act(*args)
-            self._state = state.numpy()
-        else:
-            action, logp, value = self.algo._act(obs, noise.astype(np.float32))
-        self._obs[t] = obs
-        self._action[t] = action.numpy()
-        self._logp[t] = logp.numpy()
-        self._value[t] = value.numpy()
-        self.last_action_logp = self._logp[t].copy()
-        self._acted = True
         if self.algo.discrete:
-            return self._action[t].copy()
+            noise = gumbel_noise(rng, shape, np.float32)
+        else:
+            noise = rng.standard_normal(shape).astype(np.float32)
+        state = None
+        if self.algo.state_size:
+            action, logp, value, state = self.algo._act(obs, noise, steps.state, steps.first)
+            state = state.numpy()
+        else:
+            action, logp, value = self.algo._act(obs, noise)
+        action, self.last_action_logp = action.numpy(), logp.numpy()
+        columns = {"obs": obs, "action": action, "logp": self.last_action_logp}
+        steps.record_act(state, **columns, value=value.numpy())
+        if self.algo.discrete:
+            return action
         space = self.algo.action_space
-        return np.clip(self._action[t], space.low, space.high).astype(np.float32)
+        return np.clip(action, space.low, space.high).astype(np.float32)
 
     def observe(
         self,
@@ -451,9 +435,9 @@ class RolloutCollector:
         Raises:
             EasyRLError: no `act` preceded this call, or an argument has a wrong shape.
         """
-        if not self._acted:
-            raise EasyRLError("observe called without a preceding act")
-        n, t = self.num_envs, self._t
+        steps = self._steps
+        steps.expect_observe()
+        n = self.num_envs
         rewards = np.asarray(rewards, np.float32).reshape(-1)
         terminated = np.asarray(terminated, bool).reshape(-1)
         truncated = np.asarray(truncated, bool).reshape(-1)
@@ -462,47 +446,55 @@ class RolloutCollector:
             raise EasyRLError(f"observe needs {n} rows per argument")
         if real_next_obs.shape != (n, self.algo.obs_dim) or np.shape(next_obs)[0] != n:
             raise EasyRLError(f"observations must be [{n}, {self.algo.obs_dim}]")
-        self._reward[t], self._terminated[t], self._truncated[t] = rewards, terminated, truncated
-        self._first = (terminated | truncated).astype(np.float32)
-        self._acted = False
-        self._t += 1
-        state = self._state if self.algo.state_size else None  # after this step, not reset
-        if self._t < self.rollout_length:
+        state = steps.state if self.algo.state_size else None  # after this step, not reset
+        truncated_value = np.zeros(n, np.float32)
+        if steps.row < self.rollout_length - 1:  # the last step bootstraps all rows below
             rows = np.flatnonzero(truncated & ~terminated)
             if rows.size:
                 rows_state = state[rows] if state is not None else None
-                self._truncated_value[t, rows] = self.algo.value(real_next_obs[rows], rows_state)
+                truncated_value[rows] = self.algo.value(real_next_obs[rows], rows_state)
+        outcome = {"reward": rewards, "terminated": terminated, "truncated": truncated}
+        if not steps.record_outcome(
+            terminated | truncated, **outcome, truncated_value=truncated_value
+        ):
             return None
+        return self._round_batch(self.algo.value(real_next_obs, state))
+
+    def _round_batch(self, last_value: np.ndarray) -> dict[str, np.ndarray]:
+        """The round batch (see `observe`) of the completed round, whose last step's
+        successors have the values `last_value` `[N]`."""
+        steps = self._steps
+        value = steps.time_major("value")  # [T, N]
+        terminated, truncated = steps.time_major("terminated"), steps.time_major("truncated")
         # Last step: real_next_obs equals next_obs except on done rows, where it is the
         # needed successor (truncated) or unused (terminated): one value call covers all.
-        last = self.algo.value(real_next_obs, state)
-        next_values = np.concatenate([self._value[1:], last[None]])
-        head = self._truncated[:-1]  # [T-1, N]
-        next_values[:-1][head] = self._truncated_value[:-1][head]
+        next_values = np.concatenate([value[1:], last_value[None]])
+        head = truncated[:-1]  # [T-1, N]
+        next_values[:-1][head] = steps.time_major("truncated_value")[:-1][head]
         advantage, value_target = gae(
-            self._reward,
-            self._value,
+            steps.time_major("reward"),
+            value,
             next_values,
-            self._terminated,
-            self._terminated | self._truncated,
+            terminated,
+            terminated | truncated,
             self.algo.params.gamma,
             self.algo.params.lam,
         )
-        self._t = 0
         if self.algo.state_size:  # per-env sequences, batch-major [N, T, ...]
-            columns = (self._obs, self._action, self._logp, advantage, value_target, self._value)
-            batch = {c: np.swapaxes(x, 0, 1).copy() for c, x in zip(COLUMNS, columns, strict=True)}
-            batch["state"] = self._initial_state.copy()  # [N, 4U]
-            batch["first"] = self._firsts.T.copy()  # [N, T]
-            return batch
-        size = self.rollout_length * n
+            batch = {c: steps.batch_major(c) for c in ("obs", "action", "logp")}
+            batch["advantage"] = np.swapaxes(advantage, 0, 1).copy()
+            batch["value_target"] = np.swapaxes(value_target, 0, 1).copy()
+            batch["value"] = steps.batch_major("value")
+            return {**batch, **steps.recurrent(bootstrap=False)}  # state [N, 4U], first [N, T]
+        size = self.rollout_length * self.num_envs
+        action = steps.time_major("action")  # [T, N] or [T, N, A]
         return {
-            "obs": self._obs.reshape(size, -1).copy(),
-            "action": self._action.reshape(size, *self._action.shape[2:]).copy(),
-            "logp": self._logp.reshape(size).copy(),
+            "obs": steps.time_major("obs").reshape(size, -1),
+            "action": action.reshape(size, *action.shape[2:]),
+            "logp": steps.time_major("logp").reshape(size),
             "advantage": advantage.reshape(size),
             "value_target": value_target.reshape(size),
-            "value": self._value.reshape(size).copy(),
+            "value": value.reshape(size),
         }
 
     def stats(self) -> dict[str, float]:

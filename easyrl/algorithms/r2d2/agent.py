@@ -10,9 +10,11 @@ from easyrl.algorithms.dqn import actor_epsilon
 from easyrl.algorithms.dqn.agent import QNetwork, epsilon_greedy
 from easyrl.algorithms.r2d2 import FLOW, Params, replay_spec
 from easyrl.algorithms.shared import CompiledGreedy, checked_columns, compiled, flat_gradients
+from easyrl.algorithms.unrolls import UnrollAccumulator
 from easyrl.envs.flat import observation_parts
 from easyrl.errors import ConfigError, EasyRLError
 from easyrl.models import FlatVariables, named_variables
+from easyrl.models.lstm import recurrent_step
 
 STAT_NAMES: tuple[str, ...] = ("q_mean", "td_abs_mean")
 """Keys of the stats `R2D2.learn` returns beside `loss`."""
@@ -148,10 +150,12 @@ class R2D2(CompiledGreedy):
     # --- compiled functions ---------------------------------------------------------------
 
     def _greedy_step_fn(self, obs, state, first):
-        core = self.q.core
-        assert core is not None
-        h, state = core.step(self.q.torso(obs), state, first)  # [N, U], [N, 2U]
-        return tf.argmax(self.q.heads(h)[:, :, 0], axis=1), state  # [N], [N, 2U]
+        net = self.q
+        assert net.core is not None
+        q, state = recurrent_step(
+            net.torso, net.core, lambda h: net.heads(h)[:, :, 0], obs, state, first
+        )  # [N, A], [N, 2U]
+        return tf.argmax(q, axis=1), state  # [N], [N, 2U]
 
     def _unroll(self, net: QNetwork, obs, state, first):
         """Q values of the learning steps x_burn..x_T of B sequences, time-major
@@ -226,23 +230,19 @@ class SequenceCollector:
     """
 
     def __init__(self, agent: R2D2, num_envs: int, actor_index: int = 0, num_actors: int = 1):
-        if num_envs < 1:
-            raise EasyRLError(f"num_envs must be positive, got {num_envs}")
         self.agent, self.num_envs = agent, num_envs
         self.actor_index, self.num_actors = actor_index, num_actors
-        p, n = agent.params, num_envs
-        self.length = t = p.sequence_length
-        # Circular time-major buffers of the last T steps (row = step % T).
-        self._obs = np.zeros((t, n, *agent.obs_shape), agent.obs_dtype)
-        self._action = np.zeros((t, n), np.int64)
-        self._reward = np.zeros((t, n), np.float32)
-        self._discount = np.zeros((t, n), np.float32)
-        self._states = np.zeros((t, n, agent.state_size), np.float32)
-        self._firsts = np.zeros((t, n), np.float32)
-        self._state = np.zeros((n, agent.state_size), np.float32)
-        self._first = np.ones(n, np.float32)  # every env starts an episode
-        self._steps = 0  # vector steps observed
-        self._acted = False
+        p = agent.params
+        self.length = p.sequence_length
+        columns = {
+            "obs": (agent.obs_shape, agent.obs_dtype),
+            "action": ((), np.int64),
+            "reward": ((), np.float32),
+            "discount": ((), np.float32),
+        }
+        self._steps = UnrollAccumulator(
+            num_envs, self.length, columns, agent.state_size, period=p.period
+        )
         self.env_steps = 0
         self.sequences = 0
         self.epsilon = actor_epsilon(p, actor_index, num_actors, 0)
@@ -254,8 +254,8 @@ class SequenceCollector:
         Raises:
             EasyRLError: `act` was already called for this step, or `obs` has a wrong shape.
         """
-        if self._acted:
-            raise EasyRLError("act called twice without observe")
+        steps = self._steps
+        steps.expect_act()
         obs = np.asarray(obs, self.agent.obs_dtype)
         if obs.shape != (self.num_envs, *self.agent.obs_shape):
             raise EasyRLError(
@@ -263,14 +263,11 @@ class SequenceCollector:
             )
         p = self.agent.params
         self.epsilon = actor_epsilon(p, self.actor_index, self.num_actors, self.env_steps)
-        row = self._steps % self.length
-        self._obs[row], self._states[row], self._firsts[row] = obs, self._state, self._first
-        greedy, self._state = self.agent.greedy_step(obs, self._state, self._first)
+        greedy, state = self.agent.greedy_step(obs, steps.state, steps.first)
         actions, self.last_action_logp = epsilon_greedy(
             greedy, self.epsilon, self.agent.num_actions, rng
         )
-        self._action[row] = actions
-        self._acted = True
+        steps.record_act(state, obs=obs, action=actions)
         return actions
 
     def observe(self, rewards, next_obs, real_next_obs, terminated, truncated) -> dict | None:
@@ -281,31 +278,23 @@ class SequenceCollector:
         Raises:
             EasyRLError: called without a preceding `act`.
         """
-        if not self._acted:
-            raise EasyRLError("observe called without a preceding act")
+        steps = self._steps
+        steps.expect_observe()
         done = np.asarray(terminated, bool).reshape(-1) | np.asarray(truncated, bool).reshape(-1)
-        row = self._steps % self.length
-        self._reward[row] = np.asarray(rewards, np.float32).reshape(-1)
-        self._discount[row] = self.agent.params.gamma * (1.0 - done)
-        self._first = done.astype(np.float32)  # next_obs starts an episode where done
-        self._acted = False
-        self._steps += 1
+        reward = np.asarray(rewards, np.float32).reshape(-1)
+        discount = self.agent.params.gamma * (1.0 - done)
         self.env_steps += self.num_envs
-        t = self.length
-        if self._steps < t or (self._steps - t) % self.agent.params.period:
+        if not steps.record_outcome(done, reward=reward, discount=discount):
             return None
-        rows = np.arange(self._steps - t, self._steps) % t  # oldest first
-        obs = np.concatenate([self._obs[rows], np.asarray(next_obs, self.agent.obs_dtype)[None]])
         self.sequences += self.num_envs
-        batch = {
-            "obs": np.swapaxes(obs, 0, 1),  # [N, T+1, ...]
-            "action": self._action[rows].T,  # [N, T]
-            "reward": self._reward[rows].T,
-            "discount": self._discount[rows].T,
-            "state": self._states[rows[0]].copy(),  # [N, 2U]
-            "first": np.concatenate([self._firsts[rows], self._first[None]]).T,  # [N, T+1]
+        next_obs = np.asarray(next_obs, self.agent.obs_dtype)
+        return {
+            "obs": steps.batch_major("obs", bootstrap=next_obs),  # [N, T+1, ...]
+            "action": steps.batch_major("action"),  # [N, T]
+            "reward": steps.batch_major("reward"),
+            "discount": steps.batch_major("discount"),
+            **steps.recurrent(bootstrap=True),  # state [N, 2U], first [N, T+1]
         }
-        return {k: np.ascontiguousarray(v) for k, v in batch.items()}
 
     def stats(self) -> dict[str, float]:
         """The current exploration rate and the sequences shipped."""
