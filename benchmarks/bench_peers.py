@@ -48,6 +48,8 @@ WINDOW = 100
 """Episodes in the trailing mean, for every contender (easyrl's `stop.window`)."""
 SMOKE_TARGET = 15.0
 """`--smoke`: easyrl PPO alone (the peers need their own venv) to a mean any policy reaches."""
+SMOKE_OVERRIDES = ("cluster.actor=1", "run.log_interval_s=0.5")
+"""`--smoke`: one actor; the target is seen within 0.5 s (PS shard 0 checks it per row)."""
 SMOKE_LINE = r"^\| easyrl \| PPO \| [\d.]+ \|"
 """The line a `--smoke` run must print (tests/test_benchmarks.py)."""
 
@@ -98,7 +100,9 @@ def follow(command, target: float, budget_s: float, env=None, cwd=None) -> dict:
     }
 
 
-def easyrl_contender(config: str, target: float, budget_s: float, cores: int, tmp: Path):
+def easyrl_contender(
+    config: str, target: float, budget_s: float, cores: int, tmp: Path, extra: tuple[str, ...]
+):
     run_dir = tmp / Path(config).stem
     command = [sys.executable, "-m", "easyrl.cli", "train", str(REPO / config)]
     for override in (
@@ -107,6 +111,7 @@ def easyrl_contender(config: str, target: float, budget_s: float, cores: int, tm
         f"stop.window={WINDOW}",
         f"stop.max_seconds={budget_s}",
         "stop.max_env_steps=null",
+        *extra,
     ):
         command += ["--set", override]
     start = time.monotonic()
@@ -156,10 +161,9 @@ def main() -> None:
     only = {s.strip().lower() for s in args.only.split(",") if s.strip()}
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONUNBUFFERED": "1"}
     env.pop("PYTHONPATH", None)  # the peers' venv must not see easyrl's site packages
-    available = {
-        "Stable-Baselines3": has_module(args.peers_python, "stable_baselines3"),
-        "RLlib": has_module(args.peers_python, "ray.rllib"),
-    }
+    modules = {"Stable-Baselines3": "stable_baselines3", "RLlib": "ray.rllib"}
+    available: dict[str, bool] = {}  # asked only of the frameworks that run
+    extra = SMOKE_OVERRIDES if args.smoke else ()
     rows = []
     with tempfile.TemporaryDirectory(prefix="easyrl-peers-") as tmp:
         for framework, algo, what in contenders:
@@ -167,8 +171,12 @@ def main() -> None:
             if only and label.lower() not in only and framework.lower() not in only:
                 continue
             if framework == "easyrl":
-                result = easyrl_contender(what, args.target, args.budget_s, args.cores, Path(tmp))
-            elif not available[framework]:
+                result = easyrl_contender(
+                    what, args.target, args.budget_s, args.cores, Path(tmp), extra
+                )
+            elif not available.setdefault(
+                framework, has_module(args.peers_python, modules[framework])
+            ):
                 rows.append([framework, algo, "not installed", None, None, None])
                 continue
             else:
