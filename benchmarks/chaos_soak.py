@@ -128,7 +128,6 @@ class Run:
         metrics = self.run_dir / "metrics.jsonl"
         deadline = time.monotonic() + timeout_s
         while self.process.poll() is None and time.monotonic() < deadline:
-            self.log.flush()
             console = self.log_path.read_text()
             rows = [json.loads(x) for x in metrics.read_text().split("\n")[:-1]]  # whole lines
             returned = any(m["time_s"] >= first_kill and "return_mean" in m for m in rows)
