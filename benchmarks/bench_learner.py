@@ -46,6 +46,8 @@ from easyrl.errors import TransportError
 
 SMOKE_LINE = r"^learner/compute: \d"
 """The line a `--smoke` run must print (tests/test_benchmarks.py)."""
+SMOKE_OVERRIDES = ("env.num_envs=2", "replay.capacity=8", "learner.updates_per_report=1")
+"""`--smoke`: small inserts, a small FIFO to fill, a report (a window boundary) per update."""
 FEED_BATCHES = 4
 """Distinct item batches the feeder cycles through (each ships fresh frames)."""
 
@@ -266,7 +268,8 @@ def main() -> int:
     args = common.parse_args(parser, tuned_malloc=False)
     common.reexec_with_malloc_env()  # compute alone runs with the learner process's allocator
     if args.smoke:
-        args.duration, args.warmup = 1.0, 0.0
+        args.duration, args.warmup = 0.5, 0.0
+        args.overrides = [*SMOKE_OVERRIDES, *args.overrides]
     args.config_path = Path(args.config).resolve()
     if not args.config_path.is_file():
         parser.error(f"--config {args.config}: no such file")

@@ -45,10 +45,25 @@ from easyrl.offline.dataset import episode_bounds, read_steps  # noqa: E402
 
 OFFLINE_CONFIGS = ("cartpole_bc.yaml", "cartpole_marwil.yaml", "cartpole_bcq.yaml")
 """The offline configs run on the dataset, in order (those that exist)."""
-SMOKE_RECORD = ("output.min_return_mean=null", "output.max_steps=1000", "env.num_envs=2")
-"""`--smoke`: record from the first step, 1,000 steps."""
-SMOKE_TRAIN = ("stop.eval_return_mean=9", "eval.interval_s=2", "stop.max_seconds=60")
-"""`--smoke`: BC alone, to a target any policy reaches (CartPole episodes last >= 8 steps)."""
+SMOKE_RECORD = (
+    "output.min_return_mean=null",
+    "output.max_steps=400",
+    "env.num_envs=2",
+    "cluster.actor=1",
+    "run.log_interval_s=0.5",
+)
+"""`--smoke`: record from the first step, 400 steps, one actor; the stop is seen within
+0.5 s (PS shard 0 checks it with each metrics row)."""
+SMOKE_TRAIN = (
+    "stop.eval_return_mean=9",
+    "eval.interval_s=0.5",
+    "eval.episodes=2",
+    "replay.min_size_to_sample=256",
+    "stop.max_seconds=60",
+    "run.log_interval_s=0.5",
+)
+"""`--smoke`: BC alone, to a target any policy reaches (CartPole episodes last >= 8 steps),
+evaluated on 2 episodes every 0.5 s, sampling from 256 steps (one batch) held."""
 SMOKE_LINE = r"^Dataset: [\d,]+ steps in [\d,]+ whole episodes"
 """The line a `--smoke` run must print (tests/test_benchmarks.py)."""
 

@@ -48,6 +48,10 @@ WINDOW = 100
 """Episodes in the trailing mean, for every contender (easyrl's `stop.window`)."""
 SMOKE_TARGET = 15.0
 """`--smoke`: easyrl PPO alone (the peers need their own venv) to a mean any policy reaches."""
+SMOKE_WINDOW = 10
+"""`--smoke`: episodes in the trailing mean."""
+SMOKE_OVERRIDES = ("cluster.actor=1", "run.log_interval_s=0.5")
+"""`--smoke`: one actor; the target is seen within 0.5 s (PS shard 0 checks it per row)."""
 SMOKE_LINE = r"^\| easyrl \| PPO \| [\d.]+ \|"
 """The line a `--smoke` run must print (tests/test_benchmarks.py)."""
 
@@ -60,9 +64,9 @@ def pinned(command: list[str], cores: int) -> list[str]:
     return ["taskset", "-c", f"0-{cores - 1}", *command]
 
 
-def follow(command, target: float, budget_s: float, env=None, cwd=None) -> dict:
+def follow(command, target: float, window: int, budget_s: float, env=None, cwd=None) -> dict:
     """Runs a contender that prints JSON progress lines; stops it once the trailing mean of
-    WINDOW episodes reaches `target` (or the budget runs out)."""
+    `window` episodes reaches `target` (or the budget runs out)."""
     start = time.monotonic()
     proc = subprocess.Popen(
         command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, cwd=cwd
@@ -79,7 +83,7 @@ def follow(command, target: float, budget_s: float, env=None, cwd=None) -> dict:
                 tail = (tail + [line.rstrip()])[-15:]
                 continue
             last = record
-            if record["episodes"] >= WINDOW and record["return_mean"] >= target:
+            if record["episodes"] >= window and record["return_mean"] >= target:
                 solved_at = time.monotonic() - start
                 break
     finally:
@@ -98,15 +102,24 @@ def follow(command, target: float, budget_s: float, env=None, cwd=None) -> dict:
     }
 
 
-def easyrl_contender(config: str, target: float, budget_s: float, cores: int, tmp: Path):
+def easyrl_contender(
+    config: str,
+    target: float,
+    window: int,
+    budget_s: float,
+    cores: int,
+    tmp: Path,
+    extra: tuple[str, ...],
+):
     run_dir = tmp / Path(config).stem
     command = [sys.executable, "-m", "easyrl.cli", "train", str(REPO / config)]
     for override in (
         f"run.dir={run_dir}",
         f"stop.episode_return_mean={target}",
-        f"stop.window={WINDOW}",
+        f"stop.window={window}",
         f"stop.max_seconds={budget_s}",
         "stop.max_env_steps=null",
+        *extra,
     ):
         command += ["--set", override]
     start = time.monotonic()
@@ -156,10 +169,10 @@ def main() -> None:
     only = {s.strip().lower() for s in args.only.split(",") if s.strip()}
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONUNBUFFERED": "1"}
     env.pop("PYTHONPATH", None)  # the peers' venv must not see easyrl's site packages
-    available = {
-        "Stable-Baselines3": has_module(args.peers_python, "stable_baselines3"),
-        "RLlib": has_module(args.peers_python, "ray.rllib"),
-    }
+    modules = {"Stable-Baselines3": "stable_baselines3", "RLlib": "ray.rllib"}
+    available: dict[str, bool] = {}  # asked only of the frameworks that run
+    extra = SMOKE_OVERRIDES if args.smoke else ()
+    window = SMOKE_WINDOW if args.smoke else WINDOW
     rows = []
     with tempfile.TemporaryDirectory(prefix="easyrl-peers-") as tmp:
         for framework, algo, what in contenders:
@@ -167,8 +180,12 @@ def main() -> None:
             if only and label.lower() not in only and framework.lower() not in only:
                 continue
             if framework == "easyrl":
-                result = easyrl_contender(what, args.target, args.budget_s, args.cores, Path(tmp))
-            elif not available[framework]:
+                result = easyrl_contender(
+                    what, args.target, window, args.budget_s, args.cores, Path(tmp), extra
+                )
+            elif not available.setdefault(
+                framework, has_module(args.peers_python, modules[framework])
+            ):
                 rows.append([framework, algo, "not installed", None, None, None])
                 continue
             else:
@@ -176,8 +193,10 @@ def main() -> None:
                     "sb3_cartpole.py" if framework == "Stable-Baselines3" else "rllib_cartpole.py"
                 )
                 command = [args.peers_python, str(PEERS / script), what, "2000000"]
-                command += [str(args.cores), str(WINDOW)]
-                result = follow(pinned(command, args.cores), args.target, args.budget_s, env, tmp)
+                command += [str(args.cores), str(window)]
+                result = follow(
+                    pinned(command, args.cores), args.target, window, args.budget_s, env, tmp
+                )
             print(json.dumps({"contender": label, **result}), flush=True)
             solved = result["solved_s"]
             rows.append(
@@ -199,7 +218,7 @@ def main() -> None:
         "last mean return",
     ]
     body = (
-        f"CartPole-v1, trailing mean of {WINDOW} episodes >= {args.target:g}; every "
+        f"CartPole-v1, trailing mean of {window} episodes >= {args.target:g}; every "
         f"contender pinned to {args.cores} cores (taskset), one run each, run one after "
         "the other.\n\n" + markdown_table(headers, rows) + "\n"
     )

@@ -55,10 +55,16 @@ NATURE_84 = (
     "model.hidden=[512]",
 )
 """easyrl at Sample Factory's Atari shape: 84x84x4 frames, the Nature-DQN conv net."""
-SMOKE_WINDOW_S = 45.0
-"""`--smoke`: the 42x42x4 easyrl row alone (the peers need their own venvs), smaller, for a
-45 s (start-up included), reporting every 2 s so that the window has a steady part."""
-SMOKE_OVERRIDES = ("env.num_envs=4", "cluster.actor=1", "run.log_interval_s=2")
+SMOKE_WINDOW_S = 120.0
+"""`--smoke`: the 42x42x4 easyrl row alone (the peers need their own venvs), smaller, until
+1,000 agent steps (the window is only a bound), reporting every 0.25 s so that the steps
+span several reports (a steady part)."""
+SMOKE_OVERRIDES = (
+    "env.num_envs=2",
+    "cluster.actor=1",
+    "run.log_interval_s=0.25",
+    "stop.max_env_steps=1000",
+)
 SMOKE_LINE = r"^\| easyrl IMPALA, 42x42x4 \(pong_impala_2core.yaml\) \| [\d,]+ \|"
 """The line a `--smoke` run must print (tests/test_benchmarks.py)."""
 

@@ -70,6 +70,13 @@ def counters(cluster: LocalCluster, role: str, task: int) -> dict[str, float]:
     return status.counters
 
 
+def first_update(cluster: LocalCluster) -> bool:
+    """Whether PS shard 0 counts an update; a Status that times out (a loaded machine, a
+    shard still starting) is a no: a crash is `check_children`'s to find."""
+    status = cluster.status("ps", 0)
+    return status is not None and status.counters.get("updates", 0) > 0
+
+
 def snapshot(cluster: LocalCluster) -> Snapshot:
     """The counters and CPU times of the cluster now."""
     memory: dict[str, float] = {}
@@ -111,7 +118,7 @@ def measure_point(args, counts: dict[str, int], run_dir: Path) -> dict:
         wait(
             cluster,
             common.READY_TIMEOUT_S + args.warmup,
-            until=lambda: counters(cluster, "ps", 0).get("updates", 0) > 0,
+            until=lambda: first_update(cluster),
         )
         first_update_s = time.monotonic() - started
         wait(cluster, args.warmup)
@@ -291,10 +298,11 @@ def main() -> int:
         args.config, args.actors, args.duration, args.warmup = (
             DEFAULT_CONFIG,
             "1",
-            2.0,
-            0.5,
+            1.0,
+            0.0,
         )
-        args.overrides = ["env.num_envs=2", *args.overrides]
+        # The first update after 512 items (one batch) instead of the config's 1,000.
+        args.overrides = ["env.num_envs=2", "replay.min_size_to_sample=512", *args.overrides]
     if args.duration <= 0 or args.warmup < 0:
         parser.error("--duration must be > 0 and --warmup >= 0")
     args.config_path = Path(args.config).resolve()
