@@ -48,9 +48,11 @@ class Callback:
         return None
 
     def on_evaluation(self, eval_return: float, counters: dict[str, float]) -> bool | None:
-        """Each evaluation of the evaluator (`cluster.evaluator: 1`): its mean return over
-        `eval.episodes` episodes, and the run's counters when it was seen (`env_steps`,
-        `eval_count`, `eval_return_best`, ...)."""
+        """The newest evaluation of the evaluator (`cluster.evaluator: 1`), each time the
+        launcher's poll finds a new one: its mean return over `eval.episodes` episodes, and
+        the run's counters when it was seen (`env_steps`, `eval_count`, `eval_return_best`,
+        ...). Evaluations that end between two polls (`eval.interval_s` shorter than the poll)
+        are heard as the newest of them: `eval_count` says how many there were."""
         return None
 
     def on_checkpoint(self, path: Path) -> bool | None:

@@ -282,7 +282,8 @@ def test_a_callback_stops_a_real_run_whose_policy_then_acts_as_rollout(tmp_path)
     assert recorder.stops == [result.reason]
     written = [json.loads(line) for line in (result.run_dir / "metrics.jsonl").open()]
     assert recorder.rows == written  # every row, those written while stopping too
-    assert recorder.evaluations and recorder.evaluations[0][1] == 1.0
+    counts = [count for _, count in recorder.evaluations]  # polls may see several at once
+    assert counts and counts[0] >= 1.0 and counts == sorted(set(counts)), counts
     assert "ps-0.npz" in recorder.checkpoints and "best.npz" in recorder.checkpoints
 
     out = export(result.run_dir, tmp_path / "export")
