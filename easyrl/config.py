@@ -27,8 +27,7 @@ from typing import Any, ClassVar, Literal, Union, get_args, get_origin, get_type
 
 import yaml
 
-from easyrl.algorithms import registry
-from easyrl.algorithms.contract import check_model_kind
+from easyrl.algorithms import learning_rate, registry
 from easyrl.errors import ConfigError, closest
 from easyrl.imports import load_object
 
@@ -771,6 +770,7 @@ def _load_algorithm(raw: Any, key: str) -> AlgorithmConfig:
         )
     name = _coerce(str, raw["name"], f"{key}.name")
     params_cls = registry.params_class(name)
+    learning_rate.refuse_old_keys(name, raw, key)
     params = _build(params_cls, {k: v for k, v in raw.items() if k != "name"}, key, ("name",))
     return AlgorithmConfig(name=name, params=params)
 
@@ -868,7 +868,8 @@ def _resolve(cfg: Config) -> Config:
         raise ConfigError(f"replay.kind: {cfg.algorithm.name} {works}, got {kind!r}")
     if ":" in cfg.model.kind and not callable(load_object(cfg.model.kind, "model.kind")):
         raise ConfigError(f"model.kind: {cfg.model.kind!r} is not a class or function")
-    check_model_kind(cfg.algorithm.name, cfg.model, getattr(module, "MODEL_KINDS", ("mlp",)))
+    model_kinds = getattr(module, "MODEL_KINDS", ("mlp",))
+    registry.check_model_kind(cfg.algorithm.name, cfg.model, model_kinds)
     if cfg.model.lstm < 0:
         raise ConfigError(f"model.lstm: units must be >= 0 (0: no LSTM), got {cfg.model.lstm}")
     if cfg.model.lstm and not getattr(module, "RECURRENT", False):

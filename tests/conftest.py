@@ -7,6 +7,10 @@ The easyrl roles (and TensorFlow, which the PS imports) are imported when a fixt
 used, not when the suite starts.
 """
 
+import multiprocessing.process
+import os
+import shlex
+import subprocess
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,6 +28,89 @@ if TYPE_CHECKING:
 CONFIGS = Path(__file__).resolve().parent.parent / "configs"
 PS_TOKEN = "ps-test-token"
 """The token of `serve_ps`'s shards."""
+
+
+# --- the `cluster` marker, enforced ----------------------------------------------------------
+# `pytest -m "not cluster"` is the quick signal: it must not pay for child Python processes
+# (each imports Python, easyrl and often TensorFlow again). So a test that starts one (an
+# `easyrl train/run` subprocess, a role process of a local cluster, a `python -c` check, a
+# multiprocessing worker such as an async env's) must carry `@pytest.mark.cluster`; one that
+# does not fails, naming the command. Other programs (bash, ip) are not checked.
+
+_running: list[pytest.Item] = []
+"""The test being run (set for its setup, call and teardown), or empty between tests."""
+
+
+class UnmarkedChildProcess(Exception):
+    """A test without the `cluster` marker started a child Python process."""
+
+
+def _python_command(args, executable) -> str | None:
+    """The command line, if `args` (as `subprocess.Popen` takes them) start Python or easyrl."""
+    if isinstance(args, (str, bytes, os.PathLike)):
+        argv = shlex.split(os.fsdecode(args))
+    else:
+        argv = [os.fsdecode(a) for a in args]
+    program = os.path.basename(os.fsdecode(executable) if executable else argv[0] if argv else "")
+    if program.startswith("python") or program == "easyrl":
+        return " ".join(argv)
+    return None
+
+
+def _check_child(what: str | None) -> None:
+    """Records and refuses `what` (a child Python process) if the running test is unmarked."""
+    if what is None or not _running or _running[0].get_closest_marker("cluster"):
+        return
+    _running[0].stash.setdefault(_UNMARKED, []).append(what)
+    raise UnmarkedChildProcess(
+        f"{_running[0].nodeid} starts a child Python process ({what[:200]}) but is not "
+        "marked @pytest.mark.cluster"
+    )
+
+
+_UNMARKED = pytest.StashKey[list[str]]()
+_CALL_FAILED = pytest.StashKey[bool]()
+_popen_init = subprocess.Popen.__init__
+_process_start = multiprocessing.process.BaseProcess.start
+
+
+def _checked_popen_init(self, args, *rest, **kwargs):
+    _check_child(_python_command(args, kwargs.get("executable")))
+    _popen_init(self, args, *rest, **kwargs)
+
+
+def _checked_process_start(self):
+    _check_child(f"multiprocessing process {self.name}")
+    _process_start(self)
+
+
+subprocess.Popen.__init__ = _checked_popen_init
+multiprocessing.process.BaseProcess.start = _checked_process_start
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    """Remembers the running test for `_check_child`."""
+    _running.append(item)
+    yield
+    _running.clear()
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """Fails an unmarked test that started a child Python process, even where the refusal
+    was raised in a thread or caught by the code under test."""
+    outcome = yield
+    report = outcome.get_result()
+    if call.when == "call":
+        item.stash[_CALL_FAILED] = report.failed
+    started = item.stash.get(_UNMARKED, None)
+    if call.when == "teardown" and started and not item.stash.get(_CALL_FAILED, False):
+        report.outcome = "failed"
+        report.longrepr = (
+            f"{item.nodeid} started child Python processes without @pytest.mark.cluster: "
+            + "; ".join(started)
+        )
 
 
 class Served:

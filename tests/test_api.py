@@ -65,6 +65,7 @@ def example_on_path(monkeypatch):
 # --- the package and the overrides -------------------------------------------------------
 
 
+@pytest.mark.cluster
 def test_import_easyrl_is_cheap_and_exports_train():
     code = textwrap.dedent(
         """
@@ -157,6 +158,7 @@ def test_cli_train_reports_a_bad_key(capsys):
 # --- real runs ---------------------------------------------------------------------------
 
 
+@pytest.mark.cluster
 @pytest.mark.timeout(150)
 def test_train_a_dict_config_runs_a_local_cluster(tmp_path):
     raw = {
@@ -183,6 +185,7 @@ def test_train_a_dict_config_runs_a_local_cluster(tmp_path):
     assert saved.cluster.actor == 1 and saved.algorithm.params.batch_size == 32
 
 
+@pytest.mark.cluster
 @pytest.mark.timeout(150)
 def test_example_trains_a_custom_env_and_network_by_dotted_paths(tmp_path):
     run_dir = tmp_path / "run"

@@ -312,6 +312,7 @@ def test_batch_dqn_memory_shard_loads_the_dataset_as_n_step_items(tmp_path):
         np.testing.assert_array_equal(held[f"data/{name}"], expected[name])
 
 
+@pytest.mark.cluster
 @pytest.mark.timeout(150)
 def test_train_bcq_offline_with_no_actors(tmp_path):
     """`easyrl train configs/cartpole_bcq.yaml` on a small recorded dataset: no actor runs,

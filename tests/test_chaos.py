@@ -9,6 +9,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 
+pytestmark = pytest.mark.cluster
+
 
 def _soak_module():
     spec = importlib.util.spec_from_file_location(

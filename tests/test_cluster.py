@@ -260,6 +260,7 @@ def _counters(summary: dict, server: str) -> dict:
 # --- tests -----------------------------------------------------------------------------
 
 
+@pytest.mark.cluster
 @pytest.mark.timeout(180)
 def test_train_short_run_moves_every_counter(launch):
     budget = 3000
@@ -345,6 +346,7 @@ def test_train_short_run_moves_every_counter(launch):
     _assert_no_processes_left(run.run_dir)
 
 
+@pytest.mark.cluster
 @pytest.mark.timeout(180)
 def test_two_shards_each(launch):
     # A larger budget than the single-shard test: each memory shard is fed by one actor,
@@ -431,6 +433,7 @@ ROUNDS = {
 }
 
 
+@pytest.mark.cluster
 @pytest.mark.timeout(180)
 @pytest.mark.parametrize("algorithm", sorted(ROUNDS))
 def test_synchronous_rounds_two_shards_each(launch, algorithm):
@@ -479,6 +482,7 @@ def test_synchronous_rounds_two_shards_each(launch, algorithm):
     _assert_no_processes_left(run.run_dir)
 
 
+@pytest.mark.cluster
 @pytest.mark.timeout(180)
 def test_impala_lstm_two_learners_two_memories(launch):
     """IMPALA with an LSTM policy (the state travels with the unrolls) on 2 of each role."""
@@ -516,6 +520,7 @@ def test_impala_lstm_two_learners_two_memories(launch):
     _assert_no_processes_left(run.run_dir)
 
 
+@pytest.mark.cluster
 @pytest.mark.timeout(180)
 def test_a3c_runs_with_only_ps_and_actors(launch):
     run = launch(
@@ -540,6 +545,7 @@ def test_a3c_runs_with_only_ps_and_actors(launch):
     _assert_no_processes_left(run.run_dir)
 
 
+@pytest.mark.cluster
 @pytest.mark.timeout(240)
 def test_pong_impala_ships_uint8_frames_to_the_learner(launch):
     run = launch(
@@ -573,6 +579,7 @@ def test_pong_impala_ships_uint8_frames_to_the_learner(launch):
     _assert_no_processes_left(run.run_dir)
 
 
+@pytest.mark.cluster
 @pytest.mark.timeout(180)
 @pytest.mark.parametrize("algorithm", ["sac", "td3"])
 def test_continuous_control_with_an_evaluator(launch, algorithm):
@@ -611,6 +618,7 @@ def test_continuous_control_with_an_evaluator(launch, algorithm):
     _assert_no_processes_left(run.run_dir)
 
 
+@pytest.mark.cluster
 @pytest.mark.timeout(240)
 def test_actor_killed_is_restarted(launch):
     run = launch(
@@ -666,6 +674,7 @@ def test_actor_killed_is_restarted(launch):
     _assert_no_processes_left(run.run_dir)
 
 
+@pytest.mark.cluster
 @pytest.mark.timeout(240)
 def test_learner_killed_is_restarted_and_updates_keep_rising(launch):
     run = launch(
@@ -710,6 +719,7 @@ def test_learner_killed_is_restarted_and_updates_keep_rising(launch):
     _assert_no_processes_left(run.run_dir)
 
 
+@pytest.mark.cluster
 @pytest.mark.timeout(240)
 def test_ps_killed_is_restarted_from_its_checkpoint(launch):
     run = launch(
@@ -757,6 +767,7 @@ def test_ps_killed_is_restarted_from_its_checkpoint(launch):
     _assert_no_processes_left(run.run_dir)
 
 
+@pytest.mark.cluster
 @pytest.mark.timeout(240)
 def test_memory_killed_is_restarted_from_its_snapshot(launch):
     run = launch(
@@ -823,6 +834,7 @@ def _exited(pid: int) -> bool:
         return True
 
 
+@pytest.mark.cluster
 @pytest.mark.timeout(240)
 def test_sigterm_makes_every_role_save_what_it_owns_and_exit_within_10s(launch):
     run = launch(
@@ -876,6 +888,7 @@ def test_sigterm_makes_every_role_save_what_it_owns_and_exit_within_10s(launch):
     _assert_no_processes_left(run.run_dir)
 
 
+@pytest.mark.cluster
 @pytest.mark.timeout(240)
 def test_aggregate_memory_killed_mid_round_the_round_is_redone(launch):
     config, overrides = ROUNDS["ppo"]
@@ -914,6 +927,7 @@ def test_aggregate_memory_killed_mid_round_the_round_is_redone(launch):
     _assert_no_processes_left(run.run_dir)
 
 
+@pytest.mark.cluster
 @pytest.mark.timeout(60)
 def test_bad_config_fails_before_start(tmp_path):
     run_dir = tmp_path / "run"
@@ -943,6 +957,7 @@ def test_bad_config_fails_before_start(tmp_path):
     assert _processes_referencing(str(run_dir)) == {}
 
 
+@pytest.mark.cluster
 @pytest.mark.timeout(150)
 def test_ctrl_c_leaves_no_orphans(launch):
     run = launch(
@@ -966,6 +981,7 @@ def test_ctrl_c_leaves_no_orphans(launch):
     _assert_no_processes_left(run.run_dir)
 
 
+@pytest.mark.cluster
 @pytest.mark.timeout(90)
 def test_run_role_needs_token(tmp_path):
     env = _env()
@@ -1005,6 +1021,7 @@ def test_run_role_needs_token(tmp_path):
     assert list(tmp_path.iterdir()) == []  # nothing written (no run dir, no checkpoint)
 
 
+@pytest.mark.cluster
 def test_children_keep_large_buffers_in_the_heap(tmp_path, monkeypatch):
     """Every role gets glibc settings that keep freed multi-MB message buffers in the heap,
     unless the user set them (theirs win)."""
@@ -1024,6 +1041,7 @@ def test_children_keep_large_buffers_in_the_heap(tmp_path, monkeypatch):
     assert env["MALLOC_TRIM_THRESHOLD_"] == "12345"
 
 
+@pytest.mark.cluster
 def test_a_memory_shard_process_serves_without_tensorflow(tmp_path):
     """`easyrl run --role memory` never imports TensorFlow (a memory shard does not use it:
     seconds of CPU less per shard at start-up), and serves."""

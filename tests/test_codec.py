@@ -420,6 +420,7 @@ def generate_out_of_process(out_dir) -> None:
     assert result.returncode == 0, f"generate failed ({result.returncode}):\n{result.stderr}"
 
 
+@pytest.mark.cluster
 def test_generated_modules_are_current(tmp_path):
     generate_out_of_process(tmp_path)
     for name in generate.GENERATED:
@@ -431,6 +432,7 @@ def test_generated_modules_are_current(tmp_path):
         )
 
 
+@pytest.mark.cluster
 def test_generated_grpc_module_imports_its_sibling_relatively(tmp_path):
     generate_out_of_process(tmp_path)
     text = (tmp_path / "easyrl_pb2_grpc.py").read_text()

@@ -408,6 +408,7 @@ def test_every_section_field_type_is_loadable():
         assert config.from_dict({**MINIMAL, f.name: raw}) == load()
 
 
+@pytest.mark.cluster
 def test_import_does_not_pull_tensorflow():
     code = "import sys, easyrl.config; assert 'tensorflow' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True)

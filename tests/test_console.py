@@ -7,7 +7,11 @@ import sys
 import textwrap
 import time
 
+import pytest
+
 import easyrl
+
+pytestmark = pytest.mark.cluster
 
 FAKE_TENSORFLOW = """
 import os

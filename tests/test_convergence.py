@@ -11,6 +11,8 @@ import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 
+pytestmark = pytest.mark.cluster
+
 RUNS = {
     "apex": ("cartpole_apex.yaml", ()),
     "apex-two-of-each": (

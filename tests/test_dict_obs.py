@@ -214,6 +214,7 @@ def test_every_env_easyrl_builds_observes_the_same_flat_vectors():
     env.close()
 
 
+@pytest.mark.cluster
 def test_async_envs_flatten_in_their_subprocesses_as_the_parent_does():
     env = make_vector_env(ENV_ID, 2, vector="async", seed=4)
     try:
@@ -496,6 +497,7 @@ def test_a_config_with_a_masked_env_and_es_fails_before_anything_starts():
 # --- real roles -------------------------------------------------------------------------------
 
 
+@pytest.mark.cluster
 @pytest.mark.timeout(180)
 @pytest.mark.parametrize(
     "config, overrides",

@@ -515,7 +515,8 @@ def test_variable_names_and_shapes():
 
 
 def test_optimizer_spec_from_params():
-    params = Params(optimizer="rmsprop", lr=3e-4, lr_decay_rate=0.5, lr_decay_steps=7)
+    step = {"lr_schedule": "step", "lr_step_factor": 0.5, "lr_step_period": 7}
+    params = Params(optimizer="rmsprop", lr=3e-4, **step)
     assert dqn.optimizer(params) == OptimizerSpec(
         kind="rmsprop", lr=3e-4, decay_rate=0.5, decay_steps=7
     )

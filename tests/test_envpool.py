@@ -247,6 +247,7 @@ def test_missing_envpool_names_the_extra(monkeypatch):
         make_vector_env("CartPole-v1", 2, vector="envpool")
 
 
+@pytest.mark.cluster
 @pytest.mark.timeout(240)
 def test_pong_impala_run_with_envpool_actors(launch):  # noqa: F811
     run = launch(

@@ -88,6 +88,7 @@ def test_env_spaces():
     assert isinstance(action_space, gymnasium.spaces.Discrete) and action_space.n == 2
 
 
+@pytest.mark.cluster
 def test_async_steps_and_closes():
     env = make_vector_env("CartPole-v1", 2, vector="async", seed=1)
     try:

@@ -176,7 +176,9 @@ def test_params_are_checked(changes):
 
 
 def test_small_interface_functions():
-    params = Params(optimizer="sgd", lr=0.1, lr_decay_rate=0.5, lr_decay_steps=9)
+    params = Params(
+        optimizer="sgd", lr=0.1, lr_schedule="step", lr_step_factor=0.5, lr_step_period=9
+    )
     assert es.optimizer(params) == OptimizerSpec(kind="sgd", lr=0.1, decay_rate=0.5, decay_steps=9)
     assert es.replay_spec(params, OBS_SPACE, ACTION_SPACE) == {
         "seed": ((), np.dtype(np.int64)),

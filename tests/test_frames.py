@@ -751,6 +751,7 @@ def test_the_memory_shard_answers_malformed_frames_with_invalid_argument(framed_
 # --- a cluster ----------------------------------------------------------------------------
 
 
+@pytest.mark.cluster
 @pytest.mark.timeout(300)
 def test_a_small_apex_cluster_on_pong_trains_with_frame_storage(launch):  # noqa: F811
     pytest.importorskip("ale_py")
@@ -790,6 +791,7 @@ def test_a_small_apex_cluster_on_pong_trains_with_frame_storage(launch):  # noqa
     assert "Traceback" not in logs
 
 
+@pytest.mark.cluster
 @pytest.mark.timeout(300)
 def test_a_small_impala_cluster_on_pong_trains_with_frame_storage(launch):  # noqa: F811
     pytest.importorskip("ale_py")

@@ -82,6 +82,7 @@ def server():
         srv.stop(None)
 
 
+@pytest.mark.cluster
 @pytest.mark.timeout(240)
 def test_ps_and_memory_processes_serve_health_without_token_until_shutdown(tmp_path):
     ps_port, memory_port = free_ports(2)
@@ -216,6 +217,7 @@ def test_wait_initialized_gives_up_on_empty_shards_naming_them(server):
     assert weights.variables["w"].numpy().tolist() == [1.0, 2.0]
 
 
+@pytest.mark.cluster
 @pytest.mark.timeout(180)
 def test_actor_process_exits_nonzero_when_its_peers_stay_unreachable():
     ps_port, memory_port = free_ports(2)

@@ -216,11 +216,13 @@ def test_replay_spec_and_flow():
 
 def test_optimizer_spec_with_and_without_decay():
     assert impala.optimizer(Params()) == OptimizerSpec(kind="adam", lr=6e-4)
-    decayed = impala.optimizer(Params(optimizer="rmsprop", lr_decay_steps=100_000))
+    linear = {"lr_schedule": "linear", "lr_linear_steps": 100_000}
+    decayed = impala.optimizer(Params(optimizer="rmsprop", **linear))
     assert decayed == OptimizerSpec(
         kind="rmsprop", lr=6e-4, schedule="polynomial", decay_steps=100_000, end_lr=0.0, power=1.0
     )
-    assert a3c.optimizer(a3c.Params(lr_decay_steps=10, lr_end=1e-4)) == OptimizerSpec(
+    a3c_linear = a3c.Params(lr_schedule="linear", lr_linear_steps=10, lr_end=1e-4)
+    assert a3c.optimizer(a3c_linear) == OptimizerSpec(
         kind="adam", lr=1e-3, schedule="polynomial", decay_steps=10, end_lr=1e-4
     )
     assert a3c.optimizer(a3c.Params(optimizer="sgd")) == OptimizerSpec(kind="sgd", lr=1e-3)
@@ -248,7 +250,8 @@ def test_optimizer_spec_with_and_without_decay():
         {"entropy_cost": float("nan")},
         {"optimizer": "adagrad"},
         {"lr": 0.0},
-        {"lr_decay_steps": -1},
+        {"lr_schedule": "cosine"},
+        {"lr_linear_steps": 0, "lr_schedule": "linear"},
         {"lr_end": 1.0},
         {"grad_clip": -1.0},
         {"max_staleness": -1},

@@ -239,6 +239,7 @@ def test_params_spaces_and_registry():
         config_lib.load(CONFIG, ["replay.kind=uniform"])
 
 
+@pytest.mark.cluster
 @pytest.mark.timeout(150)
 def test_train_bandit_config_reaches_its_target(tmp_path):
     """`easyrl train configs/bandit_linucb.yaml` (one actor to keep it light) exits 0 on its

@@ -240,6 +240,7 @@ json.dump(actions, open(sys.argv[2], "w"))
 """
 
 
+@pytest.mark.cluster
 @pytest.mark.parametrize(
     "algorithm",
     [

@@ -406,6 +406,7 @@ def test_run_stats_keep_each_policys_recent_returns():
 # --- real clusters ---------------------------------------------------------------------------
 
 
+@pytest.mark.cluster
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize(
     "config, extra",

@@ -43,6 +43,8 @@ from easyrl.transport import rpc
 
 ROOT = Path(__file__).resolve().parent.parent
 CONFIG = ROOT / "configs" / "cartpole_apex.yaml"
+
+pytestmark = pytest.mark.cluster
 PROCESSES = ("ps-0", "memory-0", "learner-0", "actor-0", "actor-1")
 """One namespace (one "host") per role process."""
 PORT = 7000

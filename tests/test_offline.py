@@ -315,6 +315,7 @@ def test_config_errors_name_the_problem(recorded, tmp_path):
         config_lib.from_dict({"algorithm": {"name": "ppo"}, "output": {"max_steps": 10}})
 
 
+@pytest.mark.cluster
 @pytest.mark.timeout(240)
 def test_record_then_train_bc_with_no_actors(tmp_path):
     """A real recording run (PPO, 1 actor) stops itself after 1,500 recorded steps; a real

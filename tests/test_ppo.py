@@ -235,7 +235,8 @@ def test_gae_rejects_mismatched_shapes():
 
 
 def test_hooks_and_replay_spec():
-    params = Params(rollout_length=7, optimizer="rmsprop", lr=1e-4, lr_decay_rate=0.5)
+    step = {"lr_schedule": "step", "lr_step_factor": 0.5}
+    params = Params(rollout_length=7, optimizer="rmsprop", lr=1e-4, **step)
     assert ppo.round_share(params, num_envs=3, actor_index=1, num_actors=4) == 21
     assert ppo.optimizer(params) == OptimizerSpec(
         kind="rmsprop", lr=1e-4, decay_rate=0.5, decay_steps=1000
@@ -731,6 +732,7 @@ MULTI_DEVICE = textwrap.dedent(
 )
 
 
+@pytest.mark.cluster
 def test_multi_device_gradient_equals_single_device():
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}
     result = subprocess.run(

@@ -180,6 +180,7 @@ def test_r2d2_config_needs_an_lstm_and_a_period_within_the_sequence():
     assert spec["obs"] == ((7, 2), np.dtype(np.float32)) and spec["state"][0] == (16,)
 
 
+@pytest.mark.cluster
 @pytest.mark.timeout(180)
 def test_r2d2_through_real_roles_two_memories(launch):
     """R2D2 on 1 PS, 2 prioritized memory shards, 1 learner, 2 actors: sequences with their

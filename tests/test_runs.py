@@ -88,6 +88,7 @@ def apex_run(tmp_path_factory) -> Path:
     return run_dir
 
 
+@pytest.mark.cluster
 @pytest.mark.timeout(240)
 def test_a_new_run_in_a_directory_holding_another_fails_and_changes_nothing(apex_run, tmp_path):
     before = _files(apex_run)
@@ -98,6 +99,7 @@ def test_a_new_run_in_a_directory_holding_another_fails_and_changes_nothing(apex
     assert _files(apex_run) == before
 
 
+@pytest.mark.cluster
 def test_resuming_a_run_past_its_budget_says_which_key_to_raise(apex_run):
     import easyrl
     from easyrl.cluster import rundir
@@ -113,6 +115,7 @@ def test_resuming_a_run_past_its_budget_says_which_key_to_raise(apex_run):
     rundir.check_budget_left(cfg, rundir.resume_state(apex_run))  # raised: accepted
 
 
+@pytest.mark.cluster
 def test_resuming_refuses_overrides_that_shape_the_checkpoints(apex_run):
     from easyrl.cluster import rundir
 
@@ -131,6 +134,7 @@ def _console_clock(text: str) -> list[float]:
     return [float(m) for m in re.findall(r"^\[\s*([\d.]+)s\] env steps", text, re.M)]
 
 
+@pytest.mark.cluster
 @pytest.mark.timeout(360)
 def test_an_interrupted_run_resumes_its_counters_replay_and_clock(tmp_path):
     run_dir = tmp_path / "run"
@@ -204,6 +208,7 @@ class Crashing(gym.Env):
 '''
 
 
+@pytest.mark.cluster
 @pytest.mark.timeout(300)
 def test_a_deterministic_crash_is_explained_and_ends_the_run(tmp_path):
     (tmp_path / "crashing_env.py").write_text(CRASHING_ENV)
@@ -226,6 +231,7 @@ def test_a_deterministic_crash_is_explained_and_ends_the_run(tmp_path):
     assert ended - crashes[-1] < 60
 
 
+@pytest.mark.cluster
 def test_a_mistyped_env_id_fails_before_any_process_starts(tmp_path):
     run_dir = tmp_path / "run"
     error = _train_fails_fast(
@@ -245,6 +251,7 @@ def _free_ports(n: int) -> list[int]:
     return ports
 
 
+@pytest.mark.cluster
 @pytest.mark.timeout(120)
 def test_a_bare_ps_shard_zero_logs_progress_at_the_log_interval(tmp_path):
     ps, memory = _free_ports(2)

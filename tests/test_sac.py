@@ -28,10 +28,10 @@ from test_td3 import (
 from test_td3 import build as build_agent
 
 from easyrl.algorithms import sac
+from easyrl.algorithms.continuous import scale_actions
 from easyrl.algorithms.sac import Params
 from easyrl.algorithms.sac.agent import LOG_STD_MAX, LOG_STD_MIN, squashed_log_prob
 from easyrl.algorithms.sac.agent import log_one_minus_tanh_sq as stable_log_jacobian
-from easyrl.algorithms.td3 import scale_actions
 from easyrl.config import ModelConfig
 from easyrl.envs import final_observations, make_vector_env
 from easyrl.errors import ConfigError

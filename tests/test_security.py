@@ -336,6 +336,7 @@ def _proc_file(pid: int, name: str) -> bytes:
         return b""
 
 
+@pytest.mark.cluster
 @pytest.mark.timeout(200)
 def test_easyrl_train_over_mutual_tls_never_shows_the_token(launch, pki):
     """`easyrl train` with TLS files in the config: every role and the launcher itself talk
@@ -404,6 +405,7 @@ def _peak_rss_kb(pid: int) -> int:
     raise AssertionError("no VmHWM")
 
 
+@pytest.mark.cluster
 @pytest.mark.timeout(120)
 def test_an_unauthenticated_call_is_refused_before_its_body_is_read():
     import subprocess

@@ -105,6 +105,7 @@ def _sweep(directory: Path, *extra: str) -> subprocess.CompletedProcess:
     )
 
 
+@pytest.mark.cluster
 @pytest.mark.timeout(480)
 def test_an_interrupted_sweep_resumes_and_writes_its_table_and_plot(tmp_path):
     directory = tmp_path / "sweep"
@@ -148,6 +149,7 @@ def test_an_interrupted_sweep_resumes_and_writes_its_table_and_plot(tmp_path):
     assert other.returncode == 2 and "holds another sweep" in other.stderr, other.stderr
 
 
+@pytest.mark.cluster
 def test_a_bad_key_is_refused_before_any_trial_starts(tmp_path):
     done = subprocess.run(
         [sys.executable, "-m", "easyrl.cli", "sweep", str(PPO), "--grid", "algorithm.lrr=1,2"],

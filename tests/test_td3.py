@@ -11,8 +11,9 @@ import pytest
 from numeric import central_differences
 
 from easyrl.algorithms import ddpg, sac, td3
+from easyrl.algorithms.continuous import scale_actions
 from easyrl.algorithms.optimizers import OptimizerSpec
-from easyrl.algorithms.td3 import Params, actor_noise_scale, scale_actions
+from easyrl.algorithms.td3 import Params, actor_noise_scale
 from easyrl.config import ModelConfig
 from easyrl.envs import final_observations, make_vector_env
 from easyrl.errors import ConfigError, EasyRLError

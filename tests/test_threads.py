@@ -70,6 +70,7 @@ def test_cgroup_cores_reads_the_cpu_quota(tmp_path, files, cores):
     assert cgroup_cores(tmp_path) == cores
 
 
+@pytest.mark.cluster
 def test_host_cores_follow_the_process_cpu_affinity():
     """A process pinned to one core counts one (a sweep's trials are pinned so)."""
     code = (
@@ -130,6 +131,7 @@ def test_the_launcher_hands_each_child_its_role_budget(tmp_path):
     assert cluster.threads_line() == line  # `easyrl train` prints it
 
 
+@pytest.mark.cluster
 @pytest.mark.parametrize(
     ("role", "placed", "pools"),
     [("learner", "3", (3, 3)), ("actor", None, (1, 2))],

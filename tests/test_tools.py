@@ -171,6 +171,7 @@ LOAD_WITH_PLAIN_TF = textwrap.dedent(
 )
 
 
+@pytest.mark.cluster
 def test_exported_policies_run_with_plain_tensorflow(tmp_path, capsys):
     runs = {
         "dqn": DQN,
@@ -287,6 +288,7 @@ def test_plot_errors_name_the_run_and_the_missing_package(tmp_path, monkeypatch,
         plot([tmp_path / "a"], out)
 
 
+@pytest.mark.cluster
 @pytest.mark.timeout(240)
 def test_tools_on_the_run_directory_of_a_real_training_run(tmp_path):
     """A short real `easyrl train` (PPO on CartPole with an evaluator) leaves a run directory
@@ -338,6 +340,7 @@ def test_tools_on_the_run_directory_of_a_real_training_run(tmp_path):
     assert image.read_bytes()[:8] == PNG_MAGIC and image.stat().st_size > 10_000
 
 
+@pytest.mark.cluster
 def test_rollout_and_export_of_a_custom_env_run_work_from_where_it_was_started(
     tmp_path, monkeypatch
 ):

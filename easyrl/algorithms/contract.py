@@ -22,8 +22,6 @@ from typing import Any, Literal, NamedTuple, Protocol
 
 import numpy as np
 
-from easyrl.errors import ConfigError
-
 Flow = Literal["async_replay", "sync_rounds", "actor_gradients"]
 """The loop an algorithm's actor and learner run."""
 FLOWS: tuple[Flow, ...] = ("async_replay", "sync_rounds", "actor_gradients")
@@ -250,32 +248,3 @@ def concat(parts: Sequence[Batch], keys: Iterable[str] | None = None) -> Batch:
     """The columns `keys` (default: those of the first part) of `parts`, each concatenated
     along the first axis."""
     return {k: np.concatenate([p[k] for p in parts]) for k in (parts[0] if keys is None else keys)}
-
-
-def check_model_kind(name: str, model: Any, kinds: tuple[str, ...]) -> None:
-    """Checks `model.kind` against an algorithm's `MODEL_KINDS` ("custom": any
-    `package.module:Class` torso; "encoders": `model.encoders` may be set), as loading a
-    config does, for a direct `build` call.
-
-    Raises:
-        ConfigError: algorithm `name` cannot build its networks from `model.kind`, or takes no
-            `model.encoders`.
-    """
-    torsos = [k for k in kinds if k != "encoders"]
-    if ("custom" if ":" in model.kind else model.kind) not in torsos:
-        raise ConfigError(
-            f"model.kind: {name} builds its networks from model.kind {' or '.join(torsos)} "
-            f"('custom' = a module:Class torso), got {model.kind!r}"
-        )
-    if getattr(model, "encoders", None) and "encoders" not in kinds:
-        from easyrl.algorithms import registry
-
-        able = [
-            n
-            for n in registry.known()
-            if "encoders" in getattr(registry.module(n), "MODEL_KINDS", ())
-        ]
-        raise ConfigError(
-            f"model.encoders: {name} has no per-key encoders (algorithms with them: "
-            f"{', '.join(able)}); set model.encoders: {{}}"
-        )

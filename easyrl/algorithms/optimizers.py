@@ -11,6 +11,8 @@ from typing import Literal
 import numpy as np
 import tensorflow as tf
 
+from easyrl.algorithms.learning_rate import LearningRate
+
 
 @dataclass(frozen=True)
 class OptimizerSpec:
@@ -51,15 +53,26 @@ class OptimizerSpec:
             raise ValueError(f"invalid optimizer settings {self}")
 
 
-def staircase_spec(params) -> OptimizerSpec:
-    """The spec most algorithms' hyper-parameters describe: `optimizer`, `lr`, and the lr
-    multiplied by `lr_decay_rate` every `lr_decay_steps` updates."""
-    return OptimizerSpec(
-        kind=params.optimizer,
-        lr=params.lr,
-        decay_rate=params.lr_decay_rate,
-        decay_steps=params.lr_decay_steps,
-    )
+def schedule_spec(params: LearningRate) -> OptimizerSpec:
+    """The spec of an algorithm's `LearningRate` keys (`optimizer`, `lr`, `lr_schedule`: see
+    `easyrl.algorithms.learning_rate`): constant, a step decay as the exponential staircase,
+    a linear decay as the polynomial of power 1."""
+    if params.lr_schedule == "step":
+        return OptimizerSpec(
+            kind=params.optimizer,
+            lr=params.lr,
+            decay_rate=params.lr_step_factor,
+            decay_steps=params.lr_step_period,
+        )
+    if params.lr_schedule == "linear":
+        return OptimizerSpec(
+            kind=params.optimizer,
+            lr=params.lr,
+            schedule="polynomial",
+            decay_steps=params.lr_linear_steps,
+            end_lr=params.lr_end,
+        )
+    return OptimizerSpec(kind=params.optimizer, lr=params.lr)
 
 
 class Optimizer(tf.Module):

@@ -23,6 +23,7 @@ import dataclasses
 import importlib
 import importlib.util
 from types import ModuleType
+from typing import Any
 
 from easyrl.algorithms.contract import FLOWS
 from easyrl.errors import ConfigError
@@ -102,6 +103,29 @@ def _check_contract(found: ModuleType, name: str) -> None:
         raise ConfigError(
             f"algorithm.name: {name}.Params lacks {', '.join(lacking)}, which the runtime "
             "reads (see easyrl.algorithms.contract.RuntimeParams)"
+        )
+
+
+def check_model_kind(name: str, model: Any, kinds: tuple[str, ...]) -> None:
+    """Checks `model.kind` against an algorithm's `MODEL_KINDS` ("custom": any
+    `package.module:Class` torso; "encoders": `model.encoders` may be set), as loading a
+    config does, for a direct `build` call.
+
+    Raises:
+        ConfigError: algorithm `name` cannot build its networks from `model.kind`, or takes no
+            `model.encoders`.
+    """
+    torsos = [k for k in kinds if k != "encoders"]
+    if ("custom" if ":" in model.kind else model.kind) not in torsos:
+        raise ConfigError(
+            f"model.kind: {name} builds its networks from model.kind {' or '.join(torsos)} "
+            f"('custom' = a module:Class torso), got {model.kind!r}"
+        )
+    if getattr(model, "encoders", None) and "encoders" not in kinds:
+        able = [n for n in known() if "encoders" in getattr(module(n), "MODEL_KINDS", ())]
+        raise ConfigError(
+            f"model.encoders: {name} has no per-key encoders (algorithms with them: "
+            f"{', '.join(able)}); set model.encoders: {{}}"
         )
 
 

@@ -18,9 +18,9 @@ import gymnasium as gym
 import numpy as np
 import tensorflow as tf
 
+from easyrl.algorithms.continuous import check_spaces, scale_actions
 from easyrl.algorithms.masking import features, masked
 from easyrl.algorithms.nstep import NStepAccumulator
-from easyrl.algorithms.td3 import check_spaces, scale_actions
 from easyrl.errors import EasyRLError
 from easyrl.models import Compiled, Dense, build_torso
 

@@ -47,11 +47,10 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 import numpy as np
 
 from easyrl.errors import ReplayError
-from easyrl.replay.checks import check_int
+from easyrl.replay.checks import TableSpec, check_int, validate_batch, validate_spec
 
 if TYPE_CHECKING:
     from easyrl.config import Config
-    from easyrl.replay.tables import TableSpec
 
 FRAMES_KEY = "@frames"
 """Key of a batch's frames and frame indexes in its wire form (no column is named so)."""
@@ -87,7 +86,7 @@ class FrameLayout:
 
     @staticmethod
     def find(
-        spec: "TableSpec", obs_shape: tuple[int, ...], stack: int, dtype: Any
+        spec: TableSpec, obs_shape: tuple[int, ...], stack: int, dtype: Any
     ) -> "FrameLayout | None":
         """The layout of the columns of ``spec`` whose trailing shape is ``obs_shape``
         (``[H, W, k * c]``) and whose dtype is ``dtype``; None when there is none.
@@ -128,7 +127,7 @@ class FrameLayout:
         hold at most 2k."""
         return sum(math.prod(lead) - 1 + self.stack for lead in self.columns.values())
 
-    def id_spec(self, spec: "TableSpec") -> "TableSpec":
+    def id_spec(self, spec: TableSpec) -> TableSpec:
         """``spec`` with each stacked column stored as ``[*lead, k]`` int64 frame ids."""
         out: TableSpec = {}
         for name, entry in spec.items():
@@ -303,7 +302,7 @@ def frame_capacity(layout: FrameLayout, capacity: int, queue: bool) -> int:
     return max(ring, layout.max_frames)
 
 
-def layout_for(cfg: "Config", spec: "TableSpec") -> FrameLayout | None:
+def layout_for(cfg: "Config", spec: TableSpec) -> FrameLayout | None:
     """The frame layout the actors and memory shards of a run use for a replay spec: the
     stacks of ``env.atari`` (frame_stack > 1) in a uniform, prioritized or trajectory table
     of an online run with ``replay.frame_dedup``; None otherwise (whole stacks per item).
@@ -311,8 +310,6 @@ def layout_for(cfg: "Config", spec: "TableSpec") -> FrameLayout | None:
     Raises:
         ReplayError: If the spec is malformed.
     """
-    from easyrl.replay.tables import validate_spec
-
     atari, replay = cfg.env.atari, cfg.replay
     if atari is None or atari.frame_stack < 2 or not replay.frame_dedup:
         return None
@@ -382,7 +379,7 @@ class FrameStore:
         """Bytes of the frame ring."""
         return self.frames.nbytes
 
-    def check(self, spec: "TableSpec", batch: Any) -> int:
+    def check(self, spec: TableSpec, batch: Any) -> int:
         """Checks a batch in wire form or of whole stacks against ``spec``.
 
         Returns:
@@ -392,8 +389,6 @@ class FrameStore:
             ReplayError: If the batch does not match the spec or this store's layout, or
                 holds more distinct frames than the store ever keeps.
         """
-        from easyrl.replay.tables import validate_batch
-
         if not isinstance(batch, dict) or FRAMES_KEY not in batch:
             return validate_batch(spec, batch)
         plain = {name: entry for name, entry in spec.items() if name not in self.layout.columns}

@@ -16,12 +16,14 @@ this module holds what both share.
 """
 
 from dataclasses import dataclass
-from typing import ClassVar, Literal
+from typing import ClassVar
 
 import numpy as np
 
 from easyrl.algorithms import ppo
-from easyrl.algorithms.contract import Flow, ReplayKind, RoundsAgent, check_model_kind
+from easyrl.algorithms.contract import Flow, ReplayKind, RoundsAgent
+from easyrl.algorithms.learning_rate import LearningRate, lr_checks, schedule_keys
+from easyrl.algorithms.registry import check_model_kind
 from easyrl.errors import check_ranges
 
 FLOW: Flow = "sync_rounds"
@@ -35,7 +37,7 @@ ACTION_MASKS = ppo.ACTION_MASKS
 
 
 @dataclass(frozen=True)
-class OneStepParams:
+class OneStepParams(LearningRate):
     """The hyper-parameters A2C and PG share (one gradient step per synchronous round); their
     `Params` add or re-default keys."""
 
@@ -51,14 +53,8 @@ class OneStepParams:
     """Weight of the entropy bonus."""
     normalize_advantages: bool = False
     """Normalize the round's advantages: (A - mean) / (std + 1e-8)."""
-    optimizer: Literal["adam", "rmsprop", "sgd"] = "adam"
-    """Optimizer the PS shards apply gradients with."""
     lr: float = 7e-4
     """Learning rate."""
-    lr_decay_rate: float = 1.0
-    """Multiply the learning rate by this every `lr_decay_steps` updates (1.0: constant)."""
-    lr_decay_steps: int = 1000
-    """Updates between learning-rate decays."""
     grad_clip: float = 0.5
     """Global-norm gradient clip (0 disables)."""
     max_staleness: int = 1_000_000
@@ -108,9 +104,7 @@ def shared_checks(params: OneStepParams) -> dict[str, tuple[bool, str]]:
         "rollout_length": (params.rollout_length >= 1, ">= 1"),
         "vf_coef": (params.vf_coef >= 0.0, ">= 0"),
         "ent_coef": (params.ent_coef >= 0.0, ">= 0"),
-        "lr": (params.lr > 0.0 and bool(np.isfinite(params.lr)), "finite and > 0"),
-        "lr_decay_rate": (0.0 < params.lr_decay_rate <= 1.0, "in (0, 1]"),
-        "lr_decay_steps": (params.lr_decay_steps >= 1, ">= 1"),
+        **lr_checks(params),
         "grad_clip": (params.grad_clip >= 0.0, ">= 0"),
         "max_staleness": (params.max_staleness >= 0, ">= 0"),
         "log_std_init": (bool(np.isfinite(params.log_std_init)), "finite"),
@@ -133,10 +127,7 @@ def one_step_ppo_params(params, lam: float) -> ppo.Params:
         ent_coef=params.ent_coef,
         normalize_advantages=params.normalize_advantages,
         kl_target=0.0,
-        optimizer=params.optimizer,
-        lr=params.lr,
-        lr_decay_rate=params.lr_decay_rate,
-        lr_decay_steps=params.lr_decay_steps,
+        **schedule_keys(params),
         grad_clip=params.grad_clip,
         max_staleness=params.max_staleness,
         log_std_init=params.log_std_init,
@@ -146,8 +137,8 @@ def one_step_ppo_params(params, lam: float) -> ppo.Params:
 
 
 def optimizer(params):
-    """The optimizer the PS shards apply the gradients with (`optimizer`, `lr`, staircase
-    decay)."""
+    """The optimizer the PS shards apply the gradients with (`optimizer`, `lr` and its
+    schedule)."""
     return ppo.optimizer(params.ppo_params())
 
 

@@ -14,12 +14,12 @@ gamma * (1 - done_t), a truncated episode end is treated as terminal.
 """
 
 from dataclasses import dataclass
-from typing import Literal
 
 import gymnasium as gym
 
 from easyrl.algorithms import impala
 from easyrl.algorithms.contract import Flow, GradientsAgent, ReplayKind
+from easyrl.algorithms.learning_rate import LearningRate
 from easyrl.errors import ConfigError, check_ranges
 
 FLOW: Flow = "actor_gradients"
@@ -35,7 +35,7 @@ ACTION_MASKS = impala.ACTION_MASKS
 
 
 @dataclass(frozen=True)
-class Params:
+class Params(LearningRate):
     """Hyper-parameters of A3C (n-step advantage actor-critic, gradients on the actors)."""
 
     unroll_length: int = 20
@@ -46,15 +46,8 @@ class Params:
     """Weight of the baseline (value) loss."""
     entropy_cost: float = 0.01
     """Weight of the entropy bonus."""
-    optimizer: Literal["adam", "rmsprop", "sgd"] = "adam"
-    """Optimizer the PS shards apply gradients with."""
     lr: float = 1e-3
     """(Initial) learning rate."""
-    lr_decay_steps: int = 0
-    """0: constant learning rate; else it decays linearly from `lr` to `lr_end` over this
-    many PS updates, then stays at `lr_end`."""
-    lr_end: float = 0.0
-    """Final learning rate of the linear decay (unused when `lr_decay_steps` is 0)."""
     grad_clip: float = 40.0
     """Global-norm gradient clip (0 disables)."""
     max_staleness: int = 1000
@@ -87,8 +80,8 @@ def agent_params(params: Params) -> impala.AgentParams:
 
 
 def optimizer(params: Params):
-    """The optimizer the PS shards apply the actors' gradients with (constant, or linear decay
-    to `lr_end` over `lr_decay_steps` PS updates; see `impala.optimizer`)."""
+    """The optimizer the PS shards apply the actors' gradients with (`optimizer`, `lr` and its
+    schedule; see `impala.optimizer`)."""
     return impala.optimizer(params)
 
 

@@ -3,11 +3,12 @@ rest of Rainbow (Hessel et al. 2018) as switches: a C51 distributional head (`nu
 `v_min`, `v_max`) and NoisyNet heads (`noisy_sigma`). All six on = Rainbow."""
 
 from dataclasses import dataclass
-from typing import ClassVar, Literal
+from typing import ClassVar
 
 import numpy as np
 
 from easyrl.algorithms.contract import Flow, PrioritizedAgent, ReplayKind
+from easyrl.algorithms.learning_rate import LearningRate, lr_checks
 from easyrl.errors import check_ranges
 
 FLOW: Flow = "async_replay"
@@ -22,20 +23,14 @@ acted, explored or bootstrapped from."""
 
 
 @dataclass(frozen=True)
-class ApexParams:
+class ApexParams(LearningRate):
     """The hyper-parameters DQN and R2D2 share: the PS optimizer, the target network and
     Ape-X's per-actor exploration. Their `Params` add their own keys and re-default some."""
 
     ALGORITHM: ClassVar[str] = "dqn"
 
-    optimizer: Literal["adam", "rmsprop", "sgd"] = "adam"
-    """Optimizer the PS shards apply gradients with."""
     lr: float = 1e-3
     """Learning rate."""
-    lr_decay_rate: float = 1.0
-    """Multiply the learning rate by this every `lr_decay_steps` updates (1.0: constant)."""
-    lr_decay_steps: int = 1000
-    """Updates between learning-rate decays."""
     grad_clip: float = 40.0
     """Global-norm gradient clip (0 disables)."""
     double_q: bool = True
@@ -61,10 +56,7 @@ class ApexParams:
     def checks(self) -> dict[str, tuple[bool, str]]:
         """{field: (holds, valid range)}, written so that NaN fails every check."""
         return {
-            "optimizer": (self.optimizer in ("adam", "rmsprop", "sgd"), "adam, rmsprop or sgd"),
-            "lr": (self.lr > 0.0 and bool(np.isfinite(self.lr)), "finite and > 0"),
-            "lr_decay_rate": (0.0 < self.lr_decay_rate <= 1.0, "in (0, 1]"),
-            "lr_decay_steps": (self.lr_decay_steps >= 1, ">= 1"),
+            **lr_checks(self),
             "grad_clip": (self.grad_clip >= 0.0, ">= 0"),
             "target_update_period": (self.target_update_period >= 1, ">= 1"),
             "max_staleness": (self.max_staleness >= 0, ">= 0"),
@@ -118,9 +110,9 @@ class Params(ApexParams):
 
 def optimizer(params: ApexParams):
     """The optimizer the PS shards apply this algorithm's gradients with."""
-    from easyrl.algorithms.optimizers import staircase_spec
+    from easyrl.algorithms.optimizers import schedule_spec
 
-    return staircase_spec(params)
+    return schedule_spec(params)
 
 
 def actor_epsilon(params: ApexParams, actor_index: int, num_actors: int, env_steps: int) -> float:

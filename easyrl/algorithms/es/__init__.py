@@ -7,11 +7,11 @@ its optimizer. Only seeds and returns travel: eps is regenerated from the seed (
 """
 
 from dataclasses import dataclass
-from typing import Literal
 
 import numpy as np
 
 from easyrl.algorithms.contract import Flow, ReplayKind, RoundsAgent
+from easyrl.algorithms.learning_rate import LearningRate, lr_checks
 from easyrl.errors import check_ranges
 
 FLOW: Flow = "sync_rounds"
@@ -23,7 +23,7 @@ MODEL_KINDS = ("mlp", "custom")
 
 
 @dataclass(frozen=True)
-class Params:
+class Params(LearningRate):
     """Hyper-parameters of OpenAI-ES."""
 
     sigma: float = 0.02
@@ -34,14 +34,8 @@ class Params:
     """Episodes run (and averaged) per perturbation and sign."""
     weight_decay: float = 0.005
     """L2 coefficient added to the gradient: g += weight_decay * theta."""
-    optimizer: Literal["adam", "rmsprop", "sgd"] = "adam"
-    """Optimizer the PS shards apply the ES gradient with."""
     lr: float = 0.01
     """Learning rate."""
-    lr_decay_rate: float = 1.0
-    """Multiply the learning rate by this every `lr_decay_steps` updates (1.0: constant)."""
-    lr_decay_steps: int = 1000
-    """Updates between learning-rate decays."""
     max_staleness: int = 1_000_000
     """PS shards drop gradients computed against a version older than this many updates."""
 
@@ -52,15 +46,16 @@ class Params:
             "population": (self.population >= 1, ">= 1"),
             "episodes_per_perturbation": (self.episodes_per_perturbation >= 1, ">= 1"),
             "weight_decay": (self.weight_decay >= 0, ">= 0"),
+            **lr_checks(self),
         }
         check_ranges("es", self, checks)
 
 
 def optimizer(params: Params):
     """The optimizer the PS shards apply this algorithm's gradients with."""
-    from easyrl.algorithms.optimizers import staircase_spec
+    from easyrl.algorithms.optimizers import schedule_spec
 
-    return staircase_spec(params)
+    return schedule_spec(params)
 
 
 def replay_spec(params: Params, obs_space, action_space) -> dict:

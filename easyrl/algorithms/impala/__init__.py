@@ -20,12 +20,13 @@ unroll stores no final observation). Unrolls continue episodes across unroll bou
 """
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING
 
 import gymnasium as gym
 import numpy as np
 
 from easyrl.algorithms.contract import Flow, ReplayAgent, ReplayKind
+from easyrl.algorithms.learning_rate import LearningRate, lr_checks
 from easyrl.errors import ConfigError, check_ranges
 
 if TYPE_CHECKING:
@@ -43,12 +44,9 @@ ACTION_MASKS = True
 """An observation's `action_mask` is honoured (`easyrl.envs.flat`): no illegal action is
 acted, explored or bootstrapped from."""
 
-OPTIMIZERS = ("adam", "rmsprop", "sgd")
-"""Optimizer kinds the PS shards know."""
-
 
 @dataclass(frozen=True)
-class Params:
+class Params(LearningRate):
     """Hyper-parameters of IMPALA (V-trace actor-critic on a FIFO of unrolls)."""
 
     unroll_length: int = 20
@@ -67,15 +65,8 @@ class Params:
     """Weight of the baseline (value) loss."""
     entropy_cost: float = 0.01
     """Weight of the entropy bonus."""
-    optimizer: Literal["adam", "rmsprop", "sgd"] = "adam"
-    """Optimizer the PS shards apply gradients with."""
     lr: float = 6e-4
     """(Initial) learning rate."""
-    lr_decay_steps: int = 0
-    """0: constant learning rate; else it decays linearly from `lr` to `lr_end` over this
-    many PS updates, then stays at `lr_end` (EasyRL's Pong: 6e-4 to 0 over 100k)."""
-    lr_end: float = 0.0
-    """Final learning rate of the linear decay (unused when `lr_decay_steps` is 0)."""
     grad_clip: float = 40.0
     """Global-norm gradient clip (0 disables)."""
     max_staleness: int = 1000
@@ -100,10 +91,7 @@ def shared_checks(params) -> dict[str, tuple[bool, str]]:
     return {
         "baseline_cost": (params.baseline_cost >= 0.0, ">= 0"),
         "entropy_cost": (params.entropy_cost >= 0.0, ">= 0"),
-        "optimizer": (params.optimizer in OPTIMIZERS, f"one of {OPTIMIZERS}"),
-        "lr": (params.lr > 0.0 and bool(np.isfinite(params.lr)), "finite and > 0"),
-        "lr_decay_steps": (params.lr_decay_steps >= 0, ">= 0"),
-        "lr_end": (0.0 <= params.lr_end <= params.lr, "in [0, lr]"),
+        **lr_checks(params),
         "grad_clip": (params.grad_clip >= 0.0, ">= 0"),
         "max_staleness": (params.max_staleness >= 0, ">= 0"),
     }
@@ -153,22 +141,12 @@ def agent_params(params: Params) -> AgentParams:
 
 
 def optimizer(params: "Params | a3c.Params"):
-    """The optimizer the PS shards apply this algorithm's gradients with: a constant learning
-    rate, or lr_t = (lr - lr_end) * (1 - min(t / lr_decay_steps, 1)) + lr_end when
-    `lr_decay_steps > 0` (t counts PS updates). Shared by A3C, whose `Params` has the same
-    optimizer fields."""
-    from easyrl.algorithms.optimizers import OptimizerSpec
+    """The optimizer the PS shards apply this algorithm's gradients with (`optimizer`, `lr` and
+    its schedule; EasyRL's Pong: lr_schedule linear, 6e-4 to 0 over 100k updates). Shared by
+    A3C."""
+    from easyrl.algorithms.optimizers import schedule_spec
 
-    if params.lr_decay_steps > 0:
-        return OptimizerSpec(
-            kind=params.optimizer,
-            lr=params.lr,
-            schedule="polynomial",
-            decay_steps=params.lr_decay_steps,
-            end_lr=params.lr_end,
-            power=1.0,
-        )
-    return OptimizerSpec(kind=params.optimizer, lr=params.lr)
+    return schedule_spec(params)
 
 
 def check_spaces(obs_space, action_space, model, algorithm: str = "impala") -> None:

@@ -21,12 +21,13 @@ batch (`agent.MARWIL`), with c the moving average of the squared advantage norm:
 """
 
 from dataclasses import dataclass
-from typing import Literal
 
 import gymnasium as gym
 import numpy as np
 
-from easyrl.algorithms.contract import Flow, ReplayKind, ReplayLearner, check_model_kind
+from easyrl.algorithms.contract import Flow, ReplayKind, ReplayLearner
+from easyrl.algorithms.learning_rate import LearningRate, lr_checks
+from easyrl.algorithms.registry import check_model_kind
 from easyrl.errors import ConfigError, check_ranges
 from easyrl.offline.dataset import episode_bounds
 
@@ -41,7 +42,7 @@ MODEL_KINDS = ("mlp", "custom")
 
 
 @dataclass(frozen=True)
-class Params:
+class Params(LearningRate):
     """Hyper-parameters of MARWIL."""
 
     beta: float = 1.0
@@ -56,14 +57,8 @@ class Params:
     """Initial moving average of the squared advantage norm (RLlib's default)."""
     adv_norm_update_rate: float = 1e-8
     """Rate of the moving average of the squared advantage norm (RLlib's default)."""
-    optimizer: Literal["adam", "rmsprop", "sgd"] = "adam"
-    """Optimizer the PS shards apply gradients with."""
     lr: float = 1e-3
     """Learning rate."""
-    lr_decay_rate: float = 1.0
-    """Multiply the learning rate by this every `lr_decay_steps` updates (1.0: constant)."""
-    lr_decay_steps: int = 1000
-    """Updates between learning-rate decays."""
     grad_clip: float = 40.0
     """Global-norm gradient clip (0 disables)."""
     max_staleness: int = 20
@@ -85,7 +80,7 @@ def check_params(name: str, p: Params) -> None:
         "batch_size": (p.batch_size >= 1, ">= 1"),
         "adv_norm_start": (p.adv_norm_start > 0.0, "> 0"),
         "adv_norm_update_rate": (0.0 <= p.adv_norm_update_rate <= 1.0, "in [0, 1]"),
-        "lr": (p.lr > 0.0, "> 0"),
+        **lr_checks(p),
         "grad_clip": (p.grad_clip >= 0.0, ">= 0"),
         "max_staleness": (p.max_staleness >= 0, ">= 0"),
         "log_std_init": (bool(np.isfinite(p.log_std_init)), "finite"),
@@ -95,9 +90,9 @@ def check_params(name: str, p: Params) -> None:
 
 def optimizer(params: Params):
     """The optimizer the PS shards apply this algorithm's gradients with."""
-    from easyrl.algorithms.optimizers import staircase_spec
+    from easyrl.algorithms.optimizers import schedule_spec
 
-    return staircase_spec(params)
+    return schedule_spec(params)
 
 
 def check_spaces(obs_space, action_space, name: str = "marwil") -> None:

@@ -13,12 +13,13 @@ but neither kind of episode end lets the advantage flow across it.
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Literal
 
 import gymnasium as gym
 import numpy as np
 
-from easyrl.algorithms.contract import Flow, ReplayKind, RoundsAgent, check_model_kind
+from easyrl.algorithms.contract import Flow, ReplayKind, RoundsAgent
+from easyrl.algorithms.learning_rate import LearningRate, lr_checks
+from easyrl.algorithms.registry import check_model_kind
 from easyrl.errors import ConfigError, check_ranges
 
 FLOW: Flow = "sync_rounds"
@@ -36,7 +37,7 @@ ACTION_MASKS = True
 
 
 @dataclass(frozen=True)
-class Params:
+class Params(LearningRate):
     """Hyper-parameters of PPO (clipped surrogate, GAE, synchronous rounds)."""
 
     gamma: float = 0.99
@@ -63,14 +64,8 @@ class Params:
     kl_target: float = 0.0
     """Early stop (0 disables): after an epoch whose minibatches' mean approximate KL exceeds
     1.5 * kl_target, the round's remaining epochs are skipped."""
-    optimizer: Literal["adam", "rmsprop", "sgd"] = "adam"
-    """Optimizer the PS shards apply gradients with."""
     lr: float = 3e-4
     """Learning rate."""
-    lr_decay_rate: float = 1.0
-    """Multiply the learning rate by this every `lr_decay_steps` updates (1.0: constant)."""
-    lr_decay_steps: int = 1000
-    """Updates between learning-rate decays."""
     grad_clip: float = 0.5
     """Global-norm gradient clip (0 disables)."""
     max_staleness: int = 1_000_000
@@ -103,15 +98,16 @@ class Params:
             "max_staleness": (self.max_staleness >= 0, ">= 0"),
             "log_std_init": (bool(np.isfinite(self.log_std_init)), "finite"),
             "obs_clip": (self.obs_clip > 0.0, "> 0"),
+            **lr_checks(self),
         }
         check_ranges("ppo", self, checks)
 
 
 def optimizer(params: Params):
     """The optimizer the PS shards apply this algorithm's gradients with."""
-    from easyrl.algorithms.optimizers import staircase_spec
+    from easyrl.algorithms.optimizers import schedule_spec
 
-    return staircase_spec(params)
+    return schedule_spec(params)
 
 
 def round_share(

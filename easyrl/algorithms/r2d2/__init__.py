@@ -97,8 +97,7 @@ class Params(dqn.ApexParams):
 
 
 optimizer = dqn.optimizer
-"""The PS optimizer: DQN's staircase (`lr` decayed by `lr_decay_rate` every
-`lr_decay_steps` updates)."""
+"""The PS optimizer: DQN's (`optimizer`, `lr` and its schedule)."""
 
 
 def replay_spec(params: Params, obs_space, action_space, lstm: int = 0) -> dict:

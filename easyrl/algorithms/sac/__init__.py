@@ -5,7 +5,7 @@ prioritized replay, for bounded Box actions.
 This module holds the hyper-parameters and the runtime's hooks; `agent.SAC` holds the
 TensorFlow side and is imported lazily by `build`. Actions are normalized to [-1, 1]^A inside
 the algorithm and scaled to the Box bounds for the env only (as in TD3; see
-`easyrl.algorithms.td3.scale_actions`).
+`easyrl.algorithms.continuous.scale_actions`).
 
 Losses (alpha = exp(log_alpha), a ~ pi(.|s) reparameterized, discount = gamma^m or 0):
     y           = R + discount * (min_i Q'_i(s', a') - alpha * log pi(a'|s')),  a' ~ pi(.|s')
@@ -19,6 +19,7 @@ from typing import Literal
 
 from easyrl.algorithms import td3
 from easyrl.algorithms.contract import Flow, PrioritizedAgent, ReplayKind
+from easyrl.algorithms.learning_rate import positive_rate
 from easyrl.errors import check_ranges
 
 FLOW: Flow = "async_replay"
@@ -70,9 +71,9 @@ class Params:
             "gamma": (0.0 <= self.gamma <= 1.0, "in [0, 1]"),
             "n_step": (self.n_step >= 1, ">= 1"),
             "batch_size": (self.batch_size >= 1, ">= 1"),
-            "actor_lr": (self.actor_lr > 0.0, "> 0"),
-            "critic_lr": (self.critic_lr > 0.0, "> 0"),
-            "alpha_lr": (self.alpha_lr > 0.0, "> 0"),
+            "actor_lr": (positive_rate(self.actor_lr), "finite and > 0"),
+            "critic_lr": (positive_rate(self.critic_lr), "finite and > 0"),
+            "alpha_lr": (positive_rate(self.alpha_lr), "finite and > 0"),
             "optimizer": (self.optimizer in ("adam", "rmsprop", "sgd"), "adam, rmsprop or sgd"),
             "tau": (0.0 < self.tau <= 1.0, "in (0, 1]"),
             "initial_alpha": (0.0 < self.initial_alpha < float("inf"), "> 0 and finite"),

@@ -1,10 +1,11 @@
 """TD3 (Fujimoto et al. 2018) and, with its options off, DDPG / Ape-X DDPG: deterministic
 actor-critic for bounded Box actions, n-step returns, uniform or prioritized replay.
 
-This module holds the hyper-parameters and the numpy side (checks, exploration scales, action
-scaling, replay columns); `agent.TD3` holds the TensorFlow side and is imported lazily by
-`build`. Actions live in the normalized cube [-1, 1]^A everywhere inside the algorithm (the
-actor's tanh output, the replay, the critics); only the env sees them scaled to its bounds:
+This module holds the hyper-parameters and the numpy side (exploration scales, replay columns;
+the space checks and action scaling it shares with SAC are in `easyrl.algorithms.continuous`);
+`agent.TD3` holds the TensorFlow side and is imported lazily by `build`. Actions live in the
+normalized cube [-1, 1]^A everywhere inside the algorithm (the actor's tanh output, the replay,
+the critics); only the env sees them scaled to its bounds:
     env_action = low + (a + 1) / 2 * (high - low).
 
 Losses (discount = gamma^m, 0 at termination; w = importance weights):
@@ -17,17 +18,19 @@ Losses (discount = gamma^m, 0 at termination; w = importance weights):
 from dataclasses import dataclass
 from typing import Literal
 
-import gymnasium as gym
 import numpy as np
 
-from easyrl.algorithms.contract import Flow, PrioritizedAgent, ReplayKind, check_model_kind
-from easyrl.errors import ConfigError, check_ranges
+from easyrl.algorithms import continuous
+from easyrl.algorithms.continuous import check_spaces
+from easyrl.algorithms.contract import Flow, PrioritizedAgent, ReplayKind
+from easyrl.algorithms.learning_rate import positive_rate
+from easyrl.errors import check_ranges
 
 FLOW: Flow = "async_replay"
 """Execution flow: actors ship transitions, learners sample asynchronously."""
 REPLAY_KINDS: tuple[ReplayKind, ...] = ("uniform", "prioritized")
 """Replay tables TD3 works with; the first is the default."""
-MODEL_KINDS = ("mlp", "custom")
+MODEL_KINDS = continuous.MODEL_KINDS
 """Network kinds: an MLP or a custom torso on flat observations (`actor/torso`; the critics'
 `critic/q1/torso`, `critic/q2/torso` take concat(obs, normalized action))."""
 
@@ -95,8 +98,8 @@ def check_params(name: str, params) -> None:
         "gamma": (0.0 <= p.gamma <= 1.0, "in [0, 1]"),
         "n_step": (p.n_step >= 1, ">= 1"),
         "batch_size": (p.batch_size >= 1, ">= 1"),
-        "actor_lr": (p.actor_lr > 0.0, "> 0"),
-        "critic_lr": (p.critic_lr > 0.0, "> 0"),
+        "actor_lr": (positive_rate(p.actor_lr), "finite and > 0"),
+        "critic_lr": (positive_rate(p.critic_lr), "finite and > 0"),
         "optimizer": (p.optimizer in ("adam", "rmsprop", "sgd"), "adam, rmsprop or sgd"),
         "tau": (0.0 < p.tau <= 1.0, "in (0, 1]"),
         "twin_q": (isinstance(p.twin_q, bool), "a bool"),
@@ -133,34 +136,6 @@ def actor_noise_scale(params: Params, actor_index: int, num_actors: int) -> floa
     return float(
         params.exploration_noise * (1.0 + params.noise_alpha) ** (actor_index / (num_actors - 1))
     )
-
-
-def check_spaces(name: str, obs_space, action_space, model=None) -> None:
-    """Checks that the actor-critic can handle these spaces (and this model).
-
-    Raises:
-        ConfigError: `model.kind` is not one of `MODEL_KINDS`, the observation is not a flat
-            Box, or the action space is not a flat Box with finite bounds, low < high.
-    """
-    if model is not None:
-        check_model_kind(name, model, MODEL_KINDS)
-    if not isinstance(obs_space, gym.spaces.Box) or len(obs_space.shape) != 1:
-        raise ConfigError(f"{name} needs a flat Box observation space, got {obs_space}")
-    if not isinstance(action_space, gym.spaces.Box) or len(action_space.shape) != 1:
-        raise ConfigError(f"{name} needs a flat Box action space, got {action_space}")
-    low, high = np.asarray(action_space.low), np.asarray(action_space.high)
-    if not (np.all(np.isfinite(low)) and np.all(np.isfinite(high)) and np.all(low < high)):
-        raise ConfigError(
-            f"{name} needs finite Box action bounds with low < high, got {action_space}"
-        )
-
-
-def scale_actions(normalized: np.ndarray, low: np.ndarray, high: np.ndarray) -> np.ndarray:
-    """Maps normalized actions `[N, A]` in [-1, 1] to the Box bounds:
-    low + (a + 1) / 2 * (high - low), clipped to [low, high] against rounding; float32."""
-    a = np.clip(np.asarray(normalized, np.float64), -1.0, 1.0)  # [N, A]
-    low, high = np.asarray(low, np.float64), np.asarray(high, np.float64)
-    return np.clip(low + (a + 1.0) * 0.5 * (high - low), low, high).astype(np.float32)
 
 
 def replay_spec(params: object, obs_space, action_space, name: str = "td3") -> dict:
