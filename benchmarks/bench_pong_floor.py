@@ -84,8 +84,8 @@ def main() -> None:
     )
     env.close()
     with tf.device("/CPU:0"):
-        module = registry.module(cfg.algorithm.name)
-        algo = module.build(cfg.algorithm.params, obs_space, action_space, cfg.model, 0)
+        spec = registry.spec(cfg.algorithm.name)
+        algo = spec.build(cfg.algorithm.params, obs_space, action_space, cfg.model, 0)
         obs = rng.integers(0, 256, (n, *obs_space.shape)).astype(obs_space.dtype)
         act_cpu, act_rate = cpu_per_unit(lambda: algo.evaluate(obs), n, args.duration)
         params = cfg.algorithm.params

@@ -17,6 +17,7 @@ from __future__ import annotations
 import importlib
 import re
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -164,7 +165,9 @@ def checkpoint_values(
     return checkpoint, shards, values
 
 
-def _assign(variables: dict, values: dict[str, np.ndarray], files: list[Path], cfg) -> None:
+def _assign(
+    variables: Mapping[str, Any], values: dict[str, np.ndarray], files: list[Path], cfg
+) -> None:
     """Assigns checkpoint `values` (read from `files`) to the model's `variables` by name,
     checking that they match exactly: names, shapes and dtypes."""
     where = ", ".join(p.name for p in files)
@@ -217,9 +220,9 @@ def load_policy(run_dir: str | Path, checkpoint: str | None = None) -> LoadedPol
         raise EasyRLError(f"{run_dir}: {NO_GREEDY}")
     chosen, files, values = checkpoint_values(run_dir, checkpoint)
     obs_space, action_space = env_spaces(cfg.env.id, **env_options(cfg.env))
-    module = registry.module(cfg.algorithm.name)
+    spec = registry.spec(cfg.algorithm.name)
     with tf.device("/CPU:0"):
-        algo = module.build(cfg.algorithm.params, obs_space, action_space, cfg.model, cfg.run.seed)
+        algo = spec.build(cfg.algorithm.params, obs_space, action_space, cfg.model, cfg.run.seed)
         _assign(algo.variables, values, files, cfg)
     return LoadedPolicy(cfg, algo, obs_space, action_space, chosen, files)
 
@@ -317,7 +320,7 @@ def rollout(
         )
     try:
         returns, lengths = play_episodes(
-            env, greedy_policy(loaded.algo), episodes, seed, on_episode=report
+            env, greedy_policy(loaded.algo, bool(cfg.model.lstm)), episodes, seed, on_episode=report
         )
     except gymnasium.error.DependencyNotInstalled as err:  # rendering for --video
         raise EasyRLError(f"{cfg.env.id} needs a package that is not installed: {err}") from err
