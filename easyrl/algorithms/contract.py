@@ -217,6 +217,7 @@ Recurrence = Literal["no", "optional", "only"]
 """Whether an algorithm's policy may carry a state: "no"; "optional": with `model.lstm` set,
 its agents are `RecurrentAgent`s and its `replay_spec`/`round_share` take `lstm=`; "only":
 `model.lstm` is required."""
+RECURRENCES: tuple[Recurrence, ...] = ("no", "optional", "only")
 
 
 class RecurrentAgent(Agent, Protocol):
@@ -312,16 +313,17 @@ class AlgorithmSpec:
             yield "dataset_items needs flow async_replay (a learner sampling the dataset)"
         if self.offline_only and self.dataset_items is None:
             yield "offline_only needs dataset_items (what the memory shards load)"
-        if self.recurrence not in ("no", "optional", "only"):
-            yield f"recurrence {self.recurrence!r} is not one of no, optional, only"
+        if self.recurrence not in RECURRENCES:
+            yield f"recurrence {self.recurrence!r} is not one of {', '.join(RECURRENCES)}"
         if not dataclasses.is_dataclass(self.params_class):
             yield f"params_class {self.params_class!r} must be a dataclass"
             return
         runtime = ["max_staleness"]
         if set(self.replay_kinds) & {"uniform", "prioritized", "trajectory"}:
             runtime.append("batch_size")  # learners sample batches of this size
+        fields = {f.name for f in dataclasses.fields(self.params_class)}
         # A field, or a property / class constant (LinUCB's fixed max_staleness).
-        lacking = [name for name in runtime if not hasattr(self.params_class, name)]
+        lacking = [n for n in runtime if n not in fields and not hasattr(self.params_class, n)]
         if lacking:
             yield (
                 f"{self.params_class.__name__} lacks {', '.join(lacking)}, which the runtime "
