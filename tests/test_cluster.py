@@ -1021,7 +1021,6 @@ def test_run_role_needs_token(tmp_path):
     assert list(tmp_path.iterdir()) == []  # nothing written (no run dir, no checkpoint)
 
 
-@pytest.mark.cluster
 def test_children_keep_large_buffers_in_the_heap(tmp_path, monkeypatch):
     """Every role gets glibc settings that keep freed multi-MB message buffers in the heap,
     unless the user set them (theirs win)."""
