@@ -22,6 +22,7 @@ line is `floor: X ms per agent step, at most N agent steps/s on C cores`.
 import argparse
 import os
 import time
+from typing import Any
 
 os.environ["TF_CPP_MIN_LOG_LEVEL"] = "2"
 os.environ["CUDA_VISIBLE_DEVICES"] = "-1"
@@ -89,8 +90,9 @@ def main() -> None:
     )
     env.close()
     with tf.device("/CPU:0"):
-        module = registry.module(cfg.algorithm.name)
-        algo = module.build(cfg.algorithm.params, obs_space, action_space, cfg.model, 0)
+        spec = registry.spec(cfg.algorithm.name)
+        # An IMPALA agent (its evaluate and learn; the contract's Agent names neither).
+        algo: Any = spec.build(cfg.algorithm.params, obs_space, action_space, cfg.model, 0)
         obs = rng.integers(0, 256, (n, *obs_space.shape)).astype(obs_space.dtype)
         act_cpu, act_rate = cpu_per_unit(lambda: algo.evaluate(obs), n, args.duration)
         params = cfg.algorithm.params

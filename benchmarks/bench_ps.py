@@ -2,7 +2,7 @@
 
 PS shards run as real `python -m easyrl.cli run --role ps` processes (Adam, as in the
 DQN config). The benchmark process builds the DQN network with
-`registry.module("dqn").build(...)` for three sizes of `model.hidden` and talks to the
+`registry.spec("dqn").build(...)` for three sizes of `model.hidden` and talks to the
 shards through `easyrl.roles.common.ShardedWeights` (shard assignment, Assign, Pull)
 and pushes like `Learner._push_one` (one thread per shard):
 
@@ -64,10 +64,10 @@ def build_variables(hidden: list[int]) -> dict:
 
     cfg = config_lib.from_dict(raw_config(hidden))
     obs_space, action_space = env_spaces(cfg.env.id)
-    algo = registry.module("dqn").build(
+    algo = registry.spec("dqn").build(
         cfg.algorithm.params, obs_space, action_space, cfg.model, cfg.run.seed
     )
-    return algo.variables
+    return dict(algo.variables)
 
 
 class Bench:
@@ -203,7 +203,7 @@ def report(rows: list[dict], args) -> str:
     notes = [
         "Each PS shard is a `python -m easyrl.cli run --role ps` process (Adam); the client "
         "is the benchmark process (token auth, loopback), one gRPC channel per shard.",
-        "Models: the DQN online network (dueling head) built by `registry.module('dqn')` for "
+        "Models: the DQN online network (dueling head) built by `registry.spec('dqn')` for "
         "CartPole with `model.hidden` = "
         + ", ".join(f"{n}: {h}" for n, h in MODELS.items() if n in args.models)
         + "; variables split over shards with `assign_shards` (via `ShardedWeights`).",

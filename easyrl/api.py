@@ -223,13 +223,13 @@ def check_builds(cfg: config_lib.Config) -> None:
     except RuntimeError:  # this process set up its devices already (a notebook): keep them
         log.debug("TensorFlow's devices are set up already; building on /CPU:0 anyway")
     with tf.device("/CPU:0"):
-        module = registry.module(cfg.algorithm.name)
+        spec = registry.spec(cfg.algorithm.name)
         if cfg.multiagent.enabled:
             from easyrl.algorithms import multiagent
 
-            multiagent.build(cfg, module, obs_space, action_space)
+            multiagent.build(cfg, spec, obs_space, action_space)
         else:
-            module.build(cfg.algorithm.params, obs_space, action_space, cfg.model, cfg.run.seed)
+            spec.build(cfg.algorithm.params, obs_space, action_space, cfg.model, cfg.run.seed)
 
 
 def _override_strings(overrides: Mapping[str, Any], prefix: str) -> list[str]:

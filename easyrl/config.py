@@ -28,6 +28,7 @@ from typing import Any, ClassVar, Literal, Union, get_args, get_origin, get_type
 import yaml
 
 from easyrl.algorithms import learning_rate, registry
+from easyrl.algorithms.contract import AlgorithmSpec
 from easyrl.errors import ConfigError, closest
 from easyrl.imports import load_object
 from easyrl.replay import kinds as replay_kinds
@@ -885,8 +886,8 @@ def _resolve(cfg: Config) -> Config:
         ConfigError: the replay kind or the cluster shape does not suit the algorithm, or
             `model.kind` names an object that cannot be imported or called.
     """
-    module = registry.module(cfg.algorithm.name)
-    kinds = module.REPLAY_KINDS
+    spec = registry.spec(cfg.algorithm.name)
+    kinds = spec.replay_kinds
     kind = cfg.replay.kind or (kinds[0] if kinds else None)
     if kind not in kinds and kind is not None:
         works = f"works with {' or '.join(kinds)}" if kinds else "uses no replay memory"
@@ -895,30 +896,34 @@ def _resolve(cfg: Config) -> Config:
         replay_kinds.get(kind).check(cfg.replay)
     if ":" in cfg.model.kind and not callable(load_object(cfg.model.kind, "model.kind")):
         raise ConfigError(f"model.kind: {cfg.model.kind!r} is not a class or function")
-    model_kinds = getattr(module, "MODEL_KINDS", ("mlp",))
-    registry.check_model_kind(cfg.algorithm.name, cfg.model, model_kinds)
+    registry.check_model_kind(cfg.algorithm.name, cfg.model, spec.model_kinds)
     if cfg.model.lstm < 0:
         raise ConfigError(f"model.lstm: units must be >= 0 (0: no LSTM), got {cfg.model.lstm}")
-    if cfg.model.lstm and not getattr(module, "RECURRENT", False):
-        recurrent = [n for n in registry.known() if getattr(registry.module(n), "RECURRENT", 0)]
+    if cfg.model.lstm and spec.recurrence == "no":
+        recurrent = registry.known_where(lambda s: s.recurrence != "no")
         raise ConfigError(
             f"model.lstm: {cfg.algorithm.name} has no recurrent policy (algorithms with one: "
             f"{', '.join(recurrent)}); set model.lstm: 0"
         )
-    if getattr(module, "RECURRENT", False) == "only" and not cfg.model.lstm:
+    if spec.recurrence == "only" and not cfg.model.lstm:
         raise ConfigError(
             f"model.lstm: {cfg.algorithm.name} needs an LSTM core: set its units (e.g. 64)"
         )
     if cfg.stop.eval_return_mean is not None and not cfg.cluster.evaluator:
         raise ConfigError("stop.eval_return_mean needs an evaluator: set cluster.evaluator: 1")
     if cfg.multiagent.enabled:
+        if not spec.multiagent:
+            raise ConfigError(
+                f"multiagent: {cfg.algorithm.name} has no multi-agent training; algorithms "
+                f"with one: {', '.join(registry.known_where(lambda s: s.multiagent))}"
+            )
         from easyrl.algorithms.multiagent import check_config
 
         check_config(cfg)
-    cfg = _resolve_offline(cfg, module)
-    cluster = _resolve_cluster(cfg.algorithm.name, module.FLOW, cfg.cluster)
+    cfg = _resolve_offline(cfg, spec)
+    cluster = _resolve_cluster(cfg.algorithm.name, spec.flow, cfg.cluster)
     cfg = dataclasses.replace(cfg, cluster=cluster)
-    if module.FLOW == "sync_rounds":
+    if spec.flow == "sync_rounds":
         if cfg.cluster.learner != 1:
             raise ConfigError(
                 f"cluster.learner: {cfg.algorithm.name} trains synchronous rounds on one "
@@ -929,19 +934,19 @@ def _resolve(cfg: Config) -> Config:
                 f"cluster.memory: {cfg.cluster.memory} memory shards but only "
                 f"{cfg.cluster.actor} actors; every shard needs an actor to fill its rounds"
             )
-    check_deterministic(cfg, module.FLOW)
+    check_deterministic(cfg, spec.flow)
     kind = cfg.replay.kind or kind  # an offline run samples its dataset uniformly
     return dataclasses.replace(cfg, replay=dataclasses.replace(cfg.replay, kind=kind))
 
 
-def _resolve_offline(cfg: Config, module) -> Config:
+def _resolve_offline(cfg: Config, spec: AlgorithmSpec) -> Config:
     """Checks the `output` and `input` sections against the algorithm, the cluster and the
     dataset; makes their directories absolute; gives an online run 2 actors by default.
 
     Raises:
         ConfigError: a missing dataset directory (the message gives the record command), a
             dataset of another env or other spaces, an algorithm that cannot train from a
-            dataset (no `dataset_items`) or only from one (OFFLINE_ONLY) without `input.dir`,
+            dataset (no `dataset_items`) or only from one (`offline_only`) without `input.dir`,
             actors or actor-based stop conditions in an offline run (whose `cluster.actor`
             stays None: no actors).
     """
@@ -949,7 +954,7 @@ def _resolve_offline(cfg: Config, module) -> Config:
     if out.dir is not None:
         out = dataclasses.replace(out, dir=str(Path(out.dir).absolute()))
     if inp.dir is None:
-        if getattr(module, "OFFLINE_ONLY", False):
+        if spec.offline_only:
             raise ConfigError(
                 f"input.dir: {name} trains from a recorded dataset only (it has no actors' "
                 "collector); set input.dir, e.g. to data/cartpole recorded by `easyrl train "
@@ -958,17 +963,17 @@ def _resolve_offline(cfg: Config, module) -> Config:
         actors = 2 if cfg.cluster.actor is None else cfg.cluster.actor
         cluster = dataclasses.replace(cfg.cluster, actor=actors)
         return dataclasses.replace(cfg, cluster=cluster, output=out)
-    if module.FLOW != "async_replay" or not hasattr(module, "dataset_items"):
+    if spec.dataset_items is None:
         raise ConfigError(
             f"input.dir: {name} cannot train from a dataset (it needs the async_replay flow "
-            "and a dataset_items function in its module)"
+            "and a dataset_items function in its SPEC)"
         )
     if out.dir is not None:
         raise ConfigError("output.dir: an offline run (input.dir) has no actors to record")
-    if cfg.replay.kind not in (None, "uniform") or "uniform" not in module.REPLAY_KINDS:
+    if cfg.replay.kind not in (None, "uniform") or "uniform" not in spec.replay_kinds:
         raise ConfigError(
             f"replay.kind: an offline run (input.dir) samples the dataset uniformly; {name} "
-            f"works with {', '.join(module.REPLAY_KINDS)}, got replay.kind {cfg.replay.kind!r}"
+            f"works with {', '.join(spec.replay_kinds)}, got replay.kind {cfg.replay.kind!r}"
         )
     if cfg.cluster.actor is not None:
         raise ConfigError(

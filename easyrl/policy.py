@@ -41,12 +41,13 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 from gymnasium import spaces
 
 from easyrl import config as config_lib
+from easyrl.algorithms.contract import RecurrentAgent
 from easyrl.envs import env_options, env_spaces
 from easyrl.envs.flat import FlatBox, flatten_observation
 from easyrl.errors import EasyRLError
@@ -303,7 +304,8 @@ def load_run(run_dir: str | Path, checkpoint: str | None = None) -> Policy:
     loaded = load_policy(run_dir, checkpoint)
     agent = loaded.algo
     spec = agent.greedy_fn.input_signature[0]
-    state_size = int(getattr(agent, "state_size", 0))  # what greedy_policy reads too
+    # Built with model.lstm: a RecurrentAgent (the contract), as greedy_policy reads it too.
+    state_size = cast(RecurrentAgent, agent).state_size if loaded.cfg.model.lstm else 0
 
     def act(obs, state, starts):
         if state is None:

@@ -281,12 +281,12 @@ class RoleServers:
 
         ctx = _context(cfg, token, self.run_dir, "127.0.0.1:1", "127.0.0.1:2")
         params = cfg.algorithm.params
-        module = ctx.algorithm_module()
+        algorithm = ctx.algorithm_spec()
         ps = ParameterServer(
-            0, module.optimizer(params), params.max_staleness, None, RunStats(cfg.stop.window)
+            0, algorithm.optimizer(params), params.max_staleness, None, RunStats(cfg.stop.window)
         )
         ps_address = self._serve(ps, "ps", ctx, 16 + ctx.cluster.actor, weight_bytes(ctx))
-        spec = module.replay_spec(params, *ctx.spaces())
+        spec = algorithm.replay_spec(params, *ctx.spaces())
         memory = memory_role.build(cfg, spec, 0, ctx.cluster)
         self._memories.append(memory)
         largest = memory_role.largest_message(cfg, spec, memory)

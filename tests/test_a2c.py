@@ -82,7 +82,7 @@ def test_settings_map_onto_ppo_one_epoch_one_minibatch():
     assert mapped.value_clip == 0.0 and mapped.kl_target == 0.0
     assert pg.Params().ppo_params().lam == 1.0  # Monte-Carlo returns minus the baseline
     for module in (a2c, pg):
-        assert module.FLOW == "sync_rounds" and module.REPLAY_KINDS == ("aggregate",)
+        assert module.SPEC.flow == "sync_rounds" and module.SPEC.replay_kinds == ("aggregate",)
         assert module.round_share(module.Params(rollout_length=6), 4, 0, 2) == 24
         assert module.optimizer(module.Params(lr=0.01)) == OptimizerSpec(kind="adam", lr=0.01)
         spec = module.replay_spec(module.Params(), OBS_SPACE, DISCRETE)

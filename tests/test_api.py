@@ -342,9 +342,12 @@ def test_bad_model_kinds_fail_at_load(example_on_path, kind, message):
 
 UNIFORM_DQN = '''
 """DQN under a name of its own, with uniform replay as its default table."""
-from easyrl.algorithms.dqn import FLOW, Params, build, optimizer, replay_spec
+import dataclasses
 
-REPLAY_KINDS = ("uniform",)
+from easyrl.algorithms import dqn
+from easyrl.algorithms.dqn import Params
+
+SPEC = dataclasses.replace(dqn.SPEC, replay_kinds=("uniform",), params_class=Params)
 '''
 
 
@@ -356,7 +359,7 @@ def algorithms_on_path(tmp_path, monkeypatch):
     (tmp_path / "my_algos" / "dqn_uniform.py").write_text(UNIFORM_DQN)
     (tmp_path / "flat_algo.py").write_text(UNIFORM_DQN)
     (tmp_path / "half_algo.py").write_text("FLOW = 'async_replay'\nREPLAY_KINDS = ()\n")
-    bogus = UNIFORM_DQN.replace("REPLAY_KINDS", "FLOW = 'magic'\nREPLAY_KINDS")
+    bogus = UNIFORM_DQN.replace('replay_kinds=("uniform",)', 'flow="magic"')
     (tmp_path / "bogus_flow_algo.py").write_text(bogus)
     monkeypatch.syspath_prepend(str(tmp_path))
 
@@ -366,7 +369,7 @@ def test_custom_algorithm_module_by_name(algorithms_on_path, name):
     cfg = config_lib.from_dict({"algorithm": {"name": name, "gamma": 0.9}})
     assert registry.module(name) is sys.modules[name]
     assert isinstance(cfg.algorithm.params, dqn.Params) and cfg.algorithm.params.gamma == 0.9
-    assert cfg.replay.kind == "uniform"  # the module's REPLAY_KINDS, not DQN's
+    assert cfg.replay.kind == "uniform"  # the module's SPEC.replay_kinds, not DQN's
     with pytest.raises(ConfigError, match="replay.kind: .* works with uniform, got 'prioritized'"):
         config_lib.from_dict({"algorithm": {"name": name}, "replay": {"kind": "prioritized"}})
     with pytest.raises(ConfigError, match="did you mean 'algorithm.gamma'"):
@@ -377,8 +380,11 @@ def test_custom_algorithm_module_by_name(algorithms_on_path, name):
     "name, message",
     [
         ("no_such_pkg_xyz.algo", "cannot import module 'no_such_pkg_xyz.algo' of algorithm.name"),
-        ("half_algo", "module 'half_algo' is not an algorithm module: it lacks Params, optimizer"),
-        ("bogus_flow_algo", "has FLOW 'magic'; expected one of async_replay, sync_rounds"),
+        ("half_algo", "module 'half_algo' is not an algorithm module: it declares no SPEC = "),
+        (
+            "bogus_flow_algo",
+            "module 'bogus_flow_algo': AlgorithmSpec: flow 'magic' is not one of async_replay, ",
+        ),
         ("ppg", "unknown algorithm 'ppg'; known algorithms: a2c, a3c, .*dqn, .*td3 \\(or the name"),
     ],
 )
@@ -388,17 +394,23 @@ def test_bad_algorithm_names(algorithms_on_path, name, message):
 
 
 def test_params_lacking_what_the_runtime_reads_fail_at_load(algorithms_on_path, tmp_path):
-    module = UNIFORM_DQN.replace("import FLOW, Params,", "import FLOW,") + textwrap.dedent(
+    module = textwrap.dedent(
         """
+        import dataclasses
         from dataclasses import dataclass
+
+        from easyrl.algorithms import dqn
 
         @dataclass(frozen=True)
         class Params:
             gamma: float = 0.9
+
+        SPEC = dataclasses.replace(dqn.SPEC, params_class=Params)
         """
     )
     (tmp_path / "no_batch_algo.py").write_text(module)
-    with pytest.raises(ConfigError, match="no_batch_algo.Params lacks max_staleness, batch_size"):
+    lacks = "no_batch_algo': AlgorithmSpec: Params lacks max_staleness, batch_size"
+    with pytest.raises(ConfigError, match=lacks):
         config_lib.from_dict({"algorithm": {"name": "no_batch_algo"}})
 
 

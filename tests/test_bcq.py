@@ -159,7 +159,7 @@ def test_threshold_zero_q_loss_is_dqns_loss():
 
 def test_params_and_registry():
     module = registry.module("bcq")
-    assert module.OFFLINE_ONLY and module.FLOW == "async_replay"
+    assert module.SPEC.offline_only and module.SPEC.flow == "async_replay"
     assert module.dataset_items is dqn.dataset_items
     for change, match in [
         ({"threshold": 1.0}, "threshold"),

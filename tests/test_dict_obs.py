@@ -16,7 +16,7 @@ from easyrl.algorithms import registry
 from easyrl.algorithms.masking import ILLEGAL
 from easyrl.algorithms.shared import greedy_policy
 from easyrl.config import EncoderConfig, ModelConfig
-from easyrl.envs import env_spaces, final_observations, make_vector_env, play_episodes
+from easyrl.envs import Stateless, env_spaces, final_observations, make_vector_env, play_episodes
 from easyrl.envs.flat import FlatBox, FlatObservation, action_mask_size, observation_parts
 from easyrl.envs.masked import ENV_ID, EPISODE_STEPS, MaskedChoice
 from easyrl.errors import ConfigError, EasyRLError
@@ -232,7 +232,7 @@ def test_async_envs_flatten_in_their_subprocesses_as_the_parent_does():
 
 @pytest.mark.parametrize("name", sorted(MASKING))
 def test_acting_and_greedy_play_never_take_a_masked_action(name):
-    assert registry.module(name).ACTION_MASKS
+    assert registry.spec(name).action_masks
     algo = build(name, **({"epsilon": 1.0} if name == "dqn" else {}))
     # The network sees the 5 payoffs, not the mask: its first layer has 5 inputs.
     first = [v for n, v in algo.variables.items() if "torso" in n and v.shape.rank == 2]
@@ -247,7 +247,9 @@ def test_acting_and_greedy_play_never_take_a_masked_action(name):
     unmasked = obs.copy()
     unmasked[:, 5:] = 1.0
     assert not legal(obs, algo.greedy(unmasked)).all()
-    returns, lengths = play_episodes(make_vector_env(ENV_ID, 2, seed=2), algo.greedy, 3, seed=2)
+    returns, lengths = play_episodes(
+        make_vector_env(ENV_ID, 2, seed=2), Stateless(algo.greedy), 3, seed=2
+    )
     assert lengths == [EPISODE_STEPS] * 3 and min(returns) >= 0
 
 
@@ -338,7 +340,7 @@ def test_recurrent_policies_mask_their_actions_and_losses_too(name):
     else:
         _finite(algo.learn(batch, None))
     returns, lengths = play_episodes(
-        make_vector_env(ENV_ID, 2, seed=3), greedy_policy(algo), 3, seed=3
+        make_vector_env(ENV_ID, 2, seed=3), greedy_policy(algo, recurrent=True), 3, seed=3
     )
     assert lengths == [EPISODE_STEPS] * 3 and min(returns) >= 0
 

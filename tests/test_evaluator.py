@@ -10,14 +10,14 @@ import pytest
 import tensorflow as tf
 
 from easyrl.config import OutputConfig, StopConfig
-from easyrl.envs import make_vector_env, play_episodes
+from easyrl.envs import Stateless, make_vector_env, play_episodes
 from easyrl.metrics import RunStats, Stop, StopKind, reached_goal, stop_reason
 from easyrl.roles.evaluator import BestCheckpoint
 
 
 def run_episodes(env, policy, episodes, seed, stop):
-    """The evaluator's use of `play_episodes`: the returns only."""
-    return play_episodes(env, policy, episodes, seed, stop)[0]
+    """The evaluator's use of `play_episodes` with a stateless `policy`: the returns only."""
+    return play_episodes(env, Stateless(policy), episodes, seed, stop)[0]
 
 
 def test_run_episodes_counts_exactly_the_asked_whole_episodes():

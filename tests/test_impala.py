@@ -197,8 +197,8 @@ def test_vtrace_on_policy_is_the_n_step_return():
 
 
 def test_replay_spec_and_flow():
-    assert impala.FLOW == "async_replay" and impala.REPLAY_KINDS == ("trajectory",)
-    assert a3c.FLOW == "actor_gradients" and a3c.REPLAY_KINDS == ()
+    assert impala.SPEC.flow == "async_replay" and impala.SPEC.replay_kinds == ("trajectory",)
+    assert a3c.SPEC.flow == "actor_gradients" and a3c.SPEC.replay_kinds == ()
     f4 = np.dtype(np.float32)
     expected = {
         "obs": ((6, 3), f4),

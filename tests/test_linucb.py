@@ -222,7 +222,7 @@ def test_bandit_env_reports_regret_and_is_seeded():
 
 
 def test_params_spaces_and_registry():
-    assert registry.module("linucb").FLOW == "async_replay"
+    assert registry.spec("linucb").flow == "async_replay"
     for change in ({"alpha": -1.0}, {"alpha": float("nan")}, {"ridge": 0.0}, {"batch_size": 0}):
         with pytest.raises(ConfigError, match=next(iter(change))):
             Params(**change)

@@ -163,7 +163,7 @@ def test_ppo_learns_on_sequences_from_the_states_its_actor_held():
     with pytest.raises(EasyRLError, match="recurrent state"):
         algo.greedy(np.zeros((1, 2), np.float32))
     env = make_vector_env(ENV_ID, 2, seed=0)
-    returns, _ = play_episodes(env, greedy_policy(algo), 2, seed=0)
+    returns, _ = play_episodes(env, greedy_policy(algo, recurrent=True), 2, seed=0)
     env.close()
     assert len(returns) == 2
 
@@ -197,7 +197,7 @@ def test_recurrent_greedy_play_restarts_the_state_at_each_episode():
     algo = make_impala(seed=3)
     with pytest.raises(EasyRLError, match="recurrent state"):
         algo.greedy(np.zeros((1, 2), np.float32))
-    policy = greedy_policy(algo)
+    policy = greedy_policy(algo, recurrent=True)
     assert isinstance(policy, RecurrentGreedy)
     obs = np.random.default_rng(0).normal(size=(5, 2, 2)).astype(np.float32)
     for t in range(3):
@@ -212,7 +212,7 @@ def test_recurrent_greedy_play_restarts_the_state_at_each_episode():
     np.testing.assert_allclose(policy._state[1], from_carried[1], atol=1e-6)
     # play_episodes tells the policy where episodes end, and plays them whole.
     env = make_vector_env(ENV_ID, 2, seed=0)
-    returns, lengths = play_episodes(env, greedy_policy(algo), 3, seed=0)
+    returns, lengths = play_episodes(env, greedy_policy(algo, recurrent=True), 3, seed=0)
     env.close()
     assert len(returns) == 3 and all(r == n for r, n in zip(returns, lengths, strict=True))
 
@@ -281,7 +281,7 @@ def play_greedy(algo, values: dict) -> list[int]:
         algo.variables[name].assign(value)
     env = gym.make(ENV_ID)
     obs, _ = env.reset(seed=0)
-    policy, actions, done = greedy_policy(algo), [], False
+    policy, actions, done = greedy_policy(algo, recurrent=True), [], False
     while not done:
         actions.append(int(policy(obs[None])[0]))
         obs, _, terminated, truncated, _ = env.step(actions[-1])

@@ -2,6 +2,7 @@
 shard's round publishing and long-polling Pull, and `ShardedWeights.wait_round`, over real
 gRPC on 127.0.0.1."""
 
+import dataclasses
 import functools
 import os
 
@@ -567,7 +568,8 @@ def ppo_cfg():
 
 
 class FakeAlgorithm:
-    """A module-like object whose actors ship `rollout_length * num_envs + index` items."""
+    """An algorithm whose actors ship `rollout_length * num_envs + index` items (its
+    `round_share` goes into PPO's spec)."""
 
     def __init__(self):
         self.calls = []
@@ -596,7 +598,8 @@ def test_round_size_sums_the_shares_of_the_shards_actors(
     cfg, module = ppo_cfg(), FakeAlgorithm()
     # With PPO's own shares: rollout_length * num_envs per actor.
     assert memory_role.round_size(cfg, num_actors, num_memory, shard) == 16 * len(actors)
-    monkeypatch.setattr(registry, "module", lambda name: module)
+    spec = dataclasses.replace(ppo.SPEC, round_share=module.round_share)
+    monkeypatch.setattr(registry, "spec", lambda name: spec)
     size = memory_role.round_size(cfg, num_actors, num_memory, shard)
     assert size == sum(16 + i for i in actors)
     assert module.calls == [(i, num_actors) for i in actors]

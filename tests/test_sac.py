@@ -286,8 +286,8 @@ def test_variables_replay_spec_and_hooks():
     assert set(target_variables(algo)) == {
         f"target_{n}" for n in algo.variables if n.startswith("critic/")
     }
-    assert algo.target_update_period == 1 and sac.FLOW == "async_replay"
-    assert sac.REPLAY_KINDS == ("uniform", "prioritized")
+    assert algo.target_update_period == 1 and sac.SPEC.flow == "async_replay"
+    assert sac.SPEC.replay_kinds == ("uniform", "prioritized")
     assert sac.replay_spec(Params(), OBS_SPACE, ACTION_SPACE) == {
         "obs": ((3,), np.dtype(np.float32)),
         "action": ((2,), np.dtype(np.float32)),

@@ -476,7 +476,7 @@ def test_the_message_limit_is_twice_the_largest_message_at_least_4_mib(role_serv
     # A memory shard's largest message: 2 envs x send_every 1 = 2 unrolls (also the batch of
     # 2); an unroll of 3 steps: obs 4x4 float32 (64 B) + action 3 int64 (24 B) + logits 3x2
     # float32 (24 B) + reward and discount 3 float32 each (24 B) = 136 B.
-    spec = ctx.algorithm_module().replay_spec(cfg.algorithm.params, *ctx.spaces())
+    spec = ctx.algorithm_spec().replay_spec(cfg.algorithm.params, *ctx.spaces())
     memory = memory_role.build(cfg, spec, 0)
     assert memory_role.largest_message(cfg, spec, memory) == 2 * 136
     memory.close()

@@ -449,8 +449,8 @@ def test_replay_spec_and_variable_names():
         "discount": ((), np.dtype(np.float32)),
     }
     assert ddpg.replay_spec(ddpg.Params(), OBS_SPACE, ACTION_SPACE) == spec
-    assert (td3.FLOW, ddpg.FLOW) == ("async_replay", "async_replay")
-    assert td3.REPLAY_KINDS == ddpg.REPLAY_KINDS == ("uniform", "prioritized")
+    assert (td3.SPEC.flow, ddpg.SPEC.flow) == ("async_replay", "async_replay")
+    assert td3.SPEC.replay_kinds == ddpg.SPEC.replay_kinds == ("uniform", "prioritized")
     algo = build()
     assert {k: tuple(v.shape) for k, v in algo.variables.items()} == {
         "actor/out/b": (2,),

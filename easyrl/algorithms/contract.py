@@ -1,8 +1,9 @@
 """The contract between the runtime and an algorithm, as types.
 
-An algorithm is a module (see `AlgorithmModule`) whose `build` returns an agent. The agent's
-`flow` says which loops the actor and learner run, and so which of the agent protocols below
-it follows:
+An algorithm is a module that declares itself once, `SPEC = AlgorithmSpec(...)` (its flow,
+replay kinds, `Params`, capabilities and functions); the spec's `build` returns an agent.
+The agent's `flow` says which loops the actor and learner run, and so which of the agent
+protocols below it follows:
 
     flow              agent protocol    its collector      the learner calls
     async_replay      ReplayAgent       Collector          learn(batch, weights) -> LearnStep
@@ -11,16 +12,24 @@ it follows:
     sync_rounds       RoundsAgent       RoundCollector     learn_round(batch, rng) -> LearnSteps
     actor_gradients   GradientsAgent    Collector          (the actor) learn(unroll, None)
 
+Built with `model.lstm`, an agent is also a `RecurrentAgent`; with the spec's `action_logp`,
+a `LogpAgent`.
+
 Every gradient computation returns a `LearnStep`: gradients in the order of
 `agent.variables` (what every PS shard is pushed), scalar stats (reported to PS shard 0),
 and, for prioritized replay, the batch's new priorities. Nothing here imports TensorFlow:
 loading a config stays cheap.
 """
 
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+import dataclasses
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, Literal, NamedTuple, Protocol
 
 import numpy as np
+
+from easyrl.errors import ConfigError
+from easyrl.replay import kinds as replay_kinds
 
 Flow = Literal["async_replay", "sync_rounds", "actor_gradients"]
 """The loop an algorithm's actor and learner run."""
@@ -165,7 +174,7 @@ class ReplayAgent(ReplayLearner, Protocol):
 
 
 class PrioritizedAgent(ReplayAgent, Protocol):
-    """A replay agent whose REPLAY_KINDS include "prioritized" (DQN, DDPG/TD3, SAC)."""
+    """A replay agent whose spec's `replay_kinds` include "prioritized" (DQN, DDPG/TD3, SAC)."""
 
     def initial_priorities(self, batch: Batch) -> np.ndarray:
         """Priorities `[B]` of freshly collected items, computed on the actor with its copy
@@ -205,43 +214,127 @@ class GradientsAgent(Agent, Protocol):
         ...
 
 
-class AlgorithmModule(Protocol):
-    """What an algorithm module exposes (`easyrl.algorithms.registry.module` checks it).
+Recurrence = Literal["no", "optional", "only"]
+"""Whether an algorithm's policy may carry a state: "no"; "optional": with `model.lstm` set,
+its agents are `RecurrentAgent`s and its `replay_spec`/`round_share` take `lstm=`; "only":
+`model.lstm` is required."""
+RECURRENCES: tuple[Recurrence, ...] = ("no", "optional", "only")
 
-    Besides these, a module may define `MODEL_KINDS` (default ("mlp",); "encoders": its
-    networks pass `observation_parts` on to `build_torso`, so `model.encoders` works),
-    `RECURRENT` (True: `model.lstm` works, and `replay_spec`/`round_share` take `lstm=`;
-    "only": it is required; default False), `OFFLINE_ONLY` (default False), `ACTION_MASKS`
-    (default False: True when its agents honour an observation's action mask,
-    `easyrl.envs.flat`), `round_share` (sync_rounds only: the items one actor ships per round)
-    and `dataset_items` (async_replay only: replay items from a recorded dataset's rows).
+
+class RecurrentAgent(Agent, Protocol):
+    """An agent built with `model.lstm` (IMPALA, A3C, PPO, R2D2): its policy carries a state
+    per env, zeros at an episode's start, so greedy play steps it (`greedy` refuses)."""
+
+    @property
+    def state_size(self) -> int:
+        """Floats in one env's state (> 0)."""
+        ...
+
+    def greedy_step(
+        self, obs: np.ndarray, state: np.ndarray, first: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """(deterministic actions `[N]`, next state `[N, state_size]`) for observations
+        `[N, ...]`, the state, and the episode-start flags `first` `[N]` (1: start from
+        zeros)."""
+        ...
+
+
+class LogpAgent(Agent, Protocol):
+    """An agent whose spec sets `action_logp` (MARWIL, BC): off-policy evaluation weighs a
+    dataset's episodes with its policy's probabilities."""
+
+    def action_logp(self, obs: np.ndarray, actions: np.ndarray) -> np.ndarray:
+        """log pi(a | s) `[N]` of `actions` `[N, ...]` at observations `[N, ...]`."""
+        ...
+
+
+@dataclass(frozen=True)
+class AlgorithmSpec:
+    """An algorithm, as the runtime knows it: each algorithm module declares one,
+    `SPEC = AlgorithmSpec(...)`, and config load, the registry, the roles, multi-agent runs and
+    off-policy evaluation read it and nothing else of the module.
+
+    Raises:
+        ConfigError: the fields do not fit together (an unknown flow or replay kind, a missing
+            `replay_spec` or `round_share`, a `Params` without the `RuntimeParams`, ...).
     """
 
-    FLOW: Flow
-    REPLAY_KINDS: tuple[ReplayKind, ...]
-    """The replay table kinds it works with, the default first; () for no replay memory."""
-    Params: type
-    """A frozen dataclass of hyper-parameters (a `RuntimeParams`)."""
+    flow: Flow
+    """Which loops the actor and learner run (see the module docstring)."""
+    replay_kinds: tuple[ReplayKind, ...]
+    """The replay table kinds its items can go to, the default first; () for no replay."""
+    params_class: type
+    """A frozen dataclass of hyper-parameters (the config's `algorithm` keys; a
+    `RuntimeParams`, and a `ReplayParams` when learners sample batches)."""
+    build: Callable[..., Agent]
+    """`build(params, obs_space, action_space, model, seed=0, learner=False)`: the TF side
+    (imports TensorFlow), an agent of `flow`'s protocol."""
+    optimizer: Callable[[Any], Any]
+    """`optimizer(params)`: the PS optimizer, an `OptimizerSpec` or {variable prefix: spec}."""
+    replay_spec: Callable[..., ReplaySpec]
+    """`replay_spec(params, obs_space, action_space[, lstm=])`: the columns of one item (what
+    an actor collects, even with no replay table: A3C's unrolls)."""
+    round_share: Callable[..., int] | None = None
+    """sync_rounds only (required there): `round_share(params, num_envs, actor_index,
+    num_actors[, lstm=])`, the items one actor ships per round."""
+    dataset_items: Callable[[Any, Batch], Batch] | None = None
+    """async_replay only: `dataset_items(params, steps)`, the replay items of a recorded
+    dataset's rows (`easyrl.offline.dataset.read_steps`); None: it cannot train offline."""
+    model_kinds: tuple[str, ...] = ("mlp",)
+    """The `model.kind`s it builds its networks from ("custom": a `module:Class` torso), and
+    "encoders" where its networks pass `observation_parts` on (`model.encoders` works)."""
+    recurrence: Recurrence = "no"
+    """Whether `model.lstm` works ("optional"), is refused ("no") or required ("only")."""
+    action_masks: bool = False
+    """Its agents honour an observation's action mask (`easyrl.envs.flat`)."""
+    multiagent: bool = False
+    """It trains multi-agent runs (`easyrl.algorithms.multiagent`)."""
+    offline_only: bool = False
+    """It trains from a dataset only (`input.dir` required; no collector); needs
+    `dataset_items`."""
+    action_logp: bool = False
+    """Its agents are `LogpAgent`s: the evaluator estimates their value on an offline run's
+    dataset (importance sampling)."""
 
-    def optimizer(self, params: Any) -> Any:
-        """The PS optimizer: an `OptimizerSpec`, or {variable prefix: spec}."""
-        ...
+    def __post_init__(self):
+        problem = next(self._problems(), None)
+        if problem is not None:
+            raise ConfigError(f"AlgorithmSpec: {problem}")
 
-    def replay_spec(self, params: Any, obs_space: Any, action_space: Any) -> ReplaySpec:
-        """The replay columns of one item."""
-        ...
-
-    def build(
-        self,
-        params: Any,
-        obs_space: Any,
-        action_space: Any,
-        model: Any,
-        seed: int = 0,
-        learner: bool = False,
-    ) -> Agent:
-        """The TF side (imports TensorFlow)."""
-        ...
+    def _problems(self) -> Iterator[str]:
+        """What does not fit together, one sentence each."""
+        if self.flow not in FLOWS:
+            yield f"flow {self.flow!r} is not one of {', '.join(FLOWS)}"
+        found: list[replay_kinds.Kind] = []
+        for name in self.replay_kinds:
+            try:
+                found.append(replay_kinds.get(name, "replay_kinds"))
+            except ConfigError as err:
+                yield str(err)
+        if len(set(self.replay_kinds)) != len(self.replay_kinds):
+            yield f"replay_kinds {self.replay_kinds!r}: each kind once"
+        if (self.flow == "sync_rounds") != (self.round_share is not None):
+            yield "round_share is required with flow sync_rounds, and only there"
+        if self.dataset_items is not None and self.flow != "async_replay":
+            yield "dataset_items needs flow async_replay (a learner sampling the dataset)"
+        if self.offline_only and self.dataset_items is None:
+            yield "offline_only needs dataset_items (what the memory shards load)"
+        if self.recurrence not in RECURRENCES:
+            yield f"recurrence {self.recurrence!r} is not one of {', '.join(RECURRENCES)}"
+        if not dataclasses.is_dataclass(self.params_class):
+            yield f"params_class {self.params_class!r} must be a dataclass"
+            return
+        runtime = ["max_staleness"]
+        if any(kind.batches for kind in found):
+            runtime.append("batch_size")  # learners sample batches of this size
+        fields = {f.name for f in dataclasses.fields(self.params_class)}
+        # A field, or a property / class constant (LinUCB's fixed max_staleness).
+        lacking = [n for n in runtime if n not in fields and not hasattr(self.params_class, n)]
+        if lacking:
+            yield (
+                f"{self.params_class.__name__} lacks {', '.join(lacking)}, which the runtime "
+                "reads (see easyrl.algorithms.contract.RuntimeParams)"
+            )
 
 
 def concat(parts: Sequence[Batch], keys: Iterable[str] | None = None) -> Batch:

@@ -2,7 +2,7 @@
 
 An env whose Dict observation has an `action_mask` is observed as a flat vector whose last
 n entries are the mask (`easyrl.envs.flat`). The networks of the algorithms that honour
-masks (`ACTION_MASKS = True` in their module: DQN, IMPALA, A3C, PPO, A2C, PG) take the
+masks (`action_masks` in their spec: DQN, IMPALA, A3C, PPO, A2C, PG) take the
 features only, `features(obs, n)`; the mask never reaches them as input. Their logits or Q
 values of illegal actions are replaced by `ILLEGAL` before any argmax, sample, softmax or
 entropy: a finite value, so that 0 * log p stays 0 (no NaN) and `tf.where` gives the

@@ -21,8 +21,9 @@ runtime sees one agent of the algorithm's flow:
   alone: each policy has its own optimizer group, `optimizer`); stats are reported as
   `{policy}.{stat}`. Synchronous rounds (PPO) zip the policies' updates of the round.
 
-Supported algorithms: `ALGORITHMS`. Greedy play (`easyrl rollout`, `easyrl export`, the
-evaluator) refuses multi-agent runs.
+Supported algorithms: those whose spec sets `multiagent` (async replay: DQN, IMPALA;
+synchronous rounds: PPO). Greedy play (`easyrl rollout`, `easyrl export`, the evaluator)
+refuses multi-agent runs.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from typing import Any, cast
 import numpy as np
 
 from easyrl.algorithms.contract import (
+    AlgorithmSpec,
     Batch,
     Collector,
     LearnStep,
@@ -46,9 +48,6 @@ from easyrl.algorithms.contract import (
 )
 from easyrl.errors import ConfigError, EasyRLError, did_you_mean
 from easyrl.seeds import derive_seed
-
-ALGORITHMS = ("dqn", "impala", "ppo")
-"""Algorithms multi-agent runs train (async replay: DQN, IMPALA; synchronous rounds: PPO)."""
 
 POLICY_COLUMN = "policy"
 """The replay column holding an item's policy index (int64)."""
@@ -62,21 +61,16 @@ NO_GREEDY = (
 
 
 def check_config(cfg) -> None:
-    """Checks a config's `multiagent` section against the algorithm, the other sections and
-    the env's agents (it makes one env).
+    """Checks a config's `multiagent` section against the other sections and the env's agents
+    (it makes one env); the config checks first that the algorithm's spec sets `multiagent`.
 
     Raises:
         ConfigError: naming the key: a bad or unknown policy name (with the closest valid
             one), an agent without a policy or an unknown agent id (with the closest), a
-            policy no agent uses, an unsupported algorithm, or a section that multi-agent
-            runs do not support (evaluator, recording, datasets, non-sync vector envs, Atari).
+            policy no agent uses, or a section that multi-agent runs do not support
+            (evaluator, recording, datasets, non-sync vector envs, Atari).
     """
     ma = cfg.multiagent
-    if cfg.algorithm.name not in ALGORITHMS:
-        raise ConfigError(
-            f"multiagent: {cfg.algorithm.name} has no multi-agent training; algorithms with "
-            f"one: {', '.join(ALGORITHMS)}"
-        )
     refused = {
         "cluster.evaluator": (cfg.cluster.evaluator != 0, "0 (" + NO_GREEDY + ")"),
         "output.dir": (cfg.output.dir is not None, "null (recording is single-agent)"),
@@ -159,25 +153,27 @@ def replay_spec(spec: dict) -> dict:
     return {**spec, POLICY_COLUMN: ((), np.dtype(np.int64))}
 
 
-def optimizer(cfg, module) -> dict:
+def optimizer(cfg, algorithm: AlgorithmSpec) -> dict:
     """The PS optimizer of a multi-agent run: the algorithm's, once per policy (its group
     prefixes under `{policy}/`), so that a push with one policy's gradients (a batch without
     the other's rows) steps that policy's optimizer alone, with its own step counter."""
     from easyrl.algorithms.optimizers import OptimizerSpec
 
-    spec = module.optimizer(cfg.algorithm.params)
+    spec = algorithm.optimizer(cfg.algorithm.params)
     specs = {"": spec} if isinstance(spec, OptimizerSpec) else dict(spec)
     return {f"{p}/{prefix}": s for p in cfg.multiagent.policies for prefix, s in specs.items()}
 
 
-def build(cfg, module, obs_space, action_space, learner: bool = False) -> MultiAgent:
-    """Builds one agent of `module` per policy of `cfg.multiagent` (policy i with seed
+def build(
+    cfg, algorithm: AlgorithmSpec, obs_space, action_space, learner: bool = False
+) -> MultiAgent:
+    """Builds one agent of `algorithm` per policy of `cfg.multiagent` (policy i with seed
     `derive_seed(run.seed, "policy", i)`) and wraps them (imports TensorFlow)."""
     from easyrl.envs.multiagent import agent_spaces
 
     ma = cfg.multiagent
     agents = [
-        module.build(
+        algorithm.build(
             cfg.algorithm.params,
             obs_space,
             action_space,

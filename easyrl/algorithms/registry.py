@@ -7,28 +7,29 @@ built-in one. `load_object` resolves the `"module:attribute"` paths that name ot
 (custom torsos, `model.kind: my_pkg.nets:MyTorso`).
 
 Adding an algorithm: write one module (a package like `easyrl/algorithms/dqn/` or any
-importable module of your own) that follows `easyrl.algorithms.contract.AlgorithmModule`:
-FLOW, REPLAY_KINDS, a frozen `Params` dataclass (with the `RuntimeParams` the runtime reads:
-`max_staleness`, and `batch_size` when learners sample batches), `optimizer`, `replay_spec`,
-`build` (returning the flow's agent protocol), and `round_share` for synchronous rounds.
-`easyrl.algorithms.dqn` is the shortest model to copy; `examples/custom/` shows one outside
-the package.
+importable module of your own) that declares `SPEC = AlgorithmSpec(...)`
+(`easyrl.algorithms.contract`): its flow, replay kinds, a frozen `Params` dataclass (with the
+`RuntimeParams` the runtime reads: `max_staleness`, and `batch_size` when learners sample
+batches), `build` (returning the flow's agent protocol), `optimizer`, `replay_spec`,
+`round_share` for synchronous rounds, and what it can do (model kinds, recurrence, action
+masks, multi-agent runs, datasets). The registry reads the spec and nothing else of the
+module. `easyrl.algorithms.dqn` is the shortest model to copy; `examples/custom/` shows one
+outside the package.
 
 Register a built-in one in `_MODULES`; a module of your own needs no registration:
 `algorithm.name: my_pkg.my_algo` (it must be importable by every process of the run; the
 local launcher hands its own import path to the processes it starts).
 """
 
-import dataclasses
 import importlib
 import importlib.util
+from collections.abc import Callable
 from types import ModuleType
 from typing import Any
 
-from easyrl.algorithms.contract import FLOWS
+from easyrl.algorithms.contract import AlgorithmSpec
 from easyrl.errors import ConfigError
 from easyrl.imports import import_module
-from easyrl.replay import kinds
 
 _MODULES = {
     "a2c": "easyrl.algorithms.a2c",
@@ -56,12 +57,12 @@ def known() -> list[str]:
 
 def module(name: str) -> ModuleType:
     """Returns the module implementing algorithm `name`: a registered name, or the name of
-    an importable module of user code (`my_algo`, `my_pkg.my_algo`) that follows the
-    contract above.
+    an importable module of user code (`my_algo`, `my_pkg.my_algo`) that declares its `SPEC`
+    (see above).
 
     Raises:
         ConfigError: `name` is neither registered nor an importable module (the message lists
-            the known names), the module fails to import, or it lacks part of the contract.
+            the known names), the module fails to import, or it declares no valid `SPEC`.
     """
     if name in _MODULES:
         found = importlib.import_module(_MODULES[name])
@@ -71,45 +72,39 @@ def module(name: str) -> ModuleType:
             "(or the name of your own algorithm module, e.g. my_pkg.my_algo)"
         )
     else:
-        found = import_module(name, f"algorithm.name {name!r}")
-    _check_contract(found, name)
+        try:
+            found = import_module(name, f"algorithm.name {name!r}")
+        except ConfigError as err:
+            if isinstance(err.__cause__, ImportError):  # the message names the module
+                raise
+            # Raised by the module's code, as its SPEC's own check: say which module.
+            raise ConfigError(f"algorithm.name: module {name!r}: {err}") from err
+    if not isinstance(vars(found).get("SPEC"), AlgorithmSpec):
+        raise ConfigError(
+            f"algorithm.name: module {name!r} is not an algorithm module: it declares no "
+            "SPEC = easyrl.algorithms.contract.AlgorithmSpec(flow=..., replay_kinds=..., "
+            "params_class=..., build=..., optimizer=..., replay_spec=...)"
+        )
     return found
 
 
-def _check_contract(found: ModuleType, name: str) -> None:
-    """Raises ConfigError naming what module `found` lacks of the algorithm contract."""
-    required = ["FLOW", "REPLAY_KINDS", "Params", "optimizer", "build"]
-    if getattr(found, "REPLAY_KINDS", ()):
-        required.append("replay_spec")
-    if getattr(found, "FLOW", None) == "sync_rounds":
-        required.append("round_share")
-    missing = [attr for attr in required if not hasattr(found, attr)]
-    if missing:
-        raise ConfigError(
-            f"algorithm.name: module {name!r} is not an algorithm module: it lacks "
-            f"{', '.join(missing)} (see easyrl.algorithms.registry)"
-        )
-    if not dataclasses.is_dataclass(found.Params):
-        raise ConfigError(f"algorithm.name: {name}.Params must be a dataclass")
-    if found.FLOW not in FLOWS:
-        raise ConfigError(
-            f"algorithm.name: module {name!r} has FLOW {found.FLOW!r}; expected one of "
-            f"{', '.join(FLOWS)}"
-        )
-    runtime = ["max_staleness"]
-    key = f"algorithm.name: {name}.REPLAY_KINDS"
-    if any(kinds.get(kind, key).batches for kind in found.REPLAY_KINDS):
-        runtime.append("batch_size")  # learners sample batches of this size
-    lacking = [field for field in runtime if not hasattr(found.Params, field)]
-    if lacking:
-        raise ConfigError(
-            f"algorithm.name: {name}.Params lacks {', '.join(lacking)}, which the runtime "
-            "reads (see easyrl.algorithms.contract.RuntimeParams)"
-        )
+def spec(name: str) -> AlgorithmSpec:
+    """The `SPEC` of algorithm `name`'s module (see `module`).
+
+    Raises:
+        ConfigError: as `module`.
+    """
+    return module(name).SPEC
+
+
+def known_where(has: Callable[[AlgorithmSpec], object]) -> list[str]:
+    """The registered algorithms whose spec `has` (a capability: `lambda s: s.multiagent`),
+    sorted: what an error message offers instead."""
+    return [n for n in known() if has(spec(n))]
 
 
 def check_model_kind(name: str, model: Any, kinds: tuple[str, ...]) -> None:
-    """Checks `model.kind` against an algorithm's `MODEL_KINDS` ("custom": any
+    """Checks `model.kind` against an algorithm's `model_kinds` ("custom": any
     `package.module:Class` torso; "encoders": `model.encoders` may be set), as loading a
     config does, for a direct `build` call.
 
@@ -124,7 +119,7 @@ def check_model_kind(name: str, model: Any, kinds: tuple[str, ...]) -> None:
             f"('custom' = a module:Class torso), got {model.kind!r}"
         )
     if getattr(model, "encoders", None) and "encoders" not in kinds:
-        able = [n for n in known() if "encoders" in getattr(module(n), "MODEL_KINDS", ())]
+        able = known_where(lambda s: "encoders" in s.model_kinds)
         raise ConfigError(
             f"model.encoders: {name} has no per-key encoders (algorithms with them: "
             f"{', '.join(able)}); set model.encoders: {{}}"
@@ -132,9 +127,9 @@ def check_model_kind(name: str, model: Any, kinds: tuple[str, ...]) -> None:
 
 
 def masking() -> list[str]:
-    """The registered algorithms that honour an observation's action mask (their module sets
-    `ACTION_MASKS = True`; see `easyrl.envs.flat`), sorted."""
-    return [n for n in known() if getattr(module(n), "ACTION_MASKS", False)]
+    """The registered algorithms that honour an observation's action mask (their spec sets
+    `action_masks`; see `easyrl.envs.flat`), sorted."""
+    return known_where(lambda s: s.action_masks)
 
 
 def check_spaces(name: str, env_id: str, obs_space) -> None:
@@ -147,7 +142,7 @@ def check_spaces(name: str, env_id: str, obs_space) -> None:
     """
     from easyrl.envs.flat import action_mask_size
 
-    if action_mask_size(obs_space) and not getattr(module(name), "ACTION_MASKS", False):
+    if action_mask_size(obs_space) and not spec(name).action_masks:
         raise ConfigError(
             f"algorithm.name: {env_id}'s observations carry an action_mask, which {name} "
             f"cannot honour; algorithms that can: {', '.join(masking())}"
@@ -156,34 +151,40 @@ def check_spaces(name: str, env_id: str, obs_space) -> None:
 
 def params_class(name: str) -> type:
     """Returns the hyper-parameter dataclass of algorithm `name` (see `module`)."""
-    return module(name).Params
+    return spec(name).params_class
 
 
 def replay_spec(cfg, obs_space, action_space) -> dict:
     """The replay columns of one item of the run `cfg` describes: the algorithm's
-    `replay_spec`, given `model.lstm` when it is set (only a `RECURRENT` algorithm accepts
+    `replay_spec`, given `model.lstm` when it is set (only a recurrent algorithm accepts
     it; the config refuses it for the others), plus the `policy` column of a multi-agent
     run."""
-    found = module(cfg.algorithm.name)
-    spec = found.replay_spec(cfg.algorithm.params, obs_space, action_space, **_lstm(cfg))
+    found = spec(cfg.algorithm.name)
+    columns = found.replay_spec(cfg.algorithm.params, obs_space, action_space, **_lstm(cfg))
     if cfg.multiagent.enabled:  # items carry their policy's index
         from easyrl.algorithms import multiagent
 
-        spec = multiagent.replay_spec(spec)
-    return spec
+        columns = multiagent.replay_spec(columns)
+    return columns
 
 
 def round_share(cfg, actor_index: int, num_actors: int) -> int:
     """The items actor `actor_index` of `num_actors` ships per round (sync_rounds): the
     algorithm's `round_share`, given `model.lstm` when it is set (as `replay_spec`); a
-    multi-agent run's actor steps one env per slot (env copy x agent)."""
-    found = module(cfg.algorithm.name)
+    multi-agent run's actor steps one env per slot (env copy x agent).
+
+    Raises:
+        ConfigError: the algorithm's flow is not sync_rounds (its spec has no round_share).
+    """
+    share = spec(cfg.algorithm.name).round_share
+    if share is None:
+        raise ConfigError(f"algorithm.name: {cfg.algorithm.name} trains no synchronous rounds")
     params, num_envs = cfg.algorithm.params, cfg.env.num_envs
     if cfg.multiagent.enabled:  # one env per slot (env copy x agent)
         from easyrl.envs.multiagent import agent_spaces
 
         num_envs *= len(agent_spaces(cfg.env.id, cfg.env.kwargs)[0])
-    return found.round_share(params, num_envs, actor_index, num_actors, **_lstm(cfg))
+    return share(params, num_envs, actor_index, num_actors, **_lstm(cfg))
 
 
 def _lstm(cfg) -> dict:

@@ -12,15 +12,17 @@ only (it imports TensorFlow).
 import functools
 import math
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import Any, cast
 
 import gymnasium as gym
 import numpy as np
 import tensorflow as tf
 
 from easyrl.algorithms.continuous import check_spaces, scale_actions
+from easyrl.algorithms.contract import Agent, RecurrentAgent
 from easyrl.algorithms.masking import features, masked
 from easyrl.algorithms.nstep import NStepAccumulator
+from easyrl.envs import EpisodicPolicy, Stateless
 from easyrl.errors import EasyRLError
 from easyrl.models import Compiled, Dense, build_torso
 
@@ -80,17 +82,21 @@ class CompiledGreedy:
 
     _greedy: Any  # a `compiled` function
 
+    state_size: int = 0
+    """Floats in one env's recurrent state; 0: a stateless policy (a `RecurrentAgent` built
+    with `model.lstm` sets it)."""
+
     def greedy(self, obs: np.ndarray) -> np.ndarray:
         """Deterministic actions for a batch of observations (evaluation).
 
         Raises:
             EasyRLError: the policy is recurrent (`state_size` > 0): it acts with a state,
-                through `greedy_policy(algo)` (see `greedy_step`).
+                through `greedy_policy(algo, recurrent=True)` (see `greedy_step`).
         """
-        if getattr(self, "state_size", 0):
+        if self.state_size:
             raise EasyRLError(
                 "a policy with model.lstm acts with a recurrent state: play it "
-                "through easyrl.algorithms.shared.greedy_policy(algo)"
+                "through easyrl.algorithms.shared.greedy_policy(algo, recurrent=True)"
             )
         return self._greedy(np.asarray(obs, self._obs_dtype())).numpy()
 
@@ -112,12 +118,13 @@ class CompiledGreedy:
         return self._greedy
 
 
-def greedy_policy(algo) -> Callable[[np.ndarray], np.ndarray]:
+def greedy_policy(algo: Agent, recurrent: bool) -> EpisodicPolicy:
     """The deterministic policy evaluation plays on a vector of envs: `algo.greedy`, or for a
-    recurrent agent (`algo.state_size` > 0) a fresh `RecurrentGreedy` (zero state)."""
-    if getattr(algo, "state_size", 0):
-        return RecurrentGreedy(algo)
-    return algo.greedy
+    `RecurrentAgent` (`recurrent`: built with `model.lstm`) a fresh `RecurrentGreedy` (zero
+    state)."""
+    if recurrent:
+        return RecurrentGreedy(cast(RecurrentAgent, algo))
+    return Stateless(algo.greedy)
 
 
 class RecurrentGreedy:
@@ -128,10 +135,10 @@ class RecurrentGreedy:
     episode, whose step starts from the zero state).
 
     Args:
-        algo: an agent with `state_size` and `greedy_step(obs, state, first)`.
+        algo: the recurrent agent.
     """
 
-    def __init__(self, algo):
+    def __init__(self, algo: RecurrentAgent):
         self.algo = algo
         self._state: np.ndarray | None = None
         self._first: np.ndarray | None = None

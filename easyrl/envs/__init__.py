@@ -22,7 +22,8 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Any
+from collections.abc import Callable
+from typing import Any, Protocol
 
 import gymnasium
 import numpy as np
@@ -34,6 +35,8 @@ from easyrl.imports import import_module
 __all__ = [
     "ASYNC_CONTEXT",
     "VECTOR_MODES",
+    "EpisodicPolicy",
+    "Stateless",
     "env_options",
     "env_spaces",
     "evaluation_options",
@@ -156,12 +159,40 @@ def evaluation_options(env_cfg) -> dict[str, Any]:
     return options
 
 
+class EpisodicPolicy(Protocol):
+    """What `play_episodes` plays on a vector env: actions for the envs' observations, and
+    after each step the news of which envs' episodes ended (a recurrent policy restarts their
+    state, `easyrl.algorithms.shared.RecurrentGreedy`; a stateless one ignores it)."""
+
+    def __call__(self, obs: np.ndarray) -> np.ndarray:
+        """Actions `[N, ...]` for observations `[N, ...]`."""
+        ...
+
+    def end_episodes(self, done: np.ndarray) -> None:
+        """Takes the done flags `[N]` of the last step."""
+        ...
+
+
+@dataclasses.dataclass(frozen=True)
+class Stateless:
+    """A policy without state (`act(obs) -> actions`) as an `EpisodicPolicy`."""
+
+    act: Callable[[np.ndarray], np.ndarray]
+    """Actions `[N, ...]` for observations `[N, ...]`."""
+
+    def __call__(self, obs: np.ndarray) -> np.ndarray:
+        return self.act(obs)
+
+    def end_episodes(self, done: np.ndarray) -> None:
+        """Nothing to restart: the next observation is all the policy needs."""
+
+
 def play_episodes(
-    env, policy, episodes: int, seed: int, stop=None, on_episode=None
+    env, policy: EpisodicPolicy, episodes: int, seed: int, stop=None, on_episode=None
 ) -> tuple[list[float], list[int]]:
     """Plays `episodes` whole episodes on a same-step-autoreset vector env with
-    `policy(obs) -> actions`; a policy with an `end_episodes(done)` method (a recurrent one,
-    `easyrl.algorithms.shared.RecurrentGreedy`) hears after each step which episodes ended.
+    `policy(obs) -> actions`; after each step `policy.end_episodes(done)` hears which episodes
+    ended (wrap a stateless function in `Stateless`).
 
     Sub-env i starts from a reset with seed `seed + i`; an env stops counting once every
     episode still to play has been handed out, so exactly `episodes` episodes come back
@@ -186,8 +217,7 @@ def play_episodes(
         returns += rewards
         lengths += 1
         done = np.asarray(terminated | truncated)
-        if hasattr(policy, "end_episodes"):
-            policy.end_episodes(done)
+        policy.end_episodes(done)
         for i in np.flatnonzero(done & running):
             done_returns.append(float(returns[i]))
             done_lengths.append(int(lengths[i]))

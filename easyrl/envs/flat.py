@@ -13,7 +13,7 @@ Layout of the vector (`FlatBox`):
 When the top-level Dict has an `action_mask` key (a `MultiBinary(n)`, or a `Box` of shape
 `(n,)` holding 0/1, with `n` the size of the env's `Discrete` action space), that mask is
 left out of the features and placed last; `FlatBox.mask_size` is n (0: no mask). The
-algorithms that honour masks (their module sets `ACTION_MASKS = True`) build their networks
+algorithms that honour masks (their spec sets `action_masks`) build their networks
 on the features only and never take an action whose entry is 0. `FlatBox.parts` says where
 each top-level key of the features lies (and its own shape), so that `model.encoders` can
 give keys encoders of their own (`easyrl.models.EncoderTorso`).

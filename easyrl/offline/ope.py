@@ -20,6 +20,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from easyrl.algorithms.contract import AlgorithmSpec
 from easyrl.offline.dataset import episode_bounds, read_steps
 
 log = logging.getLogger(__name__)
@@ -85,12 +86,13 @@ class OffPolicyEvaluator:
         self.gamma = gamma
 
     @classmethod
-    def from_config(cls, cfg, algo) -> "OffPolicyEvaluator | None":
-        """The evaluator's estimator for an offline run, or None (no `input.dir`,
-        `input.ope_episodes: 0`, no `action_logp` on the algorithm or in the dataset)."""
+    def from_config(cls, cfg, spec: AlgorithmSpec) -> "OffPolicyEvaluator | None":
+        """The evaluator's estimator for an offline run of the algorithm `spec` declares, or
+        None (no `input.dir`, `input.ope_episodes: 0`, no `action_logp` in the spec (its
+        agents are no `LogpAgent`s) or in the dataset)."""
         if cfg.input.dir is None or cfg.input.ope_episodes == 0:
             return None
-        if not hasattr(algo, "action_logp"):
+        if not spec.action_logp:
             log.info("no off-policy evaluation: %s has no action_logp", cfg.algorithm.name)
             return None
         steps = read_steps(cfg.input.dir)

@@ -15,7 +15,7 @@ from typing import Literal, overload
 import numpy as np
 
 from easyrl.algorithms import registry
-from easyrl.algorithms.contract import Agent
+from easyrl.algorithms.contract import Agent, AlgorithmSpec
 from easyrl.cluster.spec import ClusterSpec, assign_shards
 from easyrl.cluster.threads import pools, process_budget
 from easyrl.config import Config
@@ -123,31 +123,31 @@ class RoleContext:
         registry.check_spaces(self.cfg.algorithm.name, self.cfg.env.id, obs_space)
         return obs_space, action_space
 
-    def algorithm_module(self):
-        """The module of the configured algorithm (from the registry)."""
-        return registry.module(self.cfg.algorithm.name)
+    def algorithm_spec(self) -> AlgorithmSpec:
+        """The spec of the configured algorithm (from the registry)."""
+        return registry.spec(self.cfg.algorithm.name)
 
     def optimizer(self):
         """The PS optimizer: the algorithm's (an `OptimizerSpec`, or {prefix: spec}); a
         multi-agent run's has one group per policy (`easyrl.algorithms.multiagent`)."""
-        module = self.algorithm_module()
+        spec = self.algorithm_spec()
         if self.cfg.multiagent.enabled:
             from easyrl.algorithms import multiagent
 
-            return multiagent.optimizer(self.cfg, module)
-        return module.optimizer(self.cfg.algorithm.params)
+            return multiagent.optimizer(self.cfg, spec)
+        return spec.optimizer(self.cfg.algorithm.params)
 
     def build_algorithm(self, learner: bool = False) -> Agent:
         """Builds the algorithm's TF side (networks, act, loss) for this run; `learner` lets
         an algorithm spread its updates over several GPUs."""
         obs_space, action_space = self.spaces()
-        module = self.algorithm_module()
+        spec = self.algorithm_spec()
         cfg = self.cfg
         if cfg.multiagent.enabled:  # one agent per policy, wrapped as one
             from easyrl.algorithms import multiagent
 
-            return multiagent.build(cfg, module, obs_space, action_space, learner)
-        return module.build(
+            return multiagent.build(cfg, spec, obs_space, action_space, learner)
+        return spec.build(
             cfg.algorithm.params, obs_space, action_space, cfg.model, cfg.run.seed, learner
         )
 

@@ -8,7 +8,8 @@ returns are game scores), reports the returns to PS shard 0 (they appear as
 the run: `stop.eval_return_mean`) and keeps the weights of the best evaluation so far
 in `checkpoints/best.npz`. Works with every algorithm: it only needs `greedy`.
 
-In an offline run (`input.dir`) whose algorithm has `action_logp` and whose dataset holds
+In an offline run (`input.dir`) whose algorithm's spec sets `action_logp` (a `LogpAgent`:
+its agent has `action_logp(obs, actions)`) and whose dataset holds
 behaviour probabilities, each evaluation also estimates the learned policy's return on a
 fixed sample of logged episodes by importance sampling (`easyrl.offline.ope`) and reports
 it with the returns: `evaluator/eval_ope_is` and `evaluator/eval_ope_wis` in the metrics.
@@ -74,7 +75,7 @@ def evaluate_forever(ctx: RoleContext, algo, stop: threading.Event) -> None:
         cfg.env.id, cfg.eval.num_envs, vector=cfg.env.vector, seed=seed, **options
     )
     best = BestCheckpoint(ctx.run_dir / "checkpoints" / "best.npz")
-    ope = OffPolicyEvaluator.from_config(cfg, algo)
+    ope = OffPolicyEvaluator.from_config(cfg, ctx.algorithm_spec())
     ps0 = weights.clients[0]
     evaluation = 0
     try:
@@ -84,7 +85,7 @@ def evaluate_forever(ctx: RoleContext, algo, stop: threading.Event) -> None:
             versions = list(weights.local_versions)
             returns, _ = play_episodes(
                 env,
-                greedy_policy(algo),  # a recurrent one restarts from zero state
+                greedy_policy(algo, bool(cfg.model.lstm)),  # a recurrent one: zero state
                 cfg.eval.episodes,
                 derive_seed(cfg.run.seed, "evaluator", ctx.task, evaluation),
                 stop,

@@ -448,8 +448,10 @@ def load_dataset(cfg, spec, shard: int, num_memory: int) -> tuple[UniformTable, 
             f"memory shard {shard} gets no shard of dataset {directory} (it has "
             f"{count}); use at most that many memory shards"
         )
-    module = registry.module(cfg.algorithm.name)
-    items = module.dataset_items(cfg.algorithm.params, read_steps(directory, indices))
+    dataset_items = registry.spec(cfg.algorithm.name).dataset_items
+    if dataset_items is None:  # the config refuses input.dir for such an algorithm
+        raise ReplayError(f"{cfg.algorithm.name} cannot train from a dataset")
+    items = dataset_items(cfg.algorithm.params, read_steps(directory, indices))
     n = validate_batch(spec, items)
     if n > cfg.replay.capacity:
         raise ReplayError(

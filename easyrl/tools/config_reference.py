@@ -146,12 +146,12 @@ def generate() -> str:
     lines += ["## Algorithms", ""]
     lines += ["The `algorithm` keys next to `name`, per algorithm (`algorithm.name: <name>`).", ""]
     for name in registry.known():
-        module = registry.module(name)
-        kinds = ", ".join(f"`{k}`" for k in module.REPLAY_KINDS)
+        spec = registry.spec(name)
+        kinds = ", ".join(f"`{k}`" for k in spec.replay_kinds)
         replay = f"replay kinds {kinds} (the first is the default)" if kinds else "no replay"
-        lines += [f"### {name}", "", _summary(module), ""]
-        lines += [f"Flow `{module.FLOW}`; {replay}.", ""]
-        lines += [*_table(module.Params, "algorithm"), ""]
+        lines += [f"### {name}", "", _summary(registry.module(name)), ""]
+        lines += [f"Flow `{spec.flow}`; {replay}.", ""]
+        lines += [*_table(spec.params_class, "algorithm"), ""]
     return "\n".join(lines).rstrip() + "\n"
 
 

@@ -21,19 +21,10 @@ from typing import ClassVar
 import numpy as np
 
 from easyrl.algorithms import ppo
-from easyrl.algorithms.contract import Flow, ReplayKind, RoundsAgent
+from easyrl.algorithms.contract import AlgorithmSpec, RoundsAgent
 from easyrl.algorithms.learning_rate import LearningRate, lr_checks, schedule_keys
 from easyrl.algorithms.registry import check_model_kind
 from easyrl.errors import check_ranges
-
-FLOW: Flow = "sync_rounds"
-"""Execution flow: actors collect a round under one weight round; one learner steps on it."""
-REPLAY_KINDS: tuple[ReplayKind, ...] = ("aggregate",)
-"""Replay tables A2C works with: whole rounds of steps."""
-MODEL_KINDS = ppo.MODEL_KINDS
-"""Network kinds: PPO's (an MLP or a custom torso)."""
-ACTION_MASKS = ppo.ACTION_MASKS
-"""An observation's `action_mask` is honoured, as in PPO (the same agent)."""
 
 
 @dataclass(frozen=True)
@@ -163,8 +154,22 @@ def build(
     """Builds the TF side: PPO's agent with `params.ppo_params()` (imports TensorFlow).
 
     Raises:
-        ConfigError: `model.kind` is not one of `MODEL_KINDS`, or the spaces are unsupported.
+        ConfigError: `model.kind` is not one of `SPEC.model_kinds`, or the spaces are unsupported.
     """
-    check_model_kind(params.ALGORITHM, model, MODEL_KINDS)
+    check_model_kind(params.ALGORITHM, model, SPEC.model_kinds)
     ppo.check_spaces(obs_space, action_space, params.ALGORITHM)
     return ppo.build(params.ppo_params(), obs_space, action_space, model, seed, learner)
+
+
+SPEC = AlgorithmSpec(
+    flow="sync_rounds",  # actors collect a round under one weight round; one learner steps
+    replay_kinds=("aggregate",),  # whole rounds of steps
+    params_class=Params,
+    build=build,
+    optimizer=optimizer,
+    replay_spec=replay_spec,
+    round_share=round_share,
+    model_kinds=ppo.SPEC.model_kinds,  # PPO's agent, so its networks and action masks
+    action_masks=ppo.SPEC.action_masks,
+)
+"""A2C, as the runtime knows it (PG's too, with its own `Params`)."""

@@ -18,20 +18,9 @@ from dataclasses import dataclass
 import gymnasium as gym
 
 from easyrl.algorithms import impala
-from easyrl.algorithms.contract import Flow, GradientsAgent, ReplayKind
+from easyrl.algorithms.contract import AlgorithmSpec, GradientsAgent
 from easyrl.algorithms.learning_rate import LearningRate
 from easyrl.errors import ConfigError, check_ranges
-
-FLOW: Flow = "actor_gradients"
-"""Execution flow: ps and actor roles only; actors push gradients of their own unrolls."""
-REPLAY_KINDS: tuple[ReplayKind, ...] = ()
-"""A3C uses no replay table."""
-MODEL_KINDS = impala.MODEL_KINDS
-"""Network kinds: IMPALA's."""
-RECURRENT = True
-"""`model.lstm` works, as in IMPALA (the same agent)."""
-ACTION_MASKS = impala.ACTION_MASKS
-"""An observation's `action_mask` is honoured, as in IMPALA (the same agent)."""
 
 
 @dataclass(frozen=True)
@@ -67,7 +56,7 @@ def agent_params(params: Params) -> impala.AgentParams:
     """A3C's `Params` as the agent's settings: V-trace with rho_bar = c_bar = lam = 1."""
     return impala.AgentParams(
         name="a3c",
-        flow=FLOW,
+        flow=SPEC.flow,
         unroll_length=params.unroll_length,
         gamma=params.gamma,
         rho_bar=1.0,
@@ -110,3 +99,17 @@ def build(
     from easyrl.algorithms.impala.agent import IMPALA
 
     return IMPALA(agent_params(params), obs_space, action_space, model, seed)
+
+
+SPEC = AlgorithmSpec(
+    flow="actor_gradients",  # ps and actors only; actors push gradients of their own unrolls
+    replay_kinds=(),
+    params_class=Params,
+    build=build,
+    optimizer=optimizer,
+    replay_spec=replay_spec,
+    model_kinds=impala.SPEC.model_kinds,  # IMPALA's agent, so its networks and capabilities
+    recurrence=impala.SPEC.recurrence,
+    action_masks=impala.SPEC.action_masks,
+)
+"""A3C, as the runtime knows it."""

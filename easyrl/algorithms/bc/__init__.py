@@ -7,19 +7,11 @@ optimizer) is `easyrl.algorithms.marwil`'s; only `Params` differs: beta is fixed
 no value head is built.
 """
 
+import dataclasses
 from dataclasses import dataclass
 
 from easyrl.algorithms import marwil
 from easyrl.errors import ConfigError
-
-FLOW = marwil.FLOW
-"""Execution flow: the learner samples the memory shards (which hold the dataset)."""
-REPLAY_KINDS = marwil.REPLAY_KINDS
-"""Replay tables BC works with: the dataset's steps, sampled uniformly."""
-OFFLINE_ONLY = marwil.OFFLINE_ONLY
-"""Trains from `input.dir` only: the config refuses a run without it."""
-MODEL_KINDS = marwil.MODEL_KINDS
-"""Network kinds: MARWIL's (an MLP or a custom torso)."""
 
 
 @dataclass(frozen=True)
@@ -40,3 +32,6 @@ optimizer = marwil.optimizer
 replay_spec = marwil.replay_spec
 dataset_items = marwil.dataset_items
 build = marwil.build
+
+SPEC = dataclasses.replace(marwil.SPEC, params_class=Params)
+"""BC, as the runtime knows it: MARWIL's spec with BC's `Params`."""

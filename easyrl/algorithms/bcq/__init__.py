@@ -9,7 +9,7 @@ targets and for acting, only considers the actions the data makes plausible:
     a*(s)      = argmax_{a in allowed(s)} Q(s, a)
 
 threshold = 0 allows every action (DQN); values near 1 leave only the most logged action
-(behaviour cloning). Trains from `input.dir` only (OFFLINE_ONLY): the memory shards hold the
+(behaviour cloning). Trains from `input.dir` only (`offline_only`): the memory shards hold the
 dataset's n-step transitions (`dataset_items`, the same as batch DQN's). Loss in `agent.BCQ`.
 """
 
@@ -18,17 +18,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from easyrl.algorithms import dqn
-from easyrl.algorithms.contract import PrioritizedAgent, ReplayKind
+from easyrl.algorithms.contract import AlgorithmSpec, PrioritizedAgent
 from easyrl.errors import check_ranges
-
-FLOW = dqn.FLOW
-"""Execution flow: the learner samples the memory shards (which hold the dataset)."""
-REPLAY_KINDS: tuple[ReplayKind, ...] = ("uniform",)
-"""The dataset's transitions, sampled uniformly (as every offline run samples them)."""
-OFFLINE_ONLY = True
-"""Trains from `input.dir` only: the config refuses a run without it."""
-MODEL_KINDS = ("mlp", "conv", "custom")
-"""Q and G are built from the same torsos as DQN's Q network."""
 
 
 @dataclass(frozen=True)
@@ -71,3 +62,17 @@ def build(
     from easyrl.algorithms.bcq.agent import BCQ
 
     return BCQ(params, obs_space, action_space, model, seed)
+
+
+SPEC = AlgorithmSpec(
+    flow="async_replay",  # the learner samples the memory shards (which hold the dataset)
+    replay_kinds=("uniform",),  # as every offline run samples its dataset
+    params_class=Params,
+    build=build,
+    optimizer=optimizer,
+    replay_spec=replay_spec,
+    dataset_items=dataset_items,  # the same n-step transitions as batch DQN's
+    model_kinds=("mlp", "conv", "custom"),  # Q and G: the torsos of DQN's Q network
+    offline_only=True,
+)
+"""Discrete BCQ, as the runtime knows it."""

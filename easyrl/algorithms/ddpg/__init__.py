@@ -7,17 +7,11 @@ collector, replay columns, optimizer groups) is TD3's:
     actor_loss = -mean(Q(s, mu(s)))
 """
 
+import dataclasses
 from dataclasses import dataclass
 
 from easyrl.algorithms import td3
 from easyrl.algorithms.contract import PrioritizedAgent
-
-FLOW = td3.FLOW
-"""Execution flow: actors ship transitions, learners sample asynchronously."""
-REPLAY_KINDS = td3.REPLAY_KINDS
-"""Replay tables DDPG works with; the first is the default."""
-MODEL_KINDS = td3.MODEL_KINDS
-"""Network kinds: TD3's (an MLP or a custom torso)."""
 
 
 @dataclass(frozen=True)
@@ -56,6 +50,12 @@ def build(
     """Builds the TF side (a `td3.agent.TD3` with these params).
 
     Raises:
-        ConfigError: `model.kind` is not one of `MODEL_KINDS`, or the spaces are unsupported.
+        ConfigError: `model.kind` is not one of `SPEC.model_kinds`, or the spaces are unsupported.
     """
     return td3.build(params, obs_space, action_space, model, seed, learner, name="ddpg")
+
+
+SPEC = dataclasses.replace(
+    td3.SPEC, params_class=Params, build=build, optimizer=optimizer, replay_spec=replay_spec
+)
+"""DDPG, as the runtime knows it: TD3's spec with DDPG's `Params` (and its name in errors)."""

@@ -7,19 +7,9 @@ from typing import ClassVar
 
 import numpy as np
 
-from easyrl.algorithms.contract import Flow, PrioritizedAgent, ReplayKind
+from easyrl.algorithms.contract import AlgorithmSpec, PrioritizedAgent
 from easyrl.algorithms.learning_rate import LearningRate, lr_checks
 from easyrl.errors import check_ranges
-
-FLOW: Flow = "async_replay"
-"""Execution flow: actors ship transitions, learners sample asynchronously."""
-REPLAY_KINDS: tuple[ReplayKind, ...] = ("prioritized", "uniform")
-"""Replay tables DQN works with; the first is the default."""
-MODEL_KINDS = ("mlp", "conv", "custom", "encoders")
-"""Network kinds: MLP, conv torso, or a custom `module:Class` torso."""
-ACTION_MASKS = True
-"""An observation's `action_mask` is honoured (`easyrl.envs.flat`): no illegal action is
-acted, explored or bootstrapped from."""
 
 
 @dataclass(frozen=True)
@@ -191,3 +181,18 @@ def build(
     from easyrl.algorithms.dqn.agent import DQN
 
     return DQN(params, obs_space, action_space, model, seed)
+
+
+SPEC = AlgorithmSpec(
+    flow="async_replay",  # actors ship transitions, learners sample them asynchronously
+    replay_kinds=("prioritized", "uniform"),
+    params_class=Params,
+    build=build,
+    optimizer=optimizer,
+    replay_spec=replay_spec,
+    dataset_items=dataset_items,  # batch DQN from a recorded dataset
+    model_kinds=("mlp", "conv", "custom", "encoders"),
+    action_masks=True,  # no illegal action is acted, explored or bootstrapped from
+    multiagent=True,
+)
+"""DQN / Ape-X DQN, as the runtime knows it."""

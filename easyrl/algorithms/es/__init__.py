@@ -10,16 +10,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from easyrl.algorithms.contract import Flow, ReplayKind, RoundsAgent
+from easyrl.algorithms.contract import AlgorithmSpec, RoundsAgent
 from easyrl.algorithms.learning_rate import LearningRate, lr_checks
 from easyrl.errors import check_ranges
-
-FLOW: Flow = "sync_rounds"
-"""Execution flow: actors evaluate a round of perturbations of one weight round."""
-REPLAY_KINDS: tuple[ReplayKind, ...] = ("aggregate",)
-"""Replay tables ES works with: rounds of (seed, returns) records."""
-MODEL_KINDS = ("mlp", "custom")
-"""Network kinds: an MLP or a custom torso (`policy`) on flat observations."""
 
 
 @dataclass(frozen=True)
@@ -173,10 +166,23 @@ def build(
     same policy, whatever `learner` says.
 
     Raises:
-        ConfigError: `model.kind` is not one of `MODEL_KINDS`, the observation is not a flat
+        ConfigError: `model.kind` is not one of `SPEC.model_kinds`, the observation is not a flat
             Box, the action space is neither Discrete nor a flat Box with finite bounds, or a
             custom torso breaks the contract of `easyrl.models.build_torso`.
     """
     from easyrl.algorithms.es.agent import ES
 
     return ES(params, obs_space, action_space, model, seed)
+
+
+SPEC = AlgorithmSpec(
+    flow="sync_rounds",  # actors evaluate a round of perturbations of one weight round
+    replay_kinds=("aggregate",),  # rounds of (seed, returns) records
+    params_class=Params,
+    build=build,
+    optimizer=optimizer,
+    replay_spec=replay_spec,
+    round_share=round_share,
+    model_kinds=("mlp", "custom"),  # the policy's torso, on flat observations
+)
+"""Evolution strategies, as the runtime knows it."""

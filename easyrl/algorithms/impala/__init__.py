@@ -25,24 +25,12 @@ from typing import TYPE_CHECKING
 import gymnasium as gym
 import numpy as np
 
-from easyrl.algorithms.contract import Flow, ReplayAgent, ReplayKind
+from easyrl.algorithms.contract import AlgorithmSpec, Flow, ReplayAgent
 from easyrl.algorithms.learning_rate import LearningRate, lr_checks
 from easyrl.errors import ConfigError, check_ranges
 
 if TYPE_CHECKING:
     from easyrl.algorithms import a3c
-
-FLOW: Flow = "async_replay"
-"""Execution flow: actors ship unrolls, learners sample batches of them asynchronously."""
-REPLAY_KINDS: tuple[ReplayKind, ...] = ("trajectory",)
-"""Replay tables IMPALA works with: a FIFO table of whole unrolls."""
-MODEL_KINDS = ("mlp", "conv", "custom", "encoders")
-"""Network kinds: MLP, conv torso, or a custom `module:Class` torso."""
-RECURRENT = True
-"""`model.lstm` works: an LSTM core between the torso and the heads (see `agent.LSTMCore`)."""
-ACTION_MASKS = True
-"""An observation's `action_mask` is honoured (`easyrl.envs.flat`): no illegal action is
-acted, explored or bootstrapped from."""
 
 
 @dataclass(frozen=True)
@@ -128,7 +116,7 @@ def agent_params(params: Params) -> AgentParams:
     """IMPALA's `Params` as the agent's settings."""
     return AgentParams(
         name="impala",
-        flow=FLOW,
+        flow=SPEC.flow,
         unroll_length=params.unroll_length,
         gamma=params.gamma,
         rho_bar=params.rho_bar,
@@ -227,3 +215,18 @@ def build(
     from easyrl.algorithms.impala.agent import IMPALA
 
     return IMPALA(agent_params(params), obs_space, action_space, model, seed)
+
+
+SPEC = AlgorithmSpec(
+    flow="async_replay",  # actors ship unrolls, learners sample batches of them
+    replay_kinds=("trajectory",),  # a FIFO table of whole unrolls
+    params_class=Params,
+    build=build,
+    optimizer=optimizer,
+    replay_spec=replay_spec,
+    model_kinds=("mlp", "conv", "custom", "encoders"),
+    recurrence="optional",  # an LSTM core between the torso and the heads (`agent.LSTMCore`)
+    action_masks=True,  # no illegal action is acted, explored or bootstrapped from
+    multiagent=True,
+)
+"""IMPALA, as the runtime knows it."""

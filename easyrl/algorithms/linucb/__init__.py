@@ -32,13 +32,8 @@ from typing import ClassVar
 import gymnasium as gym
 import numpy as np
 
-from easyrl.algorithms.contract import Flow, ReplayAgent, ReplayKind
+from easyrl.algorithms.contract import AlgorithmSpec, ReplayAgent
 from easyrl.errors import ConfigError, check_ranges
-
-FLOW: Flow = "async_replay"
-"""Execution flow: actors ship logged steps, learners turn them into A/b increments."""
-REPLAY_KINDS: tuple[ReplayKind, ...] = ("trajectory",)
-"""A FIFO table: every logged step reaches exactly one learner batch (one update of A/b)."""
 
 
 @dataclass(frozen=True)
@@ -106,3 +101,14 @@ def build(
     from easyrl.algorithms.linucb.agent import LinUCB
 
     return LinUCB(params, obs_space, action_space)
+
+
+SPEC = AlgorithmSpec(
+    flow="async_replay",  # actors ship logged steps, learners turn them into A/b increments
+    replay_kinds=("trajectory",),  # FIFO: every logged step reaches exactly one batch
+    params_class=Params,
+    build=build,
+    optimizer=optimizer,
+    replay_spec=replay_spec,
+)
+"""LinUCB, as the runtime knows it."""

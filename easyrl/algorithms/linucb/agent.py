@@ -18,7 +18,7 @@ import numpy as np
 import tensorflow as tf
 
 from easyrl.algorithms.contract import Flow, LearnStep, concat
-from easyrl.algorithms.linucb import FLOW, Params, replay_spec
+from easyrl.algorithms.linucb import SPEC, Params, replay_spec
 from easyrl.algorithms.shared import CompiledGreedy, NoTargetNetwork, checked_columns, compiled
 from easyrl.errors import EasyRLError
 from easyrl.models import named_variables
@@ -45,7 +45,7 @@ class LinUCB(CompiledGreedy, NoTargetNetwork):
         action_space: a Discrete action space (K arms).
     """
 
-    flow: Flow = FLOW
+    flow: Flow = SPEC.flow
 
     def __init__(self, params: Params, obs_space, action_space):
         self.params = params

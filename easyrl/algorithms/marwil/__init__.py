@@ -2,7 +2,7 @@
 Historical Data"): imitation of logged actions weighted by exp(beta * advantage); beta = 0 is
 behaviour cloning (`easyrl.algorithms.bc`).
 
-Trains from a recorded dataset only (`input.dir`; OFFLINE_ONLY: no actors, no collector).
+Trains from a recorded dataset only (`input.dir`; `offline_only`: no actors, no collector).
 Items are single steps with their discounted return-to-go, computed per episode from the
 dataset's rows (`dataset_items`):
 
@@ -25,20 +25,11 @@ from dataclasses import dataclass
 import gymnasium as gym
 import numpy as np
 
-from easyrl.algorithms.contract import Flow, ReplayKind, ReplayLearner
+from easyrl.algorithms.contract import AlgorithmSpec, ReplayLearner
 from easyrl.algorithms.learning_rate import LearningRate, lr_checks
 from easyrl.algorithms.registry import check_model_kind
 from easyrl.errors import ConfigError, check_ranges
 from easyrl.offline.dataset import episode_bounds
-
-FLOW: Flow = "async_replay"
-"""Execution flow: the learner samples the memory shards (which hold the dataset)."""
-REPLAY_KINDS: tuple[ReplayKind, ...] = ("uniform",)
-"""Replay tables MARWIL works with: the dataset's steps, sampled uniformly."""
-OFFLINE_ONLY = True
-"""Trains from `input.dir` only: the config refuses a run without it."""
-MODEL_KINDS = ("mlp", "custom")
-"""Network kinds: an MLP or a custom torso (`pi/torso`, `vf/torso`) on flat observations."""
 
 
 @dataclass(frozen=True)
@@ -159,11 +150,26 @@ def build(
     """Builds the TF side (see `agent.MARWIL`); every role builds the same networks.
 
     Raises:
-        ConfigError: `model.kind` is not one of `MODEL_KINDS`, the spaces are unsupported,
+        ConfigError: `model.kind` is not one of `SPEC.model_kinds`, the spaces are unsupported,
             or a custom torso breaks the contract of `easyrl.models.build_torso`.
     """
-    check_model_kind("marwil", model, MODEL_KINDS)
+    check_model_kind("marwil", model, SPEC.model_kinds)
     check_spaces(obs_space, action_space)
     from easyrl.algorithms.marwil.agent import MARWIL
 
     return MARWIL(params, obs_space, action_space, model, seed)
+
+
+SPEC = AlgorithmSpec(
+    flow="async_replay",  # the learner samples the memory shards (which hold the dataset)
+    replay_kinds=("uniform",),  # the dataset's steps, sampled uniformly
+    params_class=Params,
+    build=build,
+    optimizer=optimizer,
+    replay_spec=replay_spec,
+    dataset_items=dataset_items,
+    model_kinds=("mlp", "custom"),  # `pi/torso`, `vf/torso` on flat observations
+    offline_only=True,
+    action_logp=True,  # off-policy evaluation of the learned policy on the dataset
+)
+"""MARWIL, as the runtime knows it (BC's too, with its own `Params`)."""

@@ -11,26 +11,15 @@ the round ends is completed by the bootstrap V(s_T), as Spinning Up's VPG does (
 with lam = 1). The advantages are normalized per round by default.
 """
 
+import dataclasses
 from dataclasses import dataclass
 from typing import ClassVar
 
 from easyrl.algorithms import a2c
-from easyrl.algorithms.a2c import (
-    ACTION_MASKS,
-    FLOW,
-    MODEL_KINDS,
-    REPLAY_KINDS,
-    build,
-    optimizer,
-    replay_spec,
-    round_share,
-)
+from easyrl.algorithms.a2c import build, optimizer, replay_spec, round_share
 
 __all__ = [
-    "ACTION_MASKS",
-    "FLOW",
-    "MODEL_KINDS",
-    "REPLAY_KINDS",
+    "SPEC",
     "Params",
     "build",
     "optimizer",
@@ -55,3 +44,7 @@ class Params(a2c.OneStepParams):
     """Normalize the round's advantages: (A - mean) / (std + 1e-8)."""
     lr: float = 1e-3
     """Learning rate."""
+
+
+SPEC = dataclasses.replace(a2c.SPEC, params_class=Params)
+"""PG, as the runtime knows it: A2C's spec with PG's `Params`."""

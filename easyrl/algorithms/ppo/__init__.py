@@ -17,23 +17,10 @@ from dataclasses import dataclass
 import gymnasium as gym
 import numpy as np
 
-from easyrl.algorithms.contract import Flow, ReplayKind, RoundsAgent
+from easyrl.algorithms.contract import AlgorithmSpec, RoundsAgent
 from easyrl.algorithms.learning_rate import LearningRate, lr_checks
 from easyrl.algorithms.registry import check_model_kind
 from easyrl.errors import ConfigError, check_ranges
-
-FLOW: Flow = "sync_rounds"
-"""Execution flow: actors collect a round under one weight round; one learner trains on it."""
-REPLAY_KINDS: tuple[ReplayKind, ...] = ("aggregate",)
-"""Replay tables PPO works with: whole rounds of steps."""
-MODEL_KINDS = ("mlp", "custom", "encoders")
-"""Network kinds: an MLP or a custom torso (`pi/torso`, `vf/torso`) on flat observations."""
-RECURRENT = True
-"""`model.lstm` works: the policy and the value network each get an LSTM core (`pi/lstm`,
-`vf/lstm`), and a round's items are whole per-env sequences (see `replay_spec`)."""
-ACTION_MASKS = True
-"""An observation's `action_mask` is honoured (`easyrl.envs.flat`): illegal actions get
-`masking.ILLEGAL` logits in acting, greedy play, the loss and the entropy."""
 
 
 @dataclass(frozen=True)
@@ -232,13 +219,29 @@ def build(
     (`learner=True`) splits minibatches over several GPUs; actors never do.
 
     Raises:
-        ConfigError: `model.kind` is not one of `MODEL_KINDS`, the spaces are unsupported,
+        ConfigError: `model.kind` is not one of `SPEC.model_kinds`, the spaces are unsupported,
             or a custom torso breaks the contract of `easyrl.models.build_torso`.
     """
-    check_model_kind("ppo", model, MODEL_KINDS)
+    check_model_kind("ppo", model, SPEC.model_kinds)
     check_spaces(obs_space, action_space)
     from easyrl.algorithms.ppo.agent import PPO
 
     if not learner:
         params = dataclasses.replace(params, multi_gpu=False)
     return PPO(params, obs_space, action_space, model, seed)
+
+
+SPEC = AlgorithmSpec(
+    flow="sync_rounds",  # actors collect a round under one weight round; one learner trains
+    replay_kinds=("aggregate",),  # whole rounds of steps
+    params_class=Params,
+    build=build,
+    optimizer=optimizer,
+    replay_spec=replay_spec,
+    round_share=round_share,
+    model_kinds=("mlp", "custom", "encoders"),  # `pi/torso`, `vf/torso` on flat observations
+    recurrence="optional",  # the policy and the value network each get an LSTM core
+    action_masks=True,  # no illegal action is acted or explored
+    multiagent=True,
+)
+"""PPO, as the runtime knows it."""

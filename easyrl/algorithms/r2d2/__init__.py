@@ -28,17 +28,8 @@ import gymnasium as gym
 import numpy as np
 
 from easyrl.algorithms import dqn
-from easyrl.algorithms.contract import Flow, PrioritizedAgent, ReplayKind
+from easyrl.algorithms.contract import AlgorithmSpec, PrioritizedAgent
 from easyrl.errors import ConfigError
-
-FLOW: Flow = "async_replay"
-"""Execution flow: actors ship sequences, learners sample batches of them asynchronously."""
-REPLAY_KINDS: tuple[ReplayKind, ...] = ("prioritized", "uniform")
-"""Replay tables R2D2 works with; the first is the default."""
-MODEL_KINDS = ("mlp", "conv", "custom", "encoders")
-"""Network kinds: MLP, conv torso, or a custom `module:Class` torso, before the LSTM."""
-RECURRENT = "only"
-"""R2D2 needs `model.lstm` (its Q network's LSTM core); the config refuses it without."""
 
 
 @dataclass(frozen=True)
@@ -141,3 +132,16 @@ def build(
     from easyrl.algorithms.r2d2.agent import R2D2
 
     return R2D2(params, obs_space, action_space, model, seed)
+
+
+SPEC = AlgorithmSpec(
+    flow="async_replay",  # actors ship sequences, learners sample them asynchronously
+    replay_kinds=("prioritized", "uniform"),
+    params_class=Params,
+    build=build,
+    optimizer=dqn.optimizer,
+    replay_spec=replay_spec,
+    model_kinds=("mlp", "conv", "custom", "encoders"),
+    recurrence="only",  # the LSTM core is the point
+)
+"""R2D2, as the runtime knows it."""

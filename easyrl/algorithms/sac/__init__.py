@@ -18,17 +18,9 @@ from dataclasses import dataclass
 from typing import Literal
 
 from easyrl.algorithms import td3
-from easyrl.algorithms.contract import Flow, PrioritizedAgent, ReplayKind
+from easyrl.algorithms.contract import AlgorithmSpec, PrioritizedAgent
 from easyrl.algorithms.learning_rate import positive_rate
 from easyrl.errors import check_ranges
-
-FLOW: Flow = "async_replay"
-"""Execution flow: actors ship transitions, learners sample asynchronously."""
-REPLAY_KINDS: tuple[ReplayKind, ...] = ("uniform", "prioritized")
-"""Replay tables SAC works with; the first is the default."""
-MODEL_KINDS = td3.MODEL_KINDS
-"""Network kinds: TD3's (an MLP or a custom torso on flat observations; the critics'
-torsos take concat(obs, normalized action))."""
 
 
 @dataclass(frozen=True)
@@ -118,8 +110,20 @@ def build(
     same networks, whatever `learner` says.
 
     Raises:
-        ConfigError: `model.kind` is not one of `MODEL_KINDS`, or the spaces are unsupported.
+        ConfigError: `model.kind` is not one of `SPEC.model_kinds`, or the spaces are unsupported.
     """
     from easyrl.algorithms.sac.agent import SAC
 
     return SAC(params, obs_space, action_space, model, seed)
+
+
+SPEC = AlgorithmSpec(
+    flow="async_replay",  # actors ship transitions, learners sample them asynchronously
+    replay_kinds=("uniform", "prioritized"),
+    params_class=Params,
+    build=build,
+    optimizer=optimizer,
+    replay_spec=replay_spec,
+    model_kinds=td3.SPEC.model_kinds,  # TD3's torsos (the same numpy side)
+)
+"""SAC, as the runtime knows it."""

@@ -22,17 +22,9 @@ import numpy as np
 
 from easyrl.algorithms import continuous
 from easyrl.algorithms.continuous import check_spaces
-from easyrl.algorithms.contract import Flow, PrioritizedAgent, ReplayKind
+from easyrl.algorithms.contract import AlgorithmSpec, PrioritizedAgent
 from easyrl.algorithms.learning_rate import positive_rate
 from easyrl.errors import check_ranges
-
-FLOW: Flow = "async_replay"
-"""Execution flow: actors ship transitions, learners sample asynchronously."""
-REPLAY_KINDS: tuple[ReplayKind, ...] = ("uniform", "prioritized")
-"""Replay tables TD3 works with; the first is the default."""
-MODEL_KINDS = continuous.MODEL_KINDS
-"""Network kinds: an MLP or a custom torso on flat observations (`actor/torso`; the critics'
-`critic/q1/torso`, `critic/q2/torso` take concat(obs, normalized action))."""
 
 
 @dataclass(frozen=True)
@@ -172,8 +164,20 @@ def build(
     same networks, whatever `learner` says. `name` prefixes the error messages.
 
     Raises:
-        ConfigError: `model.kind` is not one of `MODEL_KINDS`, or the spaces are unsupported.
+        ConfigError: `model.kind` is not one of `SPEC.model_kinds`, or the spaces are unsupported.
     """
     from easyrl.algorithms.td3.agent import TD3
 
     return TD3(params, obs_space, action_space, model, seed, name=name)
+
+
+SPEC = AlgorithmSpec(
+    flow="async_replay",  # actors ship transitions, learners sample them asynchronously
+    replay_kinds=("uniform", "prioritized"),
+    params_class=Params,
+    build=build,
+    optimizer=optimizer,
+    replay_spec=replay_spec,
+    model_kinds=continuous.MODEL_KINDS,  # an MLP or a custom torso
+)
+"""TD3, as the runtime knows it (DDPG's too, with its own `Params` and names)."""

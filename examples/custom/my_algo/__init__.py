@@ -1,7 +1,8 @@
 """An algorithm of your own, a package like the built-in ones: plain one-step DQN on uniform
 replay, written against easyrl's typed contract (`easyrl.algorithms.contract`). This module
 is what loading a config reads (no TensorFlow); `agent.py` is the TensorFlow side. Name it
-in a config as `algorithm: {name: my_algo, ...}` (see algo.yaml).
+in a config as `algorithm: {name: my_algo, ...}` (see algo.yaml). The module declares itself
+once, in `SPEC` at its end: easyrl reads that and nothing else of it.
 
 Loss (one-step Q-learning with a target network):
     y = r + discount * max_a Q_target(s', a)        (discount = gamma, 0 at termination)
@@ -12,10 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-FLOW = "async_replay"
-"""Actors ship transitions; learners sample them asynchronously."""
-REPLAY_KINDS = ("uniform",)
-"""The replay tables it works with, the default first."""
+from easyrl.algorithms.contract import AlgorithmSpec
 
 
 @dataclass(frozen=True)
@@ -61,3 +59,15 @@ def build(params: Params, obs_space, action_space, model, seed: int = 0, learner
     from my_algo.agent import PlainDQN
 
     return PlainDQN(params, obs_space, action_space, model, seed)
+
+
+SPEC = AlgorithmSpec(
+    flow="async_replay",  # actors ship transitions; learners sample them asynchronously
+    replay_kinds=("uniform",),  # the replay tables it works with, the default first
+    params_class=Params,
+    build=build,
+    optimizer=optimizer,
+    replay_spec=replay_spec,
+    model_kinds=("mlp",),  # what it can do: the defaults say no more (no LSTM, no masks, ...)
+)
+"""My algorithm, as easyrl knows it."""

@@ -6,7 +6,7 @@ import tensorflow as tf
 from easyrl.algorithms.contract import Batch, LearnStep
 from easyrl.algorithms.shared import flat_gradients
 from easyrl.models import Dense, FlatVariables, build_torso, named_variables
-from my_algo import FLOW, Params
+from my_algo import SPEC, Params
 
 
 class QNetwork(tf.Module):
@@ -25,7 +25,7 @@ class QNetwork(tf.Module):
 class PlainDQN:
     """A `contract.ReplayAgent`: variables, greedy acting, a collector, `learn`, targets."""
 
-    flow = FLOW
+    flow = SPEC.flow
 
     def __init__(self, params: Params, obs_space, action_space, model, seed: int):
         self.params = params
