@@ -71,10 +71,12 @@ NEWEST = kinds.register(Kind("newest", build_newest, check=check_newest))
 NEWEST_DQN = '''
 """DQN whose items go to the "newest" replay kind, which importing tests/test_replay_kinds.py
 registers (in every process of a run: each one imports this module)."""
-import test_replay_kinds  # noqa: F401
-from easyrl.algorithms.dqn import FLOW, Params, build, optimizer, replay_spec
+import dataclasses
 
-REPLAY_KINDS = ("newest",)
+import test_replay_kinds  # noqa: F401
+from easyrl.algorithms import dqn
+
+SPEC = dataclasses.replace(dqn.SPEC, replay_kinds=("newest",), dataset_items=None)
 '''
 
 
@@ -181,7 +183,7 @@ def test_the_kinds_own_check_and_unknown_kinds_fail_at_load(newest_dqn):
         ConfigError, match="replay.kind: newest_dqn works with newest, got 'uniform'"
     ):
         newest_config(newest_dqn, kind="uniform")
-    with pytest.raises(ConfigError, match=r"unknown_kind_dqn.REPLAY_KINDS: unknown replay kind "):
+    with pytest.raises(ConfigError, match=r"AlgorithmSpec: replay_kinds: unknown replay kind "):
         newest_config("unknown_kind_dqn")
     with pytest.raises(ConfigError, match="replay.kind: unknown replay kind 'unifrom'; did you "):
         kinds.get("unifrom")

@@ -220,8 +220,8 @@ class _NoRuntimeKeys:
     "change, message",
     [
         ({"flow": "magic"}, "flow 'magic' is not one of async_replay, sync_rounds"),
-        ({"replay_kinds": ("uniform", "fifo")}, r"replay_kinds \('uniform', 'fifo'\): distinct"),
-        ({"replay_kinds": ("uniform", "uniform")}, "replay_kinds .*: distinct kinds"),
+        ({"replay_kinds": ("uniform", "fifo")}, "replay_kinds: unknown replay kind 'fifo'"),
+        ({"replay_kinds": ("uniform", "uniform")}, r"replay_kinds .*: each kind once"),
         ({"round_share": ppo.round_share}, "round_share is required with flow sync_rounds, and"),
         ({"flow": "sync_rounds"}, "round_share is required with flow sync_rounds"),
         ({"dataset_items": None, "offline_only": True}, "offline_only needs dataset_items"),
