@@ -71,7 +71,8 @@ def test_a_run_and_its_export_take_the_actions_rollout_takes(tmp_path):
     run_dir, out = trained_like(tmp_path, "dqn", DQN, seed=1)
     loaded = load_policy(run_dir)
     obs = observations(loaded.cfg, 100)
-    expected = greedy_policy(loaded.algo)(obs)  # what `easyrl rollout` played before
+    # What `easyrl rollout` played before it went through `predict`.
+    expected = greedy_policy(loaded.algo, bool(loaded.cfg.model.lstm))(obs)
     assert len(set(expected.tolist())) == 2  # random weights: both actions occur
     for policy in (easyrl.load(run_dir), easyrl.load(out)):
         actions, state = policy.predict(obs)
@@ -120,7 +121,7 @@ def test_a_recurrent_policy_carries_its_state(tmp_path):
     sequence = obs.reshape(25, 4, -1)
     starts = np.zeros((25, 4), bool)
     starts[10, 1] = starts[17, 3] = True
-    reference = greedy_policy(loaded.algo)
+    reference = greedy_policy(loaded.algo, bool(loaded.cfg.model.lstm))
     expected = []
     for t in range(25):
         expected.append(reference(sequence[t]))
@@ -289,7 +290,7 @@ def test_a_callback_stops_a_real_run_whose_policy_then_acts_as_rollout(tmp_path)
     out = export(result.run_dir, tmp_path / "export")
     loaded = load_policy(result.run_dir)
     obs = observations(loaded.cfg, 100)
-    expected = greedy_policy(loaded.algo)(obs)
+    expected = greedy_policy(loaded.algo, bool(loaded.cfg.model.lstm))(obs)
     for policy in (easyrl.load(result.run_dir), easyrl.load(out)):
         np.testing.assert_array_equal(policy.predict(obs)[0], expected)
 

@@ -5,6 +5,8 @@ loader and the registry from its spec alone and trains CartPole through real rol
 
 import dataclasses
 import io
+import os
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -144,6 +146,17 @@ class EpsilonGreedy:
 
 CARTPOLE = {"algorithm": {"name": "toy_q", "lr": 0.05}, "env": {"id": "CartPole-v1"}}
 
+TOY_ON_A_TOY_KIND = '''
+"""The toy algorithm on the toy replay kind "newest" (a sampler of the newest items), which
+tests/test_replay_kinds.py registers when it is imported: in every process of a run."""
+import dataclasses
+
+import test_replay_kinds  # noqa: F401
+import toy_q
+
+SPEC = dataclasses.replace(toy_q.SPEC, replay_kinds=("newest",))
+'''
+
 
 @pytest.fixture
 def toy_on_path(tmp_path, monkeypatch):
@@ -152,7 +165,11 @@ def toy_on_path(tmp_path, monkeypatch):
     (tmp_path / "toy_q").mkdir()
     (tmp_path / "toy_q" / "__init__.py").write_text(TOY_SPEC)
     (tmp_path / "toy_q" / "agent.py").write_text(TOY_AGENT)
+    (tmp_path / "toy_q_newest.py").write_text(TOY_ON_A_TOY_KIND)
     monkeypatch.syspath_prepend(str(tmp_path))
+    # The processes a run starts import the toys and tests/test_replay_kinds.py (the kind).
+    path = [str(tmp_path), str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")]
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, path)))
     return tmp_path
 
 
@@ -251,9 +268,13 @@ def test_every_built_in_algorithm_declares_a_spec_and_no_probed_constants():
 
 @pytest.mark.cluster
 @pytest.mark.timeout(150)
-def test_the_toy_algorithm_trains_cartpole_through_real_role_processes(toy_on_path):
+def test_the_toy_algorithm_on_a_toy_replay_kind_trains_cartpole_through_real_roles(
+    toy_on_path,
+):
+    """Neither the algorithm nor the replay kind is easyrl's: both are defined in tests."""
     raw = {
         **CARTPOLE,
+        "algorithm": {**CARTPOLE["algorithm"], "name": "toy_q_newest"},
         "stop": {"max_env_steps": 400, "max_seconds": 90},
         "run": {"name": "toy", "dir": str(toy_on_path / "run")},
     }
@@ -271,6 +292,7 @@ def test_the_toy_algorithm_trains_cartpole_through_real_role_processes(toy_on_pa
     logs = "\n".join(p.read_text()[-600:] for p in sorted(run_dir.glob("logs/*.log")))
     assert result.exit_code == 0, f"{result.reason}\n{out.getvalue()}\n{logs}"
     assert result.reached_goal and "max_env_steps" in result.reason
+    assert result.summary["servers"]["memory/0"]["counters"]["memory/0/samples"] > 0
     assert result.metrics["env_steps"] >= 400 and result.metrics["updates"] > 0
     with np.load(run_dir / "checkpoints" / "ps-0.npz") as data:
         assert {"var/q/w", "var/q/b"} <= set(data.files)  # the toy's variables on the PS
