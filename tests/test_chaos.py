@@ -1,10 +1,10 @@
 """The chaos soak of issue 17 (`benchmarks/chaos_soak.py`), marked slow: about 6 minutes a
 run. Run with `python -m pytest -m slow tests/test_chaos.py`."""
 
-import importlib.util
 import json
 from pathlib import Path
 
+import benchmark_scripts
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -12,22 +12,13 @@ ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.cluster
 
 
-def _soak_module():
-    spec = importlib.util.spec_from_file_location(
-        "chaos_soak", ROOT / "benchmarks" / "chaos_soak.py"
-    )
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 @pytest.mark.parametrize("config", ["cartpole_apex.yaml", "cartpole_ppo.yaml"])
 def test_a_run_reaches_its_target_while_a_random_role_is_killed_every_15_s(tmp_path, config):
     run_dir = tmp_path / "run"
-    code = _soak_module().main([str(ROOT / "configs" / config), "--dir", str(run_dir)])
+    soak = benchmark_scripts.load("chaos_soak")
+    code = soak.main([str(ROOT / "configs" / config), "--dir", str(run_dir)])
     result = json.loads((run_dir / "chaos.json").read_text())
     assert code == 0, result["checks"]
     assert len(result["kills"]) >= 19, result["kills"]  # one every 15 s for 5 minutes

@@ -8,7 +8,6 @@ all run through the CLI's `main` in one fresh Python process, which then reports
 anything imported TensorFlow or Keras.
 """
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -16,6 +15,7 @@ import sys
 import textwrap
 from pathlib import Path
 
+import benchmark_scripts
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -37,21 +37,10 @@ CHECK = textwrap.dedent(
 )
 
 
-def _bench_errors():
-    """`benchmarks/bench_errors.py` as a module (the benchmarks are no package)."""
-    spec = importlib.util.spec_from_file_location(
-        "bench_errors", ROOT / "benchmarks" / "bench_errors.py"
-    )
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 @pytest.fixture(scope="module")
 def refused(tmp_path_factory):
     """(the cases, {case name: (exit code, stderr)}, the TensorFlow/Keras modules imported)."""
-    cases = _bench_errors().cases(tmp_path_factory.mktemp("bad_inputs"))
+    cases = benchmark_scripts.load("bench_errors").cases(tmp_path_factory.mktemp("bad_inputs"))
     env = {k: v for k, v in os.environ.items() if k != "TF_CPP_MIN_LOG_LEVEL"}
     done = subprocess.run(
         [sys.executable, "-c", CHECK, json.dumps([case.args for case in cases])],
