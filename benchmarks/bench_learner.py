@@ -6,10 +6,13 @@ configs/pong_impala_2core.yaml; any config whose algorithm uses the async_replay
 
 - compute: the agent's `learn` (the compiled gradient step the learner runs) called in a
   loop in this process on one batch held in memory (sampled once from the shard below, so
-  it has exactly the learner's shapes and dtypes), no transport. This process re-executes
-  itself with the launcher's glibc settings (`MALLOC_ENV`), which every role process gets:
-  the same allocator on both sides. Measured before and after
-  the learner's window; their mean is the reference.
+  it has exactly the learner's shapes and dtypes), no transport, with TensorFlow's pools
+  sized to the learner role's thread budget (what the launcher gives it on this host:
+  `cluster.threads.learner`, else what the PS and memory shards leave of the cores), so
+  that both sides compute on as many threads and the ratio is the learner's plumbing.
+  This process re-executes itself with the launcher's glibc settings (`MALLOC_ENV`), which
+  every role process gets: the same allocator on both sides. Measured before and after the
+  learner's window; their mean is the reference.
 - learner: the real learner role (`easyrl run --role learner`, started by the local
   launcher: its prefetch threads, batch queue, gradient step, push threads and reports)
   fed by one real memory shard process and one PS shard process, no actors. The memory
@@ -193,13 +196,18 @@ def run(args) -> dict:
 
     from easyrl.algorithms import registry
     from easyrl.replay.frames import layout_for
-    from easyrl.roles.common import RoleContext
+    from easyrl.roles.common import RoleContext, limit_tf_threads
     from easyrl.roles.learner import pick_device
 
     overrides = [*common.NO_STOP, *args.overrides]
     with common.Cluster() as bench:
         servers = bench.start_cli(args.config_path, 1, 1, overrides, actors=1)
         cfg = servers.cfg
+        # Both sides compute on the thread budget the launcher gives the learner role
+        # (`cluster.threads.learner` sets it): the ratio is the learner's plumbing, not its
+        # placement.
+        threads = servers.threads["learner"]
+        limit_tf_threads(threads)
         ctx = RoleContext(cfg, 0, servers.spec, bench.token, servers.run_dir)
         with tf.device(pick_device(cfg.learner.device)):
             algo = ctx.build_algorithm(learner=True)
@@ -229,7 +237,14 @@ def run(args) -> dict:
                 bench.stop([learner])
             after = compute_rate(algo, held, weights, args.duration)
     steps = cfg.algorithm.params.batch_size * getattr(cfg.algorithm.params, "unroll_length", 1)
-    return {"cfg": cfg, "before": before, "after": after, "window": window, "steps": steps}
+    return {
+        "cfg": cfg,
+        "before": before,
+        "after": after,
+        "window": window,
+        "steps": steps,
+        "threads": threads,
+    }
 
 
 def lines(result: dict) -> list[str]:
@@ -244,7 +259,8 @@ def lines(result: dict) -> list[str]:
     roles = ", ".join(f"{r} {v:.2f}" for r, v in sorted(window["cores"].items()))
     procs = ", ".join(f"{p} {v:.2f}" for p, v in sorted(window["per_process"].items()))
     return [
-        f"compute (agent.learn on a held batch of {steps} agent steps): "
+        f"compute (agent.learn on a held batch of {steps} agent steps, "
+        f"{result['threads']} intra-op thread(s): the learner's budget): "
         f"{compute:,.1f} updates/s, {compute * steps:,.0f} agent steps/s "
         f"(before {before.per_s:,.1f}, after {after.per_s:,.1f} updates/s; "
         f"{cpu_per_update:.1f} ms CPU per update)",
