@@ -1,10 +1,13 @@
-"""Replay tables by composition: one columnar store, a sampler and a remover.
+"""Replay tables by composition: a storage, a sampler and a remover.
 
-A `Table` keeps its items in preallocated numpy ring buffers, one array of shape
-``[capacity, *shape]`` per column. Every insert issues global int64 keys from an insertion
-counter: item ``k`` lives in slot ``k % capacity``; the stored keys are
-``[inserted - size, inserted)``. What varies is composed in, as Dopamine and Reverb do it:
+Every insert into a `Table` issues global int64 keys from an insertion counter: item ``k``
+lives in slot ``k % capacity``; the stored keys are ``[inserted - size, inserted)``. What
+varies is composed in, as Dopamine and Reverb do it:
 
+* the storage (`easyrl.replay.storage`) holds the items of the slots: `Columns`, one
+  preallocated numpy array ``[capacity, *shape]`` per column, or `FrameColumns`, which keeps
+  each frame of frame-stack columns once (a write may then make the oldest items stale: the
+  table drops them);
 * the sampler (Dopamine's sampling distribution) picks a sample's items: `Uniform` (with
   replacement), `Prioritized` (proportional, by a sum tree) or `Fifo` (the oldest first);
 * the remover: a ring overwrites its oldest items when full; a queue
@@ -103,8 +106,8 @@ class Sampler(Protocol):
         """Records the items just written to ``slots``: the batch's items from ``first``."""
 
     def on_remove(self, slots: np.ndarray) -> None:
-        """Forgets the items of ``slots``, which a ring dropped before their turn (their
-        frames are overwritten: `easyrl.replay.frames`)."""
+        """Forgets the items of ``slots``, which a ring dropped before their turn (a storage
+        write made them stale: their frames are overwritten, `easyrl.replay.storage`)."""
 
     def sample(
         self, table: "Table", batch_size: int, rng: np.random.Generator
