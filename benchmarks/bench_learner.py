@@ -228,7 +228,7 @@ def run(args) -> dict:
         sampled = None
         while sampled is None:
             sampled = memory.sample(cfg.algorithm.params.batch_size, timeout_s=5.0)
-        held, _, weights = sampled
+        held, weights = sampled.data, sampled.weights
         with tf.device(pick_device(cfg.learner.device)):
             before = compute_rate(algo, held, weights, args.duration)
             with Feeder(memory, batches) as feeder:

@@ -63,7 +63,7 @@ import numpy as np
 
 from easyrl.replay import item_bytes
 from easyrl.replay.frames import layout_for
-from easyrl.transport.clients import MemoryClient
+from easyrl.transport.clients import MemoryClient, SampledBatch
 
 SMOKE_LINE = r"^\| cartpole \| Sample\(64\) \+ UpdatePriorities, 1 thread\(s\) \| \d"
 """The line a `--smoke` run must print (tests/test_benchmarks.py)."""
@@ -202,8 +202,8 @@ def atari_bytes(args) -> dict:
     return {"bytes_per_transition": per_item, "size": table.size, "inserted": table.inserted}
 
 
-def sampled(client: MemoryClient, batch_size: int) -> tuple[dict, np.ndarray, np.ndarray]:
-    """(batch, keys, weights) of one Sample through the client the learners use."""
+def sampled(client: MemoryClient, batch_size: int) -> SampledBatch:
+    """One Sample through the client the learners use."""
     taken = client.sample(batch_size, timeout_s=5.0)
     if taken is None:
         raise RuntimeError("Sample was not ready: the rate limiter blocked it")
@@ -261,9 +261,9 @@ def bench_items(cluster: common.Cluster, items: str, args) -> dict:
         local_rng = np.random.default_rng(seed)
 
         def round_trip():
-            data, keys, _ = sampled(local, args.sample_batch)
-            local.update_priorities(keys, local_rng.random(len(keys)))
-            return len(keys), sum(a.nbytes for a in data.values())
+            sample = sampled(local, args.sample_batch)
+            local.update_priorities(sample.keys, local_rng.random(len(sample.keys)))
+            return len(sample.keys), sum(a.nbytes for a in sample.data.values())
 
         return round_trip, local
 
@@ -276,8 +276,8 @@ def bench_items(cluster: common.Cluster, items: str, args) -> dict:
             continue
 
         def sample_only(size=size):
-            data, keys, _ = sampled(client, size)
-            return len(keys), sum(a.nbytes for a in data.values())
+            sample = sampled(client, size)
+            return len(sample.keys), sum(a.nbytes for a in sample.data.values())
 
         rate = common.measure(sample_only, args.duration)
         result["sample_only"][size] = rate

@@ -197,8 +197,8 @@ def bench_sample_pair(cluster: common.Cluster, raw: RawClient, args) -> dict:
         taken = client.sample(SAMPLE_BATCH, timeout_s=10.0)
         if taken is None:
             raise RuntimeError("the memory shard did not answer a sample")
-        batch, keys, weights = taken
-        return 1, sum(v.nbytes for v in batch.values()) + keys.nbytes + weights.nbytes
+        data = sum(v.nbytes for v in taken.data.values())
+        return 1, data + taken.keys.nbytes + taken.weights.nbytes
 
     name = f"memory Sample({SAMPLE_BATCH}), Atari 42x42x4 items ({size / 1e6:.1f} MB)"
     row = {**pair(name, raw.down(size), sample, args), "kind": "memory_sample"}

@@ -34,6 +34,7 @@ from easyrl.replay.frames import (
     frame_capacity,
     layout_for,
 )
+from easyrl.replay.storage import FrameColumns, live_slots
 from easyrl.roles import memory as memory_role
 
 H, W, K = 6, 5, 4  # small synthetic frames, 4 to a stack
@@ -390,19 +391,20 @@ def test_a_ring_drops_the_items_whose_frames_it_overwrites(kind):
         assert table.update_priorities(dropped_key, np.ones(1)) == 0  # stale, not applied
 
 
-class ScanningTable(PrioritizedTable):
-    """`_drop_below` as it was: a scan of every stored item (the reference)."""
+class ScanningFrames(FrameColumns):
+    """`FrameColumns.stale` as it was: a scan of every stored item (the reference)."""
 
-    def _drop_below(self, low: int) -> None:
-        if self.size == 0:
-            return
-        slots = self._live_slots()  # [size]
-        stale = np.flatnonzero(self._first_frame[slots] < low)
-        if stale.size:
-            count = int(stale[-1]) + 1
-            self.sampler.on_remove(slots[:count])
-            self.removed = self.inserted - self.size + count
-            self.dropped += count
+    def stale(self, low: int, live: range) -> int:
+        stale = np.flatnonzero(self.first_frame[live_slots(live, self.capacity)] < low)
+        return int(stale[-1]) + 1 if stale.size else 0
+
+
+class ScanningTable(PrioritizedTable):
+    """A prioritized ring over `ScanningFrames`."""
+
+    def __init__(self, spec, capacity: int, seed: int, frames: FrameStore) -> None:
+        super().__init__(spec, capacity, seed=seed, frames=frames)
+        self.storage = ScanningFrames(self.spec, capacity, frames, queue=False)
 
 
 def streamed_items(rng, stream: np.ndarray, start: int, n: int) -> dict:

@@ -13,6 +13,7 @@ from easyrl.replay import BetaSchedule, LimitedTable, PrioritizedTable, RateLimi
 from easyrl.roles.memory import MemoryServer, Op
 from easyrl.transport import codec, rpc
 from easyrl.transport import easyrl_pb2 as pb
+from easyrl.transport.clients import MemoryClient, SampledBatch
 
 TOKEN = "memory-test-token"
 SPEC = {"obs": ((4,), np.float32), "action": ((), np.int64), "reward": ((), np.float32)}
@@ -72,17 +73,12 @@ def insert(client, batch, priorities=None, timeout_s=None) -> pb.InsertResponse:
 
 
 def sample(client, batch_size, timeout_s=2.0):
-    """Returns (ready, data, keys, weights)."""
-    reply = client.call("Sample", pb.SampleRequest(batch_size=batch_size, timeout_s=timeout_s))
-    if not reply.ready:
+    """Returns (ready, data, keys, weights) of a Sample through the learners' client."""
+    taken = MemoryClient(client).sample(batch_size, timeout_s)
+    if taken is None:
         return False, None, None, None
-    data = codec.decode_batch(reply.tensors, reply.body)
-    return (
-        True,
-        data,
-        codec.decode_array(reply.keys, reply.body),
-        codec.decode_array(reply.weights, reply.body),
-    )
+    assert isinstance(taken, SampledBatch)
+    return True, taken.data, taken.keys, taken.weights
 
 
 def update(client, keys, priorities) -> pb.UpdatePrioritiesResponse:

@@ -144,14 +144,14 @@ def test_a_kind_defined_outside_the_package_is_loaded_built_and_served_over_grpc
     client.insert(items(spec, 2, 8), actor=0)  # the shard now samples ahead: keys 6 to 9
     taken = client.sample(4, timeout_s=5.0)  # the prefetched batch size
     assert taken is not None
-    batch, keys, weights = taken
-    np.testing.assert_array_equal(keys, [6, 7, 8, 9])
-    np.testing.assert_array_equal(batch["action"], [6, 7, 8, 9])
-    np.testing.assert_array_equal(weights, 1.0)
-    batch, keys, _ = client.sample(2, timeout_s=5.0) or ({}, None, None)  # not prefetched
-    np.testing.assert_array_equal(keys, [8, 9])
+    np.testing.assert_array_equal(taken.keys, [6, 7, 8, 9])
+    np.testing.assert_array_equal(taken.data["action"], [6, 7, 8, 9])
+    np.testing.assert_array_equal(taken.weights, 1.0)
+    taken = client.sample(2, timeout_s=5.0)  # not prefetched
+    assert taken is not None
+    np.testing.assert_array_equal(taken.keys, [8, 9])
     with pytest.raises(TransportError) as info:  # the kind has no priorities
-        client.update_priorities(keys, np.ones(2))
+        client.update_priorities(taken.keys, np.ones(2))
     assert info.value.code == grpc.StatusCode.INVALID_ARGUMENT
     assert "no priorities" in str(info.value)
     status = memory.Status(None, None).counters

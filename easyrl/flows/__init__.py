@@ -9,13 +9,21 @@ and `actor_gradients` (A3C) each hold what their loops do. The roles (`easyrl.ro
 import queue
 import threading
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 import numpy as np
 
 from easyrl.algorithms.contract import Agent, Batch, Collector
 from easyrl.roles.common import RoleContext, ShardedWeights, StopSignal
-from easyrl.transport.clients import MemoryClient
+from easyrl.transport.clients import MemoryClient, SampledBatch
+
+
+class Prefetched(NamedTuple):
+    """A batch a learner's prefetch thread sampled, and the memory shard it came from (the
+    shard its new priorities go back to)."""
+
+    shard: int
+    sample: SampledBatch
 
 
 class ActorPlumbing(Protocol):
@@ -92,8 +100,8 @@ class LearnerPlumbing(Protocol):
         """The priority thread's body."""
         ...
 
-    def take_batch(self) -> tuple | None:
-        """The next prefetched (shard, batch, keys, weights), or None after 0.1 s."""
+    def take_batch(self) -> Prefetched | None:
+        """The next prefetched batch, or None after 0.1 s."""
         ...
 
     def take_round(self, round_: int) -> tuple[Batch | None, int]:

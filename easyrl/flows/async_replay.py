@@ -67,17 +67,17 @@ def learn(learner: LearnerPlumbing) -> None:
             taken = learner.take_batch()
             if taken is None:
                 continue
-            shard, batch, keys, is_weights = taken
+            sample = taken.sample
             learner.weights.swap_in()
             versions = list(learner.weights.local_versions)
-            grads, stats, priorities = agent.learn(batch, is_weights)
+            grads, stats, priorities = agent.learn(sample.data, sample.weights)
             named = learner.weights.by_name(grads)
             if not put_until_stopped(learner.pushes, (named, versions), stop):
                 break
             if cfg.replay.prioritized:
                 if priorities is None:
                     raise EasyRLError(f"{cfg.algorithm.name} computed no priorities")
-                item = (shard, keys, priorities.astype(np.float64))
+                item = (taken.shard, sample.keys, priorities.astype(np.float64))
                 put_until_stopped(learner.priorities, item, stop)
             learner.updates += 1
             if period and learner.updates % period == 0:

@@ -9,8 +9,10 @@
 * ``kinds``: the replay kinds ``replay.kind`` names, one ``Kind`` object each, registered
   in one place; a kind builds a memory shard's ``ServedTable`` (``served``:
   ``LimitedTable``, a table with its rate limiter, or an ``AggregateTable``).
-* ``FrameStore`` (``frames``): composed into a table, stores the frames of its frame-stack
-  columns (Atari observations) once each and rebuilds the stacks when it samples;
+* ``Storage`` (``storage``): where a table's columns live: ``Columns`` (as they are) or
+  ``FrameColumns`` (frame stacks as ids into a ``FrameStore``).
+* ``FrameStore`` (``frames``): under a table's ``FrameColumns``, stores the frames of its
+  frame-stack columns (Atari observations) once each, for the stacks a sample rebuilds;
   ``layout_for`` finds a run's ``FrameLayout`` (which columns, how a stack splits).
 * ``AggregateTable``: the synchronous rounds of PPO/ES (a round is released whole).
 * ``SumTree``: the vectorized sum tree behind proportional prioritized sampling.
@@ -18,6 +20,7 @@
 
 from easyrl.replay import kinds
 from easyrl.replay.aggregate import AggregateTable
+from easyrl.replay.checks import validate_batch, validate_spec
 from easyrl.replay.frames import FrameLayout, FrameStore, layout_for
 from easyrl.replay.rate_limiter import RateLimiter
 from easyrl.replay.served import (
@@ -27,6 +30,7 @@ from easyrl.replay.served import (
     Sampled,
     ServedTable,
 )
+from easyrl.replay.storage import Columns, FrameColumns, Storage
 from easyrl.replay.sumtree import SumTree
 from easyrl.replay.tables import (
     Fifo,
@@ -39,14 +43,14 @@ from easyrl.replay.tables import (
     Uniform,
     UniformTable,
     item_bytes,
-    validate_batch,
-    validate_spec,
 )
 
 __all__ = [
     "AggregateTable",
     "BetaSchedule",
+    "Columns",
     "Fifo",
+    "FrameColumns",
     "FrameLayout",
     "FrameStore",
     "LimitedTable",
@@ -58,6 +62,7 @@ __all__ = [
     "Sampled",
     "Sampler",
     "ServedTable",
+    "Storage",
     "SumTree",
     "Table",
     "TableSpec",

@@ -20,8 +20,8 @@ from typing import Any
 import numpy as np
 
 from easyrl.errors import ReplayError
+from easyrl.replay.checks import TableSpec, validate_batch, validate_spec
 from easyrl.replay.served import Batch, NotReady, Sampled
-from easyrl.replay.tables import TableSpec, validate_batch, validate_spec
 
 
 class AggregateTable:

@@ -224,8 +224,7 @@ class LimitedTable:
         """Checks the batch (e.g. more unrolls than a queue ever holds); frame stacks are
         split and matched here, on the handler thread, not by the table thread."""
         n = self.table.check_insert(batch, priorities)
-        frames = self.table.frames
-        return (batch if frames is None else frames.layout.packed(batch)), n
+        return self.table.storage.wire(batch), n
 
     def try_insert(
         self, batch: Batch, n: int, priorities: np.ndarray | None, round_: int, source: int
@@ -256,14 +255,11 @@ class LimitedTable:
         return self.table.update_priorities(keys, priorities)
 
     def status(self) -> dict[str, float]:
-        """Items ever stored, batches sampled and, with a frame store, its frames."""
+        """Items ever stored, batches sampled and the storage's counters (a frame store's
+        frames)."""
         table = self.table
         status = {"inserted": float(table.inserted), "sample_batches": float(self.batches)}
-        if table.frames is not None:
-            status["frames_stored"] = float(table.frames.next)
-            status["frames_matched"] = float(table.frames.matched)
-            status["dropped_for_frames"] = float(table.dropped)
-        return status
+        return {**status, **table.storage.status()}
 
     def state_dict(self) -> dict[str, Any]:
         """See `Table.state_dict`."""

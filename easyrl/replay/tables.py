@@ -1,10 +1,13 @@
-"""Replay tables by composition: one columnar store, a sampler and a remover.
+"""Replay tables by composition: a storage, a sampler and a remover.
 
-A `Table` keeps its items in preallocated numpy ring buffers, one array of shape
-``[capacity, *shape]`` per column. Every insert issues global int64 keys from an insertion
-counter: item ``k`` lives in slot ``k % capacity``; the stored keys are
-``[inserted - size, inserted)``. What varies is composed in, as Dopamine and Reverb do it:
+Every insert into a `Table` issues global int64 keys from an insertion counter: item ``k``
+lives in slot ``k % capacity``; the stored keys are ``[inserted - size, inserted)``. What
+varies is composed in, as Dopamine and Reverb do it:
 
+* the storage (`easyrl.replay.storage`) holds the items of the slots: `Columns`, one
+  preallocated numpy array ``[capacity, *shape]`` per column, or `FrameColumns`, which keeps
+  each frame of frame-stack columns once (a write may then make the oldest items stale: the
+  table drops them);
 * the sampler (Dopamine's sampling distribution) picks a sample's items: `Uniform` (with
   replacement), `Prioritized` (proportional, by a sum tree) or `Fifo` (the oldest first);
 * the remover: a ring overwrites its oldest items when full; a queue
@@ -18,7 +21,6 @@ FIFO sampler, remove-on-sample, paired with `RateLimiter.queue`). The replay kin
 loop runs per item.
 """
 
-import bisect
 from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple, Protocol
 
@@ -30,17 +32,11 @@ from easyrl.replay.checks import (
     check_indices,
     check_int,
     check_real,
-    validate_batch,
     validate_spec,
 )
-from easyrl.replay.frames import (
-    FRAMES_PREFIX,
-    FrameStore,
-)
+from easyrl.replay.frames import FrameStore
+from easyrl.replay.storage import Storage, live_slots, storage_for
 from easyrl.replay.sumtree import SumTree
-
-DATA_PREFIX = "data/"
-"""Prefix of the column arrays in a table snapshot (`state_dict`)."""
 
 _NO_PRIORITIES = np.zeros(0)
 
@@ -110,8 +106,8 @@ class Sampler(Protocol):
         """Records the items just written to ``slots``: the batch's items from ``first``."""
 
     def on_remove(self, slots: np.ndarray) -> None:
-        """Forgets the items of ``slots``, which a ring dropped before their turn (their
-        frames are overwritten: `easyrl.replay.frames`)."""
+        """Forgets the items of ``slots``, which a ring dropped before their turn (a storage
+        write made them stale: their frames are overwritten, `easyrl.replay.storage`)."""
 
     def sample(
         self, table: "Table", batch_size: int, rng: np.random.Generator
@@ -313,7 +309,7 @@ class Prioritized(Sampler):
 
 
 class Table:
-    """A replay table: a columnar store of ``capacity`` items, a sampler and a remover.
+    """A replay table: a `Storage` of ``capacity`` items, a sampler and a remover.
 
     Args:
         spec: Column name -> (item shape, dtype).
@@ -324,10 +320,10 @@ class Table:
             returns (the sampler must be `Fifo`: it returns the oldest items).
         seed: Seed of the sampling RNG, >= 0.
         frames: Stores the layout's frame-stack columns one frame at a time
-            (`easyrl.replay.frames`): inserts take whole stacks or their wire form,
-            samples return whole stacks. A ring then also drops its oldest items early
+            (`easyrl.replay.storage.FrameColumns`): inserts take whole stacks or their wire
+            form, samples return whole stacks. A ring then also drops its oldest items early
             when the frames they refer to are overwritten; a queue's insert waits for
-            frame room (`fits`). None: every column stored as it is.
+            frame room (`fits`). None: every column stored as it is (`Columns`).
 
     Raises:
         ReplayError: If an argument is invalid.
@@ -355,23 +351,10 @@ class Table:
         self.inserted = 0
         """Items ever inserted (the key of the next item)."""
         self.removed = 0
-        """Items ever removed by samples (a queue's), or dropped by a ring with a frame
-        store before their turn (otherwise a ring overwrites instead)."""
-        self.frames = frames
-        """The frame store of the frame-stack columns, or None."""
-        self.dropped = 0
-        """Items a ring dropped early because their frames were overwritten."""
-        self._stored = frames.layout.id_spec(self._spec) if frames is not None else self._spec
-        self._columns = {
-            name: np.zeros((self.capacity, *shape), dtype=dtype)
-            for name, (shape, dtype) in self._stored.items()
-        }  # name -> [capacity, *shape]; a frame-stack column: [capacity, *lead, k] frame ids
-        # A frame table's smallest frame id of each slot's item.
-        self._first_frame = np.zeros(self.capacity if frames is not None else 0, np.int64)
-        # And a lower bound on that id for this item and every later one, non-decreasing from
-        # the oldest item to the newest (the store's `next - window` at the item's insert: a
-        # reused frame is never older), so `_drop_below` finds its stale items by bisection.
-        self._frame_floor = np.zeros(self.capacity if frames is not None else 0, np.int64)
+        """Items ever removed by samples (a queue's), or dropped by a ring before their turn
+        because a write made them stale (otherwise a ring overwrites instead)."""
+        self.storage: Storage = storage_for(self._spec, self.capacity, frames, remove_on_sample)
+        """Where the items' columns live."""
 
     @staticmethod
     def queue(spec: TableSpec, capacity: int, frames: FrameStore | None = None) -> "Table":
@@ -389,22 +372,33 @@ class Table:
         return dict(self._spec)
 
     @property
+    def frames(self) -> FrameStore | None:
+        """The frame store under the frame-stack columns, or None."""
+        return self.storage.frames
+
+    @property
+    def dropped(self) -> int:
+        """Items a ring dropped early because a write made them stale (their frames were
+        overwritten)."""
+        return self.storage.dropped
+
+    @property
     def size(self) -> int:
         """Number of items currently stored."""
         return min(self.inserted - self.removed, self.capacity)
 
     @property
+    def _live(self) -> range:
+        """The keys of the stored items, the oldest first."""
+        return range(self.inserted - self.size, self.inserted)
+
+    @property
     def nbytes(self) -> int:
         """Bytes of the arrays that hold the items (columns, frames, frame bookkeeping)."""
-        frames = self.frames.nbytes if self.frames is not None else 0
-        columns = sum(column.nbytes for column in self._columns.values())
-        return columns + frames + self._first_frame.nbytes + self._frame_floor.nbytes
+        return self.storage.nbytes
 
     def _checked(self, batch: dict[str, Any], priorities: Any) -> tuple[int, np.ndarray]:
-        if self.frames is not None:
-            n = self.frames.check(self._spec, batch)
-        else:
-            n = validate_batch(self._spec, batch)
+        n = self.storage.check(batch)
         recorded = self.sampler.check_priorities(priorities, n)
         if self.remove_on_sample and n > self.capacity:
             raise ReplayError(f"{n} items never fit a queue of {self.capacity}")
@@ -422,48 +416,12 @@ class Table:
         """
         return self._checked(batch, priorities)[0]
 
-    def _live_slots(self) -> np.ndarray:
-        """``[size]`` slots of the stored items, the oldest first."""
-        return (self.inserted - self.size + np.arange(self.size)) % self.capacity
-
-    def _lowest_frame(self) -> int:
-        """The smallest frame id a stored item refers to (the store's next id if none)."""
-        assert self.frames is not None
-        if self.size == 0:
-            return self.frames.next
-        return int(self._first_frame[self._live_slots()].min())
-
     def fits(self, batch: dict[str, Any]) -> bool:
-        """Whether the frames of a checked batch fit now: always, except in a queue with a
-        frame store whose oldest frames still belong to queued items (the insert then waits
-        for samples to remove them, as it waits for item room)."""
-        frames = self.frames
-        if frames is None or not self.remove_on_sample:
-            return True
-        needed = frames.frames_needed(frames.layout.packed(batch))  # the memory server packs
-        return frames.next + needed - frames.capacity <= self._lowest_frame()
-
-    def _drop_below(self, low: int) -> None:
-        """A ring drops its oldest items up to the newest one referring to a frame id below
-        ``low`` (those frames are about to be overwritten). Only the items before the first
-        one whose frame floor reaches ``low`` can be stale (found by bisection over the live
-        keys), so the scan is of those, not of the whole table."""
-        size = self.size
-        if size == 0:
-            return
-        oldest = self.inserted - size
-        # How many of the oldest live items come before the first whose floor reaches `low`.
-        candidates = bisect.bisect_left(
-            range(oldest, self.inserted), low, key=lambda k: self._frame_floor[k % self.capacity]
-        )
-        slots = (oldest + np.arange(candidates)) % self.capacity  # [candidates]
-        stale = np.flatnonzero(self._first_frame[slots] < low)
-        if not stale.size:
-            return
-        count = int(stale[-1]) + 1
-        self.sampler.on_remove(slots[:count])
-        self.removed = self.inserted - size + count
-        self.dropped += count
+        """Whether the storage takes a checked batch now without dropping items the table
+        must keep: always, except in a queue with a frame store whose oldest frames still
+        belong to queued items (the insert then waits for samples to remove them, as it
+        waits for item room)."""
+        return self.storage.fits(batch, self._live)
 
     def insert(
         self, batch: dict[str, Any], priorities: Any = None, *, source: int = 0
@@ -489,27 +447,14 @@ class Table:
             raise ReplayError(
                 f"queue full: {self.size} of {self.capacity} items queued, cannot add {n}"
             )
-        stored, prepared, floor = batch, None, 0
-        if self.frames is not None:
-            floor = self.frames.next - self.frames.window  # what `prepare` may reuse
-            prepared = self.frames.prepare(batch, n, source)
-            low = self.frames.next + len(prepared.new) - self.frames.capacity
-            if self.remove_on_sample and low > self._lowest_frame():
-                raise ReplayError(
-                    f"frame store full: {len(prepared.new)} new frames do not fit until "
-                    "queued items are sampled"
-                )
-            stored = prepared.columns
-            self._drop_below(low)
         keys = np.arange(self.inserted, self.inserted + n, dtype=np.int64)  # [n]
         first = n - min(n, self.capacity)
         slots = keys[first:] % self.capacity  # [m], distinct
-        for name, column in self._columns.items():
-            column[slots] = stored[name][first:]
-        if prepared is not None and self.frames is not None:
-            self._first_frame[slots] = prepared.first_frame[first:]
-            self._frame_floor[slots] = floor
-            self.frames.write(prepared, source)
+        live = self._live
+        stale = self.storage.write(slots, batch, first, source, live)
+        if stale:  # the oldest items refer to what the write overwrote: drop them
+            self.sampler.on_remove(live_slots(live[:stale], self.capacity))
+            self.removed = live.start + stale
         self.inserted += n
         self.sampler.on_insert(slots, recorded, first)
         return keys
@@ -537,15 +482,11 @@ class Table:
         slots, probabilities = self.sampler.sample(self, batch_size, self._rng)  # [B], [B]
         weights = (self.size * probabilities) ** -beta  # [B]
         oldest = self.inserted - self.size
-        data = {name: column[slots] for name, column in self._columns.items()}
-        if self.frames is not None:
-            for name in self.frames.layout.columns:
-                data[name] = self.frames.gather(data[name])
         batch = SampleBatch(
             keys=(oldest + (slots - oldest) % self.capacity).astype(np.int64),
             weights=(weights / weights.max()).astype(np.float32),
             probabilities=probabilities,
-            data=data,
+            data=self.storage.gather(slots),
         )
         if self.remove_on_sample:
             self.removed += batch_size
@@ -592,24 +533,21 @@ class Table:
 
         Returns:
             ``capacity`` and ``inserted`` (and a queue's or a frame table's ``removed``)
-            ints, ``data/<column>`` arrays of shape ``[size, *shape]`` (slot order for a
-            ring, the oldest first for a queue; a frame-stack column's frame ids), the
-            frame store's ``frames/`` entries (the frames stored items refer to) and the
-            sampler's entries.
+            ints, the storage's entries for the stored items (`Storage.state`: the
+            ``data/<column>`` arrays of shape ``[size, *shape]``, in slot order for a
+            ring, the oldest first for a queue; a frame table's frame-stack columns as
+            frame ids and its ``frames/`` entries) and the sampler's entries.
         """
         slots = (self.removed + np.arange(self.size)) % self.capacity  # [size]
         state: dict[str, Any] = {"capacity": self.capacity, "inserted": self.inserted}
         if self._counts_removed:
             state["removed"] = self.removed
-        state.update({DATA_PREFIX + name: col[slots] for name, col in self._columns.items()})
-        if self.frames is not None:
-            state.update(self.frames.state(self._lowest_frame()))
-        return {**state, **self.sampler.state(slots)}
+        return {**state, **self.storage.state(slots), **self.sampler.state(slots)}
 
     @property
     def _counts_removed(self) -> bool:
         """Whether ``removed`` can be non-zero (and is part of a snapshot)."""
-        return self.remove_on_sample or self.frames is not None
+        return self.remove_on_sample or self.storage.drops_items
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore a snapshot from ``state_dict``: the same items, keys and counters.
@@ -619,11 +557,7 @@ class Table:
                 columns, the sampler's configuration); the table is unchanged.
         """
         counters = ["capacity", "inserted", *(["removed"] if self._counts_removed else [])]
-        data_keys = [DATA_PREFIX + name for name in self._spec]
-        frame_keys = [FRAMES_PREFIX + k for k in ("capacity", "next", "pixels")]
-        expected = {*counters, *data_keys, *self.sampler.state_keys}
-        if self.frames is not None:
-            expected.update(frame_keys)
+        expected = {*counters, *self.storage.state_keys, *self.sampler.state_keys}
         missing, extra = sorted(expected - set(state)), sorted(set(state) - expected, key=str)
         if missing or extra:
             raise ReplayError(f"state dict mismatch: missing {missing}, unexpected {extra}")
@@ -637,41 +571,11 @@ class Table:
                 f"state dict holds {inserted - removed} items for capacity {capacity}"
             )
         size = min(inserted - removed, capacity)
-        for name, (shape, dtype) in self._stored.items():
-            array = state[DATA_PREFIX + name]
-            got = (array.dtype, array.shape) if isinstance(array, np.ndarray) else array
-            if got != (dtype, (size, *shape)):
-                raise ReplayError(
-                    f"state dict column {name!r}: expected {dtype} {(size, *shape)}, got {got}"
-                )
-        first_frame, frames = np.zeros(size, np.int64), None
-        if self.frames is not None:
-            columns = self.frames.layout.columns
-            widths = {name: int(np.prod(self._stored[name][0])) for name in columns}
-            ids = [state[DATA_PREFIX + name].reshape(size, widths[name]) for name in columns]
-            first_frame = np.concatenate(ids, axis=1).min(axis=1) if size else first_frame
-            frames = self.frames.check_state(state, int(first_frame.min()) if size else None)
-            highest = max((int(i.max()) for i in ids if i.size), default=-1)
-            if highest >= frames[0]:
-                raise ReplayError(
-                    f"state dict frame ids reach {highest}, beyond the {frames[0]} issued"
-                )
+        checked = self.storage.check_state(state, size)
         slots = (removed + np.arange(size)) % capacity  # [size]
         self.sampler.load_state(state, slots)
-        for name, column in self._columns.items():
-            column[:] = 0
-            column[slots] = state[DATA_PREFIX + name]
         self.inserted, self.removed = inserted, removed
-        if self.frames is not None and frames is not None:
-            self._first_frame[:] = 0
-            self._first_frame[slots] = first_frame
-            self.frames.load(*frames)
-            # Floors of the restored items: the smallest first frame from each item on
-            # (oldest first), and never above what later inserts get.
-            live = self._live_slots()  # [size]
-            suffix_min = np.minimum.accumulate(self._first_frame[live][::-1])[::-1]
-            self._frame_floor[:] = 0
-            self._frame_floor[live] = np.minimum(suffix_min, self.frames.next - self.frames.window)
+        self.storage.load_state(checked, slots, self._live)
 
 
 class UniformTable(Table):

@@ -17,7 +17,7 @@ import tensorflow as tf
 
 from easyrl.algorithms.contract import Agent, concat
 from easyrl.errors import TransportError
-from easyrl.flows import async_replay, sync_rounds
+from easyrl.flows import Prefetched, async_replay, sync_rounds
 from easyrl.roles.common import (
     RoleContext,
     ShardedWeights,
@@ -64,7 +64,7 @@ class Learner:
         self.stop = stop
         self.weights = ShardedWeights(ctx.clients("ps"), algo.variables)
         self.memories = ctx.clients("memory")
-        self.batches: queue.Queue = queue.Queue(maxsize=cfg.learner.batch_queue)
+        self.batches: queue.Queue[Prefetched] = queue.Queue(maxsize=cfg.learner.batch_queue)
         self.pushes: queue.Queue = queue.Queue(maxsize=cfg.learner.push_queue)
         self.priorities: queue.Queue = queue.Queue(maxsize=64)
         self.pool = ThreadPoolExecutor(
@@ -87,7 +87,7 @@ class Learner:
             sampled = client.sample(batch_size, timeout_s=1.0)
             if sampled is None:
                 continue
-            if not put_until_stopped(self.batches, (shard, *sampled), self.stop):
+            if not put_until_stopped(self.batches, Prefetched(shard, sampled), self.stop):
                 return
 
     def push_loop(self) -> None:
@@ -140,11 +140,10 @@ class Learner:
         every = self.ctx.cfg.learner.updates_per_report
         return self.updates % every == 0 or time.monotonic() - self._last_report > 2.0
 
-    def take_batch(self) -> tuple | None:
-        """The next prefetched (shard, batch, keys, importance weights), or None after
-        0.1 s without one. A learner starved of batches (the actors stopped, the rate
-        limiter holds the samples back) still reports every 2 s, so it learns that the
-        run is stopping."""
+    def take_batch(self) -> Prefetched | None:
+        """The next prefetched batch (and its shard), or None after 0.1 s without one. A
+        learner starved of batches (the actors stopped, the rate limiter holds the samples
+        back) still reports every 2 s, so it learns that the run is stopping."""
         try:
             taken = self.batches.get(timeout=0.1)
         except queue.Empty:
@@ -152,7 +151,7 @@ class Learner:
                 self.report({})
             return None
         if not self.updates:
-            log_columns(taken[1])
+            log_columns(taken.sample.data)
         return taken
 
     def run(self) -> None:

@@ -50,7 +50,7 @@ from easyrl.replay import (
     validate_batch,
 )
 from easyrl.replay.frames import layout_for
-from easyrl.replay.tables import DATA_PREFIX
+from easyrl.replay.storage import DATA_PREFIX
 from easyrl.seeds import derive_seed
 from easyrl.transport import codec
 from easyrl.transport import easyrl_pb2 as pb

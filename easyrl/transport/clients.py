@@ -66,6 +66,18 @@ class RoundTaken(NamedTuple):
     incomplete: bool
 
 
+class SampledBatch(NamedTuple):
+    """A batch a memory shard sampled, as it arrives: the table's `SampleBatch` less the
+    draw probabilities (which stay in the shard)."""
+
+    data: dict[str, np.ndarray]
+    """Column name -> ``[B, *shape]`` items."""
+    keys: np.ndarray
+    """``[B]`` int64 keys of the items (for `MemoryClient.update_priorities`)."""
+    weights: np.ndarray
+    """``[B]`` importance weights, normalised by the batch max (ones if uniform)."""
+
+
 class Counts(TypedDict, total=False):
     """What a report to PS shard 0 carries: counts since the last report, finished
     episodes (with their policies in a multi-agent run), an evaluation's returns and
@@ -178,20 +190,18 @@ class MemoryClient(ShardClient):
             request.priorities.CopyFrom(body.tensor("priorities", priorities))
         return not self.call("Insert", body.frame(request)).refused
 
-    def sample(
-        self, batch_size: int, timeout_s: float
-    ) -> tuple[dict, np.ndarray, np.ndarray] | None:
-        """(batch, keys, importance weights), or None when the rate limiter did not allow a
-        sample within `timeout_s`."""
+    def sample(self, batch_size: int, timeout_s: float) -> SampledBatch | None:
+        """A sampled batch (items, keys, importance weights), or None when the rate limiter
+        did not allow a sample within `timeout_s`."""
         reply = self.call("Sample", pb.SampleRequest(batch_size=batch_size, timeout_s=timeout_s))
         if not reply.ready:
             return None
         body = reply.body
-        keys, weights = (
-            codec.decode_array(reply.keys, body),
-            codec.decode_array(reply.weights, body),
+        return SampledBatch(
+            data=codec.decode_batch(reply.tensors, body),
+            keys=codec.decode_array(reply.keys, body),
+            weights=codec.decode_array(reply.weights, body),
         )
-        return codec.decode_batch(reply.tensors, body), keys, weights
 
     def take_round(self, round_: int, timeout_s: float) -> RoundTaken:
         """Takes all of round `round_` once it is complete, waiting up to `timeout_s`."""
