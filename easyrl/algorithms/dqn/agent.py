@@ -19,7 +19,7 @@ import numpy as np
 import tensorflow as tf
 
 from easyrl.algorithms.contract import Flow, LearnStep
-from easyrl.algorithms.dqn import SPEC, Params, actor_epsilon
+from easyrl.algorithms.dqn.params import FLOW, Params, actor_epsilon
 from easyrl.algorithms.masking import features, masked
 from easyrl.algorithms.nstep import NStepAccumulator
 from easyrl.algorithms.shared import CompiledGreedy, compiled, flat_gradients
@@ -190,7 +190,7 @@ class DQN(CompiledGreedy):
         seed: initialisation seed (every role builds identical initial values).
     """
 
-    flow: Flow = SPEC.flow
+    flow: Flow = FLOW
 
     def __init__(self, params: Params, obs_space, action_space, model, seed: int = 0):
         if not isinstance(action_space, gym.spaces.Discrete):

@@ -22,7 +22,7 @@ import numpy as np
 import tensorflow as tf
 
 from easyrl.algorithms.contract import Flow, LearnStep
-from easyrl.algorithms.impala import SPEC, AgentParams, check_spaces, unroll_spec
+from easyrl.algorithms.impala.params import FLOW, AgentParams, check_spaces, unroll_spec
 from easyrl.algorithms.masking import features, masked
 from easyrl.algorithms.sampling import gumbel_max, gumbel_noise
 from easyrl.algorithms.shared import (
@@ -163,7 +163,7 @@ class IMPALA(CompiledGreedy, NoTargetNetwork):
         ConfigError: unsupported spaces or model kind.
     """
 
-    flow: Flow = SPEC.flow
+    flow: Flow = FLOW
     """Execution flow (an instance built for A3C says "actor_gradients")."""
 
     def __init__(self, params: AgentParams, obs_space, action_space, model, seed: int = 0):

@@ -13,7 +13,7 @@ import numpy as np
 import tensorflow as tf
 
 from easyrl.algorithms.contract import Flow, LearnStep
-from easyrl.algorithms.marwil import SPEC, Params
+from easyrl.algorithms.marwil.params import FLOW, Params
 from easyrl.algorithms.shared import (
     CompiledGreedy,
     NoTargetNetwork,
@@ -45,7 +45,7 @@ class MARWIL(CompiledGreedy, NoTargetNetwork):
         ConfigError: a custom torso breaks its contract.
     """
 
-    flow: Flow = SPEC.flow
+    flow: Flow = FLOW
 
     def __init__(self, params: Params, obs_space, action_space, model, seed: int = 0):
         self.params = params

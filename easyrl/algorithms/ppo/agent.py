@@ -23,7 +23,7 @@ import numpy as np
 import tensorflow as tf
 
 from easyrl.algorithms.contract import Flow, LearnStep
-from easyrl.algorithms.ppo import SPEC, Params, check_spaces, gae
+from easyrl.algorithms.ppo.params import FLOW, Params, check_spaces, gae
 from easyrl.algorithms.sampling import gumbel_max, gumbel_noise
 from easyrl.algorithms.shared import (
     CompiledGreedy,
@@ -70,7 +70,7 @@ class PPO(CompiledGreedy):
         ConfigError: unsupported spaces, or a custom torso that breaks its contract.
     """
 
-    flow: Flow = SPEC.flow
+    flow: Flow = FLOW
 
     def __init__(
         self,

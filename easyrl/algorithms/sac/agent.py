@@ -24,7 +24,7 @@ import tensorflow as tf
 
 from easyrl.algorithms import shared
 from easyrl.algorithms.contract import Flow, LearnStep
-from easyrl.algorithms.sac import SPEC, Params
+from easyrl.algorithms.sac.params import FLOW, Params
 from easyrl.errors import ConfigError
 from easyrl.models import Dense, FlatVariables, build_torso, named_variables
 
@@ -96,7 +96,7 @@ class SAC(shared.PolyakActorCritic):
         ConfigError: unsupported spaces or model.
     """
 
-    flow: Flow = SPEC.flow
+    flow: Flow = FLOW
 
     def __init__(self, params: Params, obs_space, action_space, model, seed: int = 0):
         super().__init__("sac", obs_space, action_space, model)

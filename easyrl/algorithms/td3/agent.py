@@ -16,7 +16,7 @@ import tensorflow as tf
 
 from easyrl.algorithms import shared
 from easyrl.algorithms.contract import Flow, LearnStep
-from easyrl.algorithms.td3 import SPEC, actor_noise_scale
+from easyrl.algorithms.td3.params import FLOW, actor_noise_scale
 from easyrl.errors import ConfigError
 from easyrl.models import Dense, FlatVariables, build_torso, named_variables
 
@@ -56,7 +56,7 @@ class TD3(shared.PolyakActorCritic):
         ConfigError: unsupported spaces or model.
     """
 
-    flow: Flow = SPEC.flow
+    flow: Flow = FLOW
 
     def __init__(self, params, obs_space, action_space, model, seed: int = 0, name="td3"):
         super().__init__(name, obs_space, action_space, model)
