@@ -18,11 +18,11 @@ import gymnasium as gym
 import numpy as np
 import tensorflow as tf
 
+from easyrl.algorithms.agent_parts import CompiledGreedy, compiled, flat_gradients
 from easyrl.algorithms.contract import Flow, LearnStep
 from easyrl.algorithms.dqn.params import FLOW, Params, actor_epsilon
 from easyrl.algorithms.masking import features, masked
 from easyrl.algorithms.nstep import NStepAccumulator
-from easyrl.algorithms.shared import CompiledGreedy, compiled, flat_gradients
 from easyrl.envs.flat import action_mask_size, legal_actions, observation_parts
 from easyrl.errors import ConfigError, EasyRLError
 from easyrl.models import Dense, FlatVariables, build_torso, named_variables

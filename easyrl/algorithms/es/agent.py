@@ -14,10 +14,10 @@ import gymnasium as gym
 import numpy as np
 import tensorflow as tf
 
+from easyrl.algorithms.agent_parts import CompiledGreedy, compiled
 from easyrl.algorithms.contract import Flow, LearnStep
 from easyrl.algorithms.es.params import FLOW, MODEL_KINDS, Params, es_gradient, noise
 from easyrl.algorithms.registry import check_model_kind
-from easyrl.algorithms.shared import CompiledGreedy, compiled
 from easyrl.errors import ConfigError
 from easyrl.models import ACTIVATIONS, Dense, FlatVariables, build_torso, named_variables
 

@@ -17,9 +17,9 @@ docstring).
 import numpy as np
 import tensorflow as tf
 
+from easyrl.algorithms.agent_parts import CompiledGreedy, NoTargetNetwork, checked_columns, compiled
 from easyrl.algorithms.contract import Flow, LearnStep, concat
 from easyrl.algorithms.linucb.params import FLOW, Params, optimizer, replay_spec
-from easyrl.algorithms.shared import CompiledGreedy, NoTargetNetwork, checked_columns, compiled
 from easyrl.errors import EasyRLError
 from easyrl.models import named_variables
 

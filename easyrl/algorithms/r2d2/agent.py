@@ -5,11 +5,11 @@ import gymnasium as gym
 import numpy as np
 import tensorflow as tf
 
+from easyrl.algorithms.agent_parts import CompiledGreedy, checked_columns, compiled, flat_gradients
 from easyrl.algorithms.contract import Flow, LearnStep
 from easyrl.algorithms.dqn.agent import QNetwork, epsilon_greedy
 from easyrl.algorithms.dqn.params import actor_epsilon
 from easyrl.algorithms.r2d2.params import FLOW, Params, replay_spec
-from easyrl.algorithms.shared import CompiledGreedy, checked_columns, compiled, flat_gradients
 from easyrl.algorithms.unrolls import UnrollAccumulator
 from easyrl.envs.flat import observation_parts
 from easyrl.errors import ConfigError, EasyRLError
