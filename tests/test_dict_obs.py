@@ -13,8 +13,8 @@ from gymnasium import spaces
 from easyrl import api
 from easyrl import config as config_lib
 from easyrl.algorithms import registry
+from easyrl.algorithms.agent_parts import greedy_policy
 from easyrl.algorithms.masking import ILLEGAL
-from easyrl.algorithms.shared import greedy_policy
 from easyrl.config import EncoderConfig, ModelConfig
 from easyrl.envs import Stateless, env_spaces, final_observations, make_vector_env, play_episodes
 from easyrl.envs.flat import FlatBox, FlatObservation, action_mask_size, observation_parts

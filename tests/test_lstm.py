@@ -15,9 +15,9 @@ import tensorflow as tf
 
 from easyrl import config as config_lib
 from easyrl.algorithms import a3c, ppo, registry
+from easyrl.algorithms.agent_parts import RecurrentGreedy, greedy_policy
 from easyrl.algorithms.impala import Params, agent_params
 from easyrl.algorithms.impala.agent import IMPALA
-from easyrl.algorithms.shared import RecurrentGreedy, greedy_policy
 from easyrl.config import ModelConfig
 from easyrl.envs import final_observations, make_vector_env, play_episodes
 from easyrl.envs.stateless import ENV_ID

@@ -20,7 +20,7 @@ import pytest
 from test_tools import make_run, random_values, write_latest
 
 import easyrl
-from easyrl.algorithms.shared import greedy_policy
+from easyrl.algorithms.agent_parts import greedy_policy
 from easyrl.callbacks import Callback, CallbackRunner
 from easyrl.envs import env_options, make_vector_env
 from easyrl.envs.flat import FlatObservation

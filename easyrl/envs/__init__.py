@@ -162,7 +162,7 @@ def evaluation_options(env_cfg) -> dict[str, Any]:
 class EpisodicPolicy(Protocol):
     """What `play_episodes` plays on a vector env: actions for the envs' observations, and
     after each step the news of which envs' episodes ended (a recurrent policy restarts their
-    state, `easyrl.algorithms.shared.RecurrentGreedy`; a stateless one ignores it)."""
+    state, `easyrl.algorithms.agent_parts.RecurrentGreedy`; a stateless one ignores it)."""
 
     def __call__(self, obs: np.ndarray) -> np.ndarray:
         """Actions `[N, ...]` for observations `[N, ...]`."""

@@ -61,7 +61,7 @@ class BestCheckpoint:
 
 def evaluate_forever(ctx: RoleContext, algo, stop: threading.Event) -> None:
     """The evaluator's loop (see the module docstring)."""
-    from easyrl.algorithms.shared import greedy_policy
+    from easyrl.algorithms.agent_parts import greedy_policy
 
     cfg = ctx.cfg
     weights = ShardedWeights(ctx.clients("ps"), algo.variables)

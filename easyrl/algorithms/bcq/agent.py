@@ -15,7 +15,7 @@ Acting (`greedy`) takes argmax_{a in allowed(s)} Q(s, a) too.
 import numpy as np
 import tensorflow as tf
 
-from easyrl.algorithms.bcq import Params
+from easyrl.algorithms.bcq.params import Params
 from easyrl.algorithms.dqn.agent import DQN
 from easyrl.errors import ConfigError
 from easyrl.models import Dense, FlatVariables, build_torso, named_variables

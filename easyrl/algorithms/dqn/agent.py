@@ -18,11 +18,11 @@ import gymnasium as gym
 import numpy as np
 import tensorflow as tf
 
+from easyrl.algorithms.agent_parts import CompiledGreedy, compiled, flat_gradients
 from easyrl.algorithms.contract import Flow, LearnStep
-from easyrl.algorithms.dqn import SPEC, Params, actor_epsilon
+from easyrl.algorithms.dqn.params import FLOW, Params, actor_epsilon
 from easyrl.algorithms.masking import features, masked
 from easyrl.algorithms.nstep import NStepAccumulator
-from easyrl.algorithms.shared import CompiledGreedy, compiled, flat_gradients
 from easyrl.envs.flat import action_mask_size, legal_actions, observation_parts
 from easyrl.errors import ConfigError, EasyRLError
 from easyrl.models import Dense, FlatVariables, build_torso, named_variables
@@ -190,7 +190,7 @@ class DQN(CompiledGreedy):
         seed: initialisation seed (every role builds identical initial values).
     """
 
-    flow: Flow = SPEC.flow
+    flow: Flow = FLOW
 
     def __init__(self, params: Params, obs_space, action_space, model, seed: int = 0):
         if not isinstance(action_space, gym.spaces.Discrete):

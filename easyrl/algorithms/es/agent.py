@@ -14,10 +14,10 @@ import gymnasium as gym
 import numpy as np
 import tensorflow as tf
 
+from easyrl.algorithms.agent_parts import CompiledGreedy, compiled
 from easyrl.algorithms.contract import Flow, LearnStep
-from easyrl.algorithms.es import SPEC, Params, es_gradient, noise
+from easyrl.algorithms.es.params import FLOW, MODEL_KINDS, Params, es_gradient, noise
 from easyrl.algorithms.registry import check_model_kind
-from easyrl.algorithms.shared import CompiledGreedy, compiled
 from easyrl.errors import ConfigError
 from easyrl.models import ACTIVATIONS, Dense, FlatVariables, build_torso, named_variables
 
@@ -55,10 +55,10 @@ class ES(CompiledGreedy):
             that breaks its contract.
     """
 
-    flow: Flow = SPEC.flow
+    flow: Flow = FLOW
 
     def __init__(self, params: Params, obs_space, action_space, model, seed: int = 0):
-        check_model_kind("es", model, SPEC.model_kinds)
+        check_model_kind("es", model, MODEL_KINDS)
         if not isinstance(obs_space, gym.spaces.Box) or len(obs_space.shape) != 1:
             raise ConfigError(f"es needs a flat Box observation, got {obs_space}")
         self.params = params

@@ -21,17 +21,17 @@ picks one, the shipped behaviour logits, log pi and the entropy give them probab
 import numpy as np
 import tensorflow as tf
 
-from easyrl.algorithms.contract import Flow, LearnStep
-from easyrl.algorithms.impala import SPEC, AgentParams, check_spaces, unroll_spec
-from easyrl.algorithms.masking import features, masked
-from easyrl.algorithms.sampling import gumbel_max, gumbel_noise
-from easyrl.algorithms.shared import (
+from easyrl.algorithms.agent_parts import (
     CompiledGreedy,
     NoTargetNetwork,
     checked_columns,
     compiled,
     flat_gradients,
 )
+from easyrl.algorithms.contract import Flow, LearnStep
+from easyrl.algorithms.impala.params import FLOW, AgentParams, check_spaces, unroll_spec
+from easyrl.algorithms.masking import features, masked
+from easyrl.algorithms.sampling import gumbel_max, gumbel_noise
 from easyrl.algorithms.unrolls import UnrollAccumulator
 from easyrl.envs.flat import action_mask_size, legal_actions, observation_parts
 from easyrl.errors import EasyRLError
@@ -163,7 +163,7 @@ class IMPALA(CompiledGreedy, NoTargetNetwork):
         ConfigError: unsupported spaces or model kind.
     """
 
-    flow: Flow = SPEC.flow
+    flow: Flow = FLOW
     """Execution flow (an instance built for A3C says "actor_gradients")."""
 
     def __init__(self, params: AgentParams, obs_space, action_space, model, seed: int = 0):

@@ -17,9 +17,9 @@ docstring).
 import numpy as np
 import tensorflow as tf
 
+from easyrl.algorithms.agent_parts import CompiledGreedy, NoTargetNetwork, checked_columns, compiled
 from easyrl.algorithms.contract import Flow, LearnStep, concat
-from easyrl.algorithms.linucb import SPEC, Params, replay_spec
-from easyrl.algorithms.shared import CompiledGreedy, NoTargetNetwork, checked_columns, compiled
+from easyrl.algorithms.linucb.params import FLOW, Params, optimizer, replay_spec
 from easyrl.errors import EasyRLError
 from easyrl.models import named_variables
 
@@ -45,7 +45,7 @@ class LinUCB(CompiledGreedy, NoTargetNetwork):
         action_space: a Discrete action space (K arms).
     """
 
-    flow: Flow = SPEC.flow
+    flow: Flow = FLOW
 
     def __init__(self, params: Params, obs_space, action_space):
         self.params = params
@@ -193,7 +193,6 @@ def regret_run(
         EasyRLError: the env does not report `regret` in its info (see
             `easyrl.envs.bandit.vector_regrets`).
     """
-    from easyrl.algorithms.linucb import optimizer
     from easyrl.algorithms.optimizers import OptimizerGroups
     from easyrl.envs import make_vector_env
     from easyrl.envs.bandit import vector_regrets

@@ -20,63 +20,27 @@ batch (`agent.MARWIL`), with c the moving average of the squared advantage norm:
     c           <- c + adv_norm_update_rate * (mean(A^2) - c)  (after each batch)
 """
 
-from dataclasses import dataclass
-
 import gymnasium as gym
 import numpy as np
 
 from easyrl.algorithms.contract import AlgorithmSpec, ReplayLearner
-from easyrl.algorithms.learning_rate import LearningRate, lr_checks
+from easyrl.algorithms.marwil import params
+from easyrl.algorithms.marwil.params import Params, check_params
 from easyrl.algorithms.registry import check_model_kind
-from easyrl.errors import ConfigError, check_ranges
+from easyrl.errors import ConfigError
 from easyrl.offline.dataset import episode_bounds
 
-
-@dataclass(frozen=True)
-class Params(LearningRate):
-    """Hyper-parameters of MARWIL."""
-
-    beta: float = 1.0
-    """Advantage weighting exponent (0: behaviour cloning)."""
-    vf_coeff: float = 1.0
-    """Weight of the value loss (unused when beta = 0: no value head is trained)."""
-    gamma: float = 0.99
-    """Discount of the returns-to-go."""
-    batch_size: int = 256
-    """Steps per learner batch."""
-    adv_norm_start: float = 100.0
-    """Initial moving average of the squared advantage norm (RLlib's default)."""
-    adv_norm_update_rate: float = 1e-8
-    """Rate of the moving average of the squared advantage norm (RLlib's default)."""
-    lr: float = 1e-3
-    """Learning rate."""
-    grad_clip: float = 40.0
-    """Global-norm gradient clip (0 disables)."""
-    max_staleness: int = 20
-    """PS shards drop gradients computed against a version older than this many updates."""
-    log_std_init: float = 0.0
-    """Initial log standard deviation of the Gaussian policy (Box actions only)."""
-
-    def __post_init__(self):
-        check_params("marwil", self)
-
-
-def check_params(name: str, p: Params) -> None:
-    """Raises ConfigError naming the first out-of-range value of `p` (NaN fails every
-    check)."""
-    checks = {
-        "beta": (p.beta >= 0.0, ">= 0"),
-        "vf_coeff": (p.vf_coeff >= 0.0, ">= 0"),
-        "gamma": (0.0 <= p.gamma <= 1.0, "in [0, 1]"),
-        "batch_size": (p.batch_size >= 1, ">= 1"),
-        "adv_norm_start": (p.adv_norm_start > 0.0, "> 0"),
-        "adv_norm_update_rate": (0.0 <= p.adv_norm_update_rate <= 1.0, "in [0, 1]"),
-        **lr_checks(p),
-        "grad_clip": (p.grad_clip >= 0.0, ">= 0"),
-        "max_staleness": (p.max_staleness >= 0, ">= 0"),
-        "log_std_init": (bool(np.isfinite(p.log_std_init)), "finite"),
-    }
-    check_ranges(name, p, checks)
+__all__ = [
+    "Params",
+    "SPEC",
+    "build",
+    "check_params",
+    "check_spaces",
+    "dataset_items",
+    "optimizer",
+    "replay_spec",
+    "returns_to_go",
+]
 
 
 def optimizer(params: Params):
@@ -161,7 +125,7 @@ def build(
 
 
 SPEC = AlgorithmSpec(
-    flow="async_replay",  # the learner samples the memory shards (which hold the dataset)
+    flow=params.FLOW,  # the agent's (`agent.py` reads it from `params`)
     replay_kinds=("uniform",),  # the dataset's steps, sampled uniformly
     params_class=Params,
     build=build,

@@ -2,8 +2,8 @@
 greedy policy, the behaviour log-probabilities for off-policy evaluation, and the loss
 (see `easyrl.algorithms.marwil` for the equations).
 
-The networks are PPO's (in `easyrl.algorithms.shared`: `PolicyNet`, logits or a Gaussian mean
-with a state-independent `pi/log_std`; `ValueNet`), without observation normalization. The
+The networks are PPO's (in `easyrl.algorithms.policy_nets`: `PolicyNet`, logits or a Gaussian
+mean with a state-independent `pi/log_std`; `ValueNet`), without observation normalization. The
 moving average of the squared advantage norm is a learner-local variable (not on the PS): a
 restarted learner starts it again from `adv_norm_start`.
 """
@@ -12,17 +12,10 @@ import gymnasium as gym
 import numpy as np
 import tensorflow as tf
 
+from easyrl.algorithms.agent_parts import CompiledGreedy, NoTargetNetwork, compiled, flat_gradients
 from easyrl.algorithms.contract import Flow, LearnStep
-from easyrl.algorithms.marwil import SPEC, Params
-from easyrl.algorithms.shared import (
-    CompiledGreedy,
-    NoTargetNetwork,
-    ObsNorm,
-    PolicyNet,
-    ValueNet,
-    compiled,
-    flat_gradients,
-)
+from easyrl.algorithms.marwil.params import FLOW, Params
+from easyrl.algorithms.policy_nets import ObsNorm, PolicyNet, ValueNet
 from easyrl.errors import ConfigError
 from easyrl.models import FlatVariables, named_variables
 
@@ -45,7 +38,7 @@ class MARWIL(CompiledGreedy, NoTargetNetwork):
         ConfigError: a custom torso breaks its contract.
     """
 
-    flow: Flow = SPEC.flow
+    flow: Flow = FLOW
 
     def __init__(self, params: Params, obs_space, action_space, model, seed: int = 0):
         self.params = params

@@ -22,18 +22,11 @@ import gymnasium as gym
 import numpy as np
 import tensorflow as tf
 
+from easyrl.algorithms.agent_parts import CompiledGreedy, compiled, flatten, gradients
 from easyrl.algorithms.contract import Flow, LearnStep
-from easyrl.algorithms.ppo import SPEC, Params, check_spaces, gae
+from easyrl.algorithms.policy_nets import ObsNorm, PolicyNet, ValueNet
+from easyrl.algorithms.ppo.params import FLOW, Params, check_spaces, gae
 from easyrl.algorithms.sampling import gumbel_max, gumbel_noise
-from easyrl.algorithms.shared import (
-    CompiledGreedy,
-    ObsNorm,
-    PolicyNet,
-    ValueNet,
-    compiled,
-    flatten,
-    gradients,
-)
 from easyrl.algorithms.unrolls import UnrollAccumulator
 from easyrl.envs.flat import action_mask_size, legal_actions, observation_parts
 from easyrl.errors import ConfigError, EasyRLError
@@ -70,7 +63,7 @@ class PPO(CompiledGreedy):
         ConfigError: unsupported spaces, or a custom torso that breaks its contract.
     """
 
-    flow: Flow = SPEC.flow
+    flow: Flow = FLOW
 
     def __init__(
         self,

@@ -5,11 +5,11 @@ import gymnasium as gym
 import numpy as np
 import tensorflow as tf
 
+from easyrl.algorithms.agent_parts import CompiledGreedy, checked_columns, compiled, flat_gradients
 from easyrl.algorithms.contract import Flow, LearnStep
-from easyrl.algorithms.dqn import actor_epsilon
 from easyrl.algorithms.dqn.agent import QNetwork, epsilon_greedy
-from easyrl.algorithms.r2d2 import SPEC, Params, replay_spec
-from easyrl.algorithms.shared import CompiledGreedy, checked_columns, compiled, flat_gradients
+from easyrl.algorithms.dqn.params import actor_epsilon
+from easyrl.algorithms.r2d2.params import FLOW, Params, replay_spec
 from easyrl.algorithms.unrolls import UnrollAccumulator
 from easyrl.envs.flat import observation_parts
 from easyrl.errors import ConfigError, EasyRLError
@@ -72,7 +72,7 @@ class R2D2(CompiledGreedy):
         ConfigError: unsupported spaces, or no `model.lstm`.
     """
 
-    flow: Flow = SPEC.flow
+    flow: Flow = FLOW
 
     def __init__(self, params: Params, obs_space, action_space, model, seed: int = 0):
         if not isinstance(obs_space, gym.spaces.Box):

@@ -22,9 +22,17 @@ import math
 import numpy as np
 import tensorflow as tf
 
-from easyrl.algorithms import shared
+from easyrl.algorithms.agent_parts import compiled, flat_gradients
+from easyrl.algorithms.continuous.actor_critic import (
+    ContinuousCollector,
+    Critics,
+    PolyakActorCritic,
+    PolyakTargets,
+    min_q,
+    transition_columns,
+)
 from easyrl.algorithms.contract import Flow, LearnStep
-from easyrl.algorithms.sac import SPEC, Params
+from easyrl.algorithms.sac.params import FLOW, Params
 from easyrl.errors import ConfigError
 from easyrl.models import Dense, FlatVariables, build_torso, named_variables
 
@@ -77,7 +85,7 @@ class GaussianActor(tf.Module):
         return tf.tanh(u), squashed_log_prob(u, mean, log_std)
 
 
-class SAC(shared.PolyakActorCritic):
+class SAC(PolyakActorCritic):
     """SAC's pieces for the runtime: networks, acting, priorities, the losses (greedy acting,
     the critics' targets and loss and `sync_target`: `PolyakActorCritic`).
 
@@ -96,7 +104,7 @@ class SAC(shared.PolyakActorCritic):
         ConfigError: unsupported spaces or model.
     """
 
-    flow: Flow = SPEC.flow
+    flow: Flow = FLOW
 
     def __init__(self, params: Params, obs_space, action_space, model, seed: int = 0):
         super().__init__("sac", obs_space, action_space, model)
@@ -108,10 +116,10 @@ class SAC(shared.PolyakActorCritic):
         dims = (self.obs_dim, self.action_dim)
         try:
             self.actor = GaussianActor(*dims, model, "actor", rng)
-            self.critic = shared.Critics(*dims, model, True, "critic", rng)
+            self.critic = Critics(*dims, model, True, "critic", rng)
             # Initial values are copied from the online critics by PolyakTargets.
             spare = np.random.default_rng(0)
-            self.target_critic = shared.Critics(*dims, model, True, "target_critic", spare)
+            self.target_critic = Critics(*dims, model, True, "target_critic", spare)
         except ValueError as err:
             raise ConfigError(f"model: {err}") from err
         # TF's stub types `initial_value` as a Tensor; tf.Variable takes any tensor-like value.
@@ -129,7 +137,7 @@ class SAC(shared.PolyakActorCritic):
             )
         )
         self._flat = FlatVariables(list(self.variables.values()))
-        self.polyak = shared.PolyakTargets(
+        self.polyak = PolyakTargets(
             named_variables(self.critic), named_variables(self.target_critic), params.tau
         )
         self._rng = np.random.default_rng(seed)
@@ -139,21 +147,21 @@ class SAC(shared.PolyakActorCritic):
         vec = tf.TensorSpec([None], tf.float32)
         noise2 = tf.TensorSpec([2, None, self.action_dim], tf.float32)
         batch = [obs, act, vec, obs, vec]
-        self._policy = shared.compiled(lambda o: tf.tanh(self.actor(o)[0]), obs)  # tanh(mu(s))
-        self._sample = shared.compiled(self.actor.sample, obs, act)
-        self._targets = shared.compiled(self._targets_fn, vec, obs, vec, act)
-        self._td_abs = shared.compiled(self._td_abs_fn, *batch, act)
-        self._step = shared.compiled(self._step_fn, *batch, vec, noise2)
+        self._policy = compiled(lambda o: tf.tanh(self.actor(o)[0]), obs)  # tanh(mu(s))
+        self._sample = compiled(self.actor.sample, obs, act)
+        self._targets = compiled(self._targets_fn, vec, obs, vec, act)
+        self._td_abs = compiled(self._td_abs_fn, *batch, act)
+        self._step = compiled(self._step_fn, *batch, vec, noise2)
 
     # --- actor side ---------------------------------------------------------------------
 
     def collector(
         self, num_envs: int, seed: int = 0, actor_index: int = 0, num_actors: int = 1
-    ) -> shared.ContinuousCollector:
+    ) -> ContinuousCollector:
         """The actor-side collector: actions sampled from pi (uniform for the first
         `random_steps` env steps) and n-step transitions. All actors explore alike; the
         `rng` given to `act` drives the sampling."""
-        return shared.ContinuousCollector(self, num_envs, SampledPolicy(self))
+        return ContinuousCollector(self, num_envs, SampledPolicy(self))
 
     def sample(self, obs: np.ndarray, noise: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """a = tanh(mu + sigma * noise) `[N, A]` (normalized) and log pi(a|s) `[N]`, for
@@ -166,7 +174,7 @@ class SAC(shared.PolyakActorCritic):
         online critics standing in for the targets (an actor never syncs targets):
         y = R + discount * (min_i Q_i(s', a') - alpha * log pi(a'|s')), a' ~ pi(.|s') drawn
         with standard-normal `noise` `[B, A]` (None: from the agent's seeded generator)."""
-        columns = shared.transition_columns(batch)
+        columns = transition_columns(batch)
         if noise is None:
             noise = self._rng.standard_normal((len(columns[0]), self.action_dim))
         return self._td_abs(*columns, np.asarray(noise, np.float32)).numpy()
@@ -190,7 +198,7 @@ class SAC(shared.PolyakActorCritic):
             `alpha/log_alpha` None unless `autotune_alpha`), stats, new priorities |y - Q_1|
             `[B]`.
         """
-        columns = shared.transition_columns(batch)
+        columns = transition_columns(batch)
         size = len(columns[0])
         weights = np.ones(size, np.float32) if weights is None else weights
         if noise is None:
@@ -210,7 +218,7 @@ class SAC(shared.PolyakActorCritic):
 
     def _soft_targets(self, critic, reward, next_obs, discount, noise):
         next_action, next_logp = self.actor.sample(next_obs, noise)  # [B, A], [B]
-        soft_q = shared.min_q(critic(next_obs, next_action)) - tf.exp(self.log_alpha) * next_logp
+        soft_q = min_q(critic(next_obs, next_action)) - tf.exp(self.log_alpha) * next_logp
         return reward + discount * soft_q  # [B]
 
     def _targets_fn(self, reward, next_obs, discount, noise):
@@ -224,7 +232,7 @@ class SAC(shared.PolyakActorCritic):
         """The actor's loss for the noise z `[B, A]` of a~ ~ pi(.|s) (alpha held constant),
         with log pi(a~|s) `[B]`."""
         new_action, logp = self.actor.sample(obs, noise)  # [B, A], [B]
-        q_new = shared.min_q(self.critic(obs, new_action))  # [B]
+        q_new = min_q(self.critic(obs, new_action))  # [B]
         return tf.reduce_mean(tf.stop_gradient(tf.exp(self.log_alpha)) * logp - q_new), logp
 
     def alpha_loss(self, logp):
@@ -235,17 +243,15 @@ class SAC(shared.PolyakActorCritic):
     def _step_fn(self, obs, action, reward, next_obs, discount, weights, noise):
         clip = self.params.grad_clip  # per group: the actor's and the critics' norms differ a lot
         group = {g: [v for n, v in self.variables.items() if n.startswith(g)] for g in _GROUPS}
-        critic_flat, critic_loss, (q_mean, td_abs) = shared.flat_gradients(
+        critic_flat, critic_loss, (q_mean, td_abs) = flat_gradients(
             lambda: self.critic_loss(obs, action, reward, next_obs, discount, weights, noise[0]),
             group["critic/"],
             clip,
         )
-        actor_flat, actor_loss, logp = shared.flat_gradients(
+        actor_flat, actor_loss, logp = flat_gradients(
             lambda: self.actor_loss(obs, noise[1]), group["actor/"], clip
         )
-        alpha_flat, _, _ = shared.flat_gradients(
-            lambda: self.alpha_loss(logp), group["alpha/"], 0.0
-        )
+        alpha_flat, _, _ = flat_gradients(lambda: self.alpha_loss(logp), group["alpha/"], 0.0)
         stats = {
             "critic_loss": critic_loss,
             "actor_loss": actor_loss,

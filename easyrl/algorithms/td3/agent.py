@@ -1,5 +1,6 @@
 """The TensorFlow side of TD3 / DDPG: the actor, acting, the losses (the twin critics, their
-loss, the Polyak targets and the collector are SAC's too: `easyrl.algorithms.shared`).
+loss, the Polyak targets and the collector are SAC's too:
+`easyrl.algorithms.continuous.actor_critic`).
 
 With a = normalized action in [-1, 1]^A, discount = gamma^m (0 at termination), w = importance
 weights, sigma = target_noise, c = target_noise_clip, eps ~ N(0, 1) `[B, A]`:
@@ -14,9 +15,17 @@ Primes are the local target networks, Polyak-averaged by `sync_target`:
 import numpy as np
 import tensorflow as tf
 
-from easyrl.algorithms import shared
+from easyrl.algorithms.agent_parts import compiled, flat_gradients
+from easyrl.algorithms.continuous.actor_critic import (
+    ContinuousCollector,
+    Critics,
+    PolyakActorCritic,
+    PolyakTargets,
+    min_q,
+    transition_columns,
+)
 from easyrl.algorithms.contract import Flow, LearnStep
-from easyrl.algorithms.td3 import SPEC, actor_noise_scale
+from easyrl.algorithms.td3.params import FLOW, actor_noise_scale
 from easyrl.errors import ConfigError
 from easyrl.models import Dense, FlatVariables, build_torso, named_variables
 
@@ -36,7 +45,7 @@ class DeterministicActor(tf.Module):
         return tf.tanh(self.out(self.torso(obs)))  # [B, A]
 
 
-class TD3(shared.PolyakActorCritic):
+class TD3(PolyakActorCritic):
     """TD3's (and DDPG's) pieces for the runtime: networks, acting, priorities, the losses
     (greedy acting, the critics' targets and loss and `sync_target`: `PolyakActorCritic`).
 
@@ -56,7 +65,7 @@ class TD3(shared.PolyakActorCritic):
         ConfigError: unsupported spaces or model.
     """
 
-    flow: Flow = SPEC.flow
+    flow: Flow = FLOW
 
     def __init__(self, params, obs_space, action_space, model, seed: int = 0, name="td3"):
         super().__init__(name, obs_space, action_space, model)
@@ -64,7 +73,7 @@ class TD3(shared.PolyakActorCritic):
         rng = np.random.default_rng(seed)
         try:
             self.actor = DeterministicActor(self.obs_dim, self.action_dim, model, "actor", rng)
-            self.critic = shared.Critics(
+            self.critic = Critics(
                 self.obs_dim, self.action_dim, model, params.twin_q, "critic", rng
             )
             # Initial values are copied from the online networks below.
@@ -72,7 +81,7 @@ class TD3(shared.PolyakActorCritic):
             self.target_actor = DeterministicActor(
                 self.obs_dim, self.action_dim, model, "target_actor", spare
             )
-            self.target_critic = shared.Critics(
+            self.target_critic = Critics(
                 self.obs_dim, self.action_dim, model, params.twin_q, "target_critic", spare
             )
         except ValueError as err:
@@ -84,7 +93,7 @@ class TD3(shared.PolyakActorCritic):
         self._actor_flat = FlatVariables([self.variables[n] for n in self._actor_names])
         self._critic_flat = FlatVariables([self.variables[n] for n in self._critic_names])
         targets = {**named_variables(self.target_actor), **named_variables(self.target_critic)}
-        self.polyak = shared.PolyakTargets(self.variables, targets, params.tau)
+        self.polyak = PolyakTargets(self.variables, targets, params.tau)
         self._rng = np.random.default_rng(seed)
         self.learn_calls = 0
         self.actor_updates = 0
@@ -93,29 +102,29 @@ class TD3(shared.PolyakActorCritic):
         act = tf.TensorSpec([None, self.action_dim], tf.float32)
         vec = tf.TensorSpec([None], tf.float32)
         batch = [obs, act, vec, obs, vec]
-        self._policy = shared.compiled(self.actor.__call__, obs)
-        self._target_actions = shared.compiled(self._target_actions_fn, obs, act)
-        self._targets = shared.compiled(self._targets_fn, vec, obs, vec, act)
-        self._td_abs = shared.compiled(self._td_abs_fn, *batch)
-        self._critic_step = shared.compiled(self._critic_step_fn, *batch, vec, act)
-        self._full_step = shared.compiled(self._full_step_fn, *batch, vec, act)
+        self._policy = compiled(self.actor.__call__, obs)
+        self._target_actions = compiled(self._target_actions_fn, obs, act)
+        self._targets = compiled(self._targets_fn, vec, obs, vec, act)
+        self._td_abs = compiled(self._td_abs_fn, *batch)
+        self._critic_step = compiled(self._critic_step_fn, *batch, vec, act)
+        self._full_step = compiled(self._full_step_fn, *batch, vec, act)
 
     # --- actor side ---------------------------------------------------------------------
 
     def collector(
         self, num_envs: int, seed: int = 0, actor_index: int = 0, num_actors: int = 1
-    ) -> shared.ContinuousCollector:
+    ) -> ContinuousCollector:
         """The actor-side collector: noisy actions (`NoisyPolicy` with the scale of actor
         `actor_index` of `num_actors`) and n-step transitions. The `rng` given to `act`
         drives all of its randomness; `seed` is accepted for the runtime's protocol."""
         scale = actor_noise_scale(self.params, actor_index, num_actors)
-        return shared.ContinuousCollector(self, num_envs, NoisyPolicy(self, num_envs, scale))
+        return ContinuousCollector(self, num_envs, NoisyPolicy(self, num_envs, scale))
 
     def initial_priorities(self, batch: dict) -> np.ndarray:
         """Ape-X initial priorities `[B]`: |y - Q_1(s, a)| with the actor's copies of the
         online networks standing in for the targets (an actor never syncs targets) and no
         smoothing noise: y = R + discount * min_i Q_i(s', mu(s'))."""
-        return self._td_abs(*shared.transition_columns(batch)).numpy()
+        return self._td_abs(*transition_columns(batch)).numpy()
 
     # --- learner side -------------------------------------------------------------------
 
@@ -145,7 +154,7 @@ class TD3(shared.PolyakActorCritic):
             a LearnStep: gradients in the order of `self.variables` (None for the actor's on
             a delayed call), stats, new priorities |y - Q_1| `[B]`.
         """
-        columns = shared.transition_columns(batch)
+        columns = transition_columns(batch)
         size = len(columns[0])
         weights = np.ones(size, np.float32) if weights is None else weights
         if noise is None:
@@ -184,10 +193,10 @@ class TD3(shared.PolyakActorCritic):
 
     def _targets_fn(self, reward, next_obs, discount, noise):
         next_action = self._target_actions_fn(next_obs, noise)
-        return reward + discount * shared.min_q(self.target_critic(next_obs, next_action))  # [B]
+        return reward + discount * min_q(self.target_critic(next_obs, next_action))  # [B]
 
     def _td_abs_fn(self, obs, action, reward, next_obs, discount):
-        y = reward + discount * shared.min_q(self.critic(next_obs, self.actor(next_obs)))  # [B]
+        y = reward + discount * min_q(self.critic(next_obs, self.actor(next_obs)))  # [B]
         return tf.abs(y - self.critic.q1(obs, action))
 
     def actor_loss(self, obs):
@@ -196,16 +205,12 @@ class TD3(shared.PolyakActorCritic):
 
     def _critic_step_fn(self, *batch):
         critic_vars = [self.variables[n] for n in self._critic_names]
-        return shared.flat_gradients(
-            lambda: self.critic_loss(*batch), critic_vars, self.params.grad_clip
-        )
+        return flat_gradients(lambda: self.critic_loss(*batch), critic_vars, self.params.grad_clip)
 
     def _full_step_fn(self, obs, *rest):
         critic = self._critic_step_fn(obs, *rest)
         actor_vars = [self.variables[n] for n in self._actor_names]
-        actor = shared.flat_gradients(
-            lambda: self.actor_loss(obs), actor_vars, self.params.grad_clip
-        )
+        actor = flat_gradients(lambda: self.actor_loss(obs), actor_vars, self.params.grad_clip)
         return critic, actor
 
 

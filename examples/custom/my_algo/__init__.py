@@ -9,29 +9,10 @@ Loss (one-step Q-learning with a target network):
     loss = mean(huber(y - Q(s, a)))
 """
 
-from dataclasses import dataclass
-
 import numpy as np
 
 from easyrl.algorithms.contract import AlgorithmSpec
-
-
-@dataclass(frozen=True)
-class Params:
-    """Hyper-parameters (the config's `algorithm` keys next to `name`)."""
-
-    gamma: float = 0.99
-    """Discount factor."""
-    batch_size: int = 64
-    """Transitions per learner batch (read by the runtime)."""
-    max_staleness: int = 20
-    """PS shards drop gradients older than this many updates (read by the runtime)."""
-    lr: float = 1e-3
-    """Adam learning rate."""
-    target_update_period: int = 100
-    """Learner updates between target-network syncs."""
-    epsilon: float = 0.1
-    """Exploration rate of every actor."""
+from my_algo.params import FLOW, Params
 
 
 def optimizer(params: Params):
@@ -62,7 +43,7 @@ def build(params: Params, obs_space, action_space, model, seed: int = 0, learner
 
 
 SPEC = AlgorithmSpec(
-    flow="async_replay",  # actors ship transitions; learners sample them asynchronously
+    flow=FLOW,  # actors ship transitions; learners sample them asynchronously
     replay_kinds=("uniform",),  # the replay tables it works with, the default first
     params_class=Params,
     build=build,

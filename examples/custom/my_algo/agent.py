@@ -3,10 +3,10 @@
 import numpy as np
 import tensorflow as tf
 
+from easyrl.algorithms.agent_parts import flat_gradients
 from easyrl.algorithms.contract import Batch, LearnStep
-from easyrl.algorithms.shared import flat_gradients
 from easyrl.models import Dense, FlatVariables, build_torso, named_variables
-from my_algo import SPEC, Params
+from my_algo.params import FLOW, Params
 
 
 class QNetwork(tf.Module):
@@ -25,7 +25,7 @@ class QNetwork(tf.Module):
 class PlainDQN:
     """A `contract.ReplayAgent`: variables, greedy acting, a collector, `learn`, targets."""
 
-    flow = SPEC.flow
+    flow = FLOW
 
     def __init__(self, params: Params, obs_space, action_space, model, seed: int):
         self.params = params

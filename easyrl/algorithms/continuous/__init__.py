@@ -1,6 +1,6 @@
 """The numpy side that the off-policy continuous-control algorithms share (TD3 / DDPG, SAC; their
-TensorFlow side is in `easyrl.algorithms.shared`): the network kinds they build, the spaces
-they accept, and the scaling of normalized actions to the env's Box bounds:
+TensorFlow side is `actor_critic`, which their agents import): the network kinds they build,
+the spaces they accept, and the scaling of normalized actions to the env's Box bounds:
     env_action = low + (a + 1) / 2 * (high - low),  a in [-1, 1]^A.
 Nothing here imports TensorFlow.
 """
