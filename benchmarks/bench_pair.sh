@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Paired time to solve of two commits: BEFORE and AFTER (git revisions) alternate, one
-# `bench_solve.py --runs 1` each, 3 rounds per config; one line per run (its JSON result).
-#   benchmarks/bench_pair.sh BEFORE AFTER [CONFIG ...]   (configs by name, e.g. cartpole_ppo)
+# `bench_solve.py --runs 1` each, ROUNDS rounds per config (default 3); one line per run (its
+# JSON result).
+#   [ROUNDS=N] benchmarks/bench_pair.sh BEFORE AFTER [CONFIG ...]   (configs by name, e.g. cartpole_ppo)
 set -euo pipefail
 before=$1 after=$2
 shift 2
@@ -13,7 +14,7 @@ git -C "$repo" worktree add -q "$root/after" "$after"
 trap 'git -C "$repo" worktree remove --force "$root/before"; git -C "$repo" worktree remove --force "$root/after"' EXIT
 export TF_CPP_MIN_LOG_LEVEL=2
 for c in $configs; do
-  for i in 1 2 3; do
+  for i in $(seq "${ROUNDS:-3}"); do
     for side in before after; do
       load=$(cut -d' ' -f1 /proc/loadavg)
       line=$(cd "$root/$side" && PYTHONPATH="$root/$side" python benchmarks/bench_solve.py \
