@@ -21,6 +21,7 @@ import gymnasium
 import numpy as np
 import pytest
 import yaml
+from rollouts import collect, joined
 
 import easyrl
 from easyrl import api, cli
@@ -420,19 +421,8 @@ def test_example_algorithm_follows_the_contract_and_learns_from_its_own_items(ex
     cfg = config_lib.load(EXAMPLE / "algo.yaml")
     assert cfg.replay.kind == "uniform" and cfg.algorithm.params.batch_size == 64
     module = registry.module("my_algo")
-    env = make_vector_env("CartPole-v1", 4, seed=0)
     agent = module.build(cfg.algorithm.params, *env_spaces("CartPole-v1"), cfg.model, 0)
-    collector = agent.collector(4, 0, 0, 1)
-    rng = np.random.default_rng(0)
-    obs, _ = env.reset(seed=0)
-    parts = []
-    for _ in range(16):
-        actions = collector.act(obs, rng)
-        next_obs, rewards, terminated, truncated, infos = env.step(actions)
-        parts.append(collector.observe(rewards, next_obs, next_obs, terminated, truncated))
-        obs = next_obs
-    env.close()
-    batch = {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
+    batch = joined(collect(agent, "CartPole-v1", 4, 16))
     spec = module.replay_spec(cfg.algorithm.params, *env_spaces("CartPole-v1"))
     assert {k: (v.shape[1:], v.dtype) for k, v in batch.items()} == spec
     step = agent.learn(batch, None)

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 from custom_torsos import Gated, Residual
+from rollouts import collect, joined
 from test_es import run_round
 from test_ppo import run_rounds
 
@@ -33,7 +34,7 @@ from easyrl.algorithms import (
     td3,
 )
 from easyrl.config import ModelConfig
-from easyrl.envs import final_observations, make_vector_env
+from easyrl.envs import make_vector_env
 from easyrl.errors import ConfigError
 from easyrl.models import FlatVariables, KerasTorso, build_torso, named_variables
 
@@ -46,30 +47,6 @@ SPACES = {"CartPole-v1": CARTPOLE, "Pendulum-v1": PENDULUM}
 
 def model_of(form: str) -> ModelConfig:
     return ModelConfig(kind=TORSOS[form], hidden=(8,), activation="tanh")
-
-
-def collect(algo, env_id: str, num_envs: int, steps: int, **env_kwargs) -> list[dict]:
-    """What the agent's collector returns over `steps` vector steps of a real env."""
-    env = make_vector_env(env_id, num_envs, vector="sync", seed=0, **env_kwargs)
-    collector = algo.collector(num_envs, seed=0)
-    rng = np.random.default_rng(0)
-    obs, _ = env.reset(seed=0)
-    out = []
-    try:
-        for _ in range(steps):
-            next_obs, reward, terminated, truncated, infos = env.step(collector.act(obs, rng))
-            real = final_observations(next_obs, infos, terminated | truncated)
-            item = collector.observe(reward, next_obs, real, terminated, truncated)
-            if item is not None:
-                out.append(item)
-            obs = next_obs
-    finally:
-        env.close()
-    return out
-
-
-def joined(items: list[dict]) -> dict:
-    return {k: np.concatenate([item[k] for item in items]) for k in items[0]}
 
 
 def learn_rounds(module, params, form):

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from rollouts import collect, joined
 
 import easyrl
 from easyrl import config as config_lib
@@ -198,23 +199,13 @@ def test_a_toy_algorithm_outside_the_package_loads_from_its_spec(toy_on_path):
 
 
 def test_the_toy_agent_collects_and_learns_under_the_contract(toy_on_path):
-    from easyrl.envs import env_spaces, make_vector_env
+    from easyrl.envs import env_spaces
 
     cfg = config_lib.from_dict(CARTPOLE)
     spec = registry.spec("toy_q")
     spaces = env_spaces("CartPole-v1")
     agent = spec.build(cfg.algorithm.params, *spaces, cfg.model, 0)
-    collector = agent.collector(4, 0, 0, 1)
-    env, rng = make_vector_env("CartPole-v1", 4, seed=0), np.random.default_rng(0)
-    obs, _ = env.reset(seed=0)
-    parts = []
-    for _ in range(8):
-        actions = collector.act(obs, rng)
-        next_obs, rewards, terminated, truncated, _ = env.step(actions)
-        parts.append(collector.observe(rewards, next_obs, next_obs, terminated, truncated))
-        obs = next_obs
-    env.close()
-    batch = {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
+    batch = joined(collect(agent, "CartPole-v1", 4, 8))
     columns = spec.replay_spec(cfg.algorithm.params, *spaces)
     assert {k: (v.shape[1:], v.dtype) for k, v in batch.items()} == columns
     step = agent.learn(batch, None)
