@@ -39,6 +39,8 @@ as an actor process does, so both loops act with the same threads.
         --capacity 20000 --write                # Atari frames/s per actor
     python benchmarks/bench_actor.py --config configs/pong_impala.yaml --num-envs 5 \
         --vector async,envpool                  # gymnasium subprocesses vs EnvPool threads
+    python benchmarks/bench_actor.py --config configs/pong_impala_16core.yaml --num-envs 8 \
+        --vector sync,async,async/4             # async/4: 4 envs per subprocess
 """
 
 import argparse
@@ -64,6 +66,23 @@ SMOKE_LINE = r"^min actor/plain: \d"
 
 CONFIG = common.REPO / "configs" / "cartpole_apex.yaml"
 VECTORS = ("sync", "async", "envpool")
+"""`--vector` kinds; "async/N" is async with `env.envs_per_worker` N."""
+
+
+def vector_kind(label: str) -> tuple[str, int]:
+    """(env.vector, env.envs_per_worker) of a `--vector` label: "async/4" -> ("async", 4).
+
+    Raises:
+        ValueError: not one of VECTORS, or a per-worker count that is not a whole number >= 1.
+    """
+    kind, _, per_worker = label.partition("/")
+    if kind not in VECTORS or (per_worker and (kind != "async" or not per_worker.isdigit())):
+        raise ValueError(f"{label!r} is not one of {', '.join(VECTORS)} or async/N")
+    if per_worker and int(per_worker) < 1:
+        raise ValueError(f"{label!r}: envs per worker must be >= 1")
+    return kind, int(per_worker or 1)
+
+
 QUEUE_CAPACITY = 10_000
 """Default `--capacity` of a trajectory queue (unrolls; nothing drains it)."""
 
@@ -74,7 +93,7 @@ def raw_config(config: Path, num_envs: int, capacity: int | None, vector: str | 
     raw = yaml.safe_load(config.read_text())
     raw["env"]["num_envs"] = num_envs
     if vector is not None:
-        raw["env"]["vector"] = vector
+        raw["env"]["vector"], raw["env"]["envs_per_worker"] = vector_kind(vector)
     raw.setdefault("replay", {})
     if capacity is None:
         capacity = QUEUE_CAPACITY if raw["replay"].get("kind") == "trajectory" else 1_000_000
@@ -95,7 +114,11 @@ def plain_loop(cfg, algo, duration_s: float, post: bool) -> common.Rate:
 
     n = cfg.env.num_envs
     seed = cfg.run.seed * 10_000
-    env = make_vector_env(cfg.env.id, n, vector=cfg.env.vector, seed=seed, **env_options(cfg.env))
+    per_worker = cfg.env.envs_per_worker
+    options = env_options(cfg.env)
+    env = make_vector_env(
+        cfg.env.id, n, vector=cfg.env.vector, seed=seed, envs_per_worker=per_worker, **options
+    )
     rng = np.random.default_rng(seed)
     collector = algo.collector(n, seed, 0, 1)
     episodes = EpisodeTracker(n)
@@ -200,7 +223,12 @@ def run_actor(cluster, local, cfg_path: Path, num_envs: int, vector: str, algo, 
     memory = common.client("memory", spec.memory[0], cluster.token)
     inserts_before = memory.call("Status", pb.StatusRequest()).counters.get("memory/0/inserts", 0.0)
     watcher = StepsWatcher(ps0).start()
-    overrides = [f"env.num_envs={num_envs}", f"env.vector={vector}"]
+    kind, per_worker = vector_kind(vector)
+    overrides = [
+        f"env.num_envs={num_envs}",
+        f"env.vector={kind}",
+        f"env.envs_per_worker={per_worker}",
+    ]
     stop = StopSignal()
     if args.actor_process:
         (process,) = local.start_role("actor", 1, overrides)
@@ -275,8 +303,9 @@ def main() -> None:
     parser.add_argument(
         "--vector",
         default=None,
-        help=f"env.vector override, one of {', '.join(VECTORS)}; a comma list (async,envpool) "
-        "measures each in the same run and prints the ratios to the first",
+        help=f"env.vector override, one of {', '.join(VECTORS)}, or async/N (N envs per "
+        "subprocess); a comma list (async,envpool) measures each in the same run and prints "
+        "the ratios to the first",
     )
     parser.add_argument("--duration", type=float, default=3.0, help="seconds per measurement")
     parser.add_argument(
@@ -290,8 +319,11 @@ def main() -> None:
     sizes = [int(x) for x in args.num_envs.split(",")]
     vectors = args.vector.split(",") if args.vector else [None]
     for v in vectors:
-        if v is not None and v not in VECTORS:
-            parser.error(f"--vector: {v!r} is not one of {', '.join(VECTORS)}")
+        if v is not None:
+            try:
+                vector_kind(v)
+            except ValueError as err:
+                parser.error(f"--vector: {err}")
 
     started, load_before = time.monotonic(), common.load_average()
     from easyrl import config as config_lib
@@ -320,8 +352,14 @@ def main() -> None:
         results = []
         for n in sizes:
             by_vector = {}
-            for v in [v or cfg.env.vector for v in vectors]:
-                env_n = dataclasses.replace(cfg.env, num_envs=n, vector=v)
+            default = cfg.env.vector + (
+                f"/{cfg.env.envs_per_worker}" if cfg.env.envs_per_worker > 1 else ""
+            )
+            for v in [v or default for v in vectors]:
+                kind, per_worker = vector_kind(v)
+                env_n = dataclasses.replace(
+                    cfg.env, num_envs=n, vector=kind, envs_per_worker=per_worker
+                )
                 cfg_n = dataclasses.replace(cfg, env=env_n)
                 # plain runs half before and half after the actor, so that a change of the
                 # machine's load during the actor's run biases neither side.
@@ -426,7 +464,8 @@ def main() -> None:
         "its env subprocesses), the rate one actor core gives where the actor has its cores "
         "to itself.",
         "vector: sync = envs stepped in the process, async = one subprocess per env "
-        "(gymnasium), envpool = EnvPool's C++ threads (`easyrl.envs.pool`).",
+        "(gymnasium), async/N = N envs per subprocess (`easyrl.envs.workers`), envpool = "
+        "EnvPool's C++ threads (`easyrl.envs.pool`).",
         "plain: `act` + `env.step` only. plain + post: adds final observations, the "
         "collector's work (DQN: n-step accumulation; IMPALA: unrolls), episode tracking and "
         "building each InsertRequest (Ape-X: initial priorities with the network; encoding) "
@@ -453,7 +492,7 @@ def main() -> None:
             suffix += f"-{config.stem}"
             title += f": {cfg.env.id}"
         if args.vector:
-            suffix += "-" + args.vector.replace(",", "-")
+            suffix += "-" + args.vector.replace(",", "-").replace("/", "x")
             title += f" ({args.vector.replace(',', ' vs ')})"
         common.write_section(
             f"bench_actor{suffix}", common.section_text(title, started, load_before, text)

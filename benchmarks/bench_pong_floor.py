@@ -83,7 +83,11 @@ def main() -> None:
     n = args.num_envs or cfg.env.num_envs
     obs_space, action_space = run_spaces(cfg)
     rng = np.random.default_rng(0)
-    env = make_vector_env(cfg.env.id, n, vector=cfg.env.vector, seed=0, **env_options(cfg.env))
+    per_worker, options = cfg.env.envs_per_worker, env_options(cfg.env)
+    env = make_vector_env(
+        cfg.env.id, n, vector=cfg.env.vector, seed=0, envs_per_worker=per_worker, **options
+    )
+    per_worker_note = f" ({per_worker} per subprocess)" if per_worker > 1 else ""
     env.reset(seed=0)
     env_cpu, env_rate = cpu_per_unit(
         lambda: env.step(rng.integers(0, action_space.n, n)), n, args.duration
@@ -102,7 +106,7 @@ def main() -> None:
     cores = os.cpu_count() or 1
     floor = env_cpu + act_cpu + learn_cpu
     rows = [
-        ["env", f"{n} envs, {cfg.env.vector}", env_cpu * 1e3, env_rate],
+        ["env", f"{n} envs, {cfg.env.vector}{per_worker_note}", env_cpu * 1e3, env_rate],
         ["act", f"forward pass, batch {n}", act_cpu * 1e3, act_rate],
         [
             "learn",

@@ -106,8 +106,14 @@ class EnvConfig(_Section):
     num_envs: int = 8
     """Environments per actor, stepped together as one vector env."""
     vector: Literal["sync", "async", "envpool"] = "sync"
-    """Vector env kind: sync (in-process), async (one subprocess per env) or envpool (EnvPool's
-    C++ threads, one per env up to the CPUs; Atari and classic-control ids; easyrl[envpool])."""
+    """Vector env kind: sync (in-process), async (subprocesses: see envs_per_worker) or envpool
+    (EnvPool's C++ threads, one per env up to the CPUs; Atari and classic-control ids;
+    easyrl[envpool])."""
+    envs_per_worker: int = 1
+    """With vector async: envs each subprocess steps in turn (1: one subprocess per env). A
+    subprocess per env costs every env a pipe round trip and a process wake-up per step; on
+    fewer cores than envs, several envs per subprocess leave that CPU to the envs (Sample
+    Factory's num_envs_per_worker; RESULTS.md has Pong's figures)."""
     max_episode_steps: int | None = None
     """Truncate episodes after this many steps (None: the environment's own limit)."""
     kwargs: dict[str, Any] = field(default_factory=dict)
@@ -515,7 +521,7 @@ def _each(check: _Check) -> _Check:
 
 
 _RULES: dict[type, dict[str, _Check]] = {
-    EnvConfig: dict(num_envs=_ge(1), max_episode_steps=_opt(_ge(1))),
+    EnvConfig: dict(num_envs=_ge(1), envs_per_worker=_ge(1), max_episode_steps=_opt(_ge(1))),
     AtariConfig: dict(noop_max=_ge(0), frame_skip=_ge(1), screen_size=_ge(8), frame_stack=_ge(1)),
     EncoderConfig: dict(
         kind=_Check(lambda v: v in ("mlp", "conv") or ":" in v, "mlp, conv or module:Class"),
@@ -562,6 +568,13 @@ _RULES: dict[type, dict[str, _Check]] = {
 }
 
 _CROSS_RULES: dict[type, tuple[tuple[Callable[[Any], bool], str], ...]] = {
+    EnvConfig: (
+        (
+            lambda e: e.envs_per_worker == 1 or e.vector == "async",
+            "envs_per_worker applies to vector 'async' only (sync and envpool have no "
+            "subprocesses)",
+        ),
+    ),
     ModelConfig: (
         (
             lambda m: not m.encoders or m.kind != "conv",

@@ -321,9 +321,16 @@ def test_resources_and_grace_follow_the_config():
     (claim,) = by_kind(large)["StatefulSet"]["pong-apex-memory"]["spec"]["volumeClaimTemplates"]
     storage = quantity(claim["spec"]["resources"]["requests"]["storage"])
     assert storage >= 2 * 150000 * item  # the snapshot and the one it replaces
-    # Actors: a CPU per env subprocess (async) besides the main loop; one with sync envs.
-    for vector, envs, cpus in (("async", 4, 5), ("sync", 6, 1)):
-        cfg = load("pong_apex.yaml", f"env.vector={vector}", f"env.num_envs={envs}")
+    # Actors: a CPU per env subprocess (async: one per env_per_worker envs) besides the main
+    # loop; one with sync envs.
+    for vector, envs, per_worker, cpus in (
+        ("async", 4, 1, 5),
+        ("async", 8, 4, 3),
+        ("async", 5, 2, 4),
+        ("sync", 6, 1, 1),
+    ):
+        sets = (f"env.vector={vector}", f"env.num_envs={envs}", f"env.envs_per_worker={per_worker}")
+        cfg = load("pong_apex.yaml", *sets)
         actor = by_kind(k8s.manifests(cfg, opts))["Job"]["pong-apex-actor"]
         resources = actor["spec"]["template"]["spec"]["containers"][0]["resources"]
         assert resources["requests"]["cpu"] == str(cpus)
@@ -342,7 +349,7 @@ def test_cpu_requests_match_each_roles_thread_budget(generated, case):
         (container,) = pod["containers"]
         assert env_of(container)["EASYRL_THREADS"]["value"] == str(budget), workload
         envs = {"actor": cfg.env.num_envs, "evaluator": cfg.eval.num_envs}.get(role, 0)
-        subprocesses = envs if cfg.env.vector == "async" else 0
+        subprocesses = -(-envs // cfg.env.envs_per_worker) if cfg.env.vector == "async" else 0
         assert container["resources"]["requests"]["cpu"] == str(budget + subprocesses), workload
     if case == "threads":
         jobs = by_kind(groups)["Job"]

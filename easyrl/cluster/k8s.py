@@ -16,10 +16,10 @@ Made from the same config a local run uses (overrides included), one group per f
   stop exits 0 and completes its index. Workers wait `run.peer_timeout_s` for their servers.
 
 Resources come from the config: CPUs from each role's thread budget (`cluster.threads`, given
-to the process as EASYRL_THREADS) and, for actors and evaluators, their envs (one process per
-env with `env.vector: async`), a memory shard's memory and disk from its replay table, a
-GPU per learner with `learner.device: gpu`, a memory shard's termination grace from the
-time its replay snapshot takes to write.
+to the process as EASYRL_THREADS) and, for actors and evaluators, their env subprocesses (with
+`env.vector: async`, one per `env.envs_per_worker` envs), a memory shard's memory and disk
+from its replay table, a GPU per learner with `learner.device: gpu`, a memory shard's
+termination grace from the time its replay snapshot takes to write.
 
 The examples under configs/k8s are regenerated with
 `python -m easyrl.cluster.k8s --regenerate-examples`.
@@ -206,8 +206,9 @@ def resources(cfg: config_lib.Config, role: str, replay: int) -> dict:
     are twice the request: a memory shard copies its table to snapshot it."""
     cpu, memory = thread_budget(cfg, role), BASE_MEMORY[role]
     envs = {"actor": cfg.env.num_envs, "evaluator": cfg.eval.num_envs}.get(role, 0)
-    if envs and cfg.env.vector == "async":
-        cpu, memory = cpu + envs, memory + envs * ENV_BYTES
+    if envs and cfg.env.vector == "async":  # a CPU per env subprocess
+        workers = -(-envs // cfg.env.envs_per_worker)
+        cpu, memory = cpu + workers, memory + envs * ENV_BYTES
     if role == "memory":
         memory += replay
     limits = {"memory": _mib(2 * memory)}

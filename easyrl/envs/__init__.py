@@ -46,7 +46,8 @@ __all__ = [
 ]
 
 ASYNC_CONTEXT = "spawn"
-"""Multiprocessing start method of ``AsyncVectorEnv`` workers (safe with TF/gRPC threads)."""
+"""Multiprocessing start method of the ``async`` mode's env subprocesses (safe with TF/gRPC
+threads)."""
 
 VECTOR_MODES = ("sync", "async", "envpool")
 """Accepted values of ``make_vector_env(vector=...)``."""
@@ -256,6 +257,7 @@ def make_vector_env(
     max_episode_steps: int | None = None,
     kwargs: dict | None = None,
     atari=None,
+    envs_per_worker: int = 1,
 ) -> gymnasium.vector.VectorEnv:
     """Builds a vector of `num_envs` copies of one environment with same-step autoreset.
 
@@ -273,8 +275,10 @@ def make_vector_env(
         env_id: A registered gymnasium id (``"CartPole-v1"``), optionally ``"module:Id-v0"``.
         num_envs: Number of sub-environments, at least 1.
         vector: ``"sync"`` (all copies stepped in this process, ``SyncVectorEnv``),
-            ``"async"`` (one subprocess per copy, ``AsyncVectorEnv`` with the
-            :data:`ASYNC_CONTEXT` start method and shared memory) or ``"envpool"`` (EnvPool's
+            ``"async"`` (copies in subprocesses started with :data:`ASYNC_CONTEXT`,
+            observations through shared memory: one per copy, gymnasium's
+            ``AsyncVectorEnv``, or `envs_per_worker` per subprocess,
+            `easyrl.envs.workers.WorkerVectorEnv`) or ``"envpool"`` (EnvPool's
             threads in this process, `easyrl.envs.pool.EnvPoolVectorEnv`; Atari and
             classic-control ids only).
         seed: Seed of the action/observation spaces; pass the same value to the first reset.
@@ -283,6 +287,7 @@ def make_vector_env(
         kwargs: Extra keyword arguments of the environment constructor.
         atari: An `easyrl.config.AtariConfig`: apply the Atari preprocessing of
             `easyrl.envs.atari` (the raw env is made with ``frameskip=1``); None: none.
+        envs_per_worker: ``"async"`` only: copies each subprocess steps in turn.
 
     Returns:
         The vector environment, not yet reset. Close it with ``env.close()``.
@@ -297,6 +302,10 @@ def make_vector_env(
         raise ConfigError(f"num_envs must be a positive int, got {num_envs!r}")
     if vector not in VECTOR_MODES:
         raise ConfigError(f"vector must be one of {VECTOR_MODES}, got {vector!r}")
+    if not _is_positive_int(envs_per_worker):
+        raise ConfigError(f"envs_per_worker must be a positive int, got {envs_per_worker!r}")
+    if envs_per_worker > 1 and vector != "async":
+        raise ConfigError(f"envs_per_worker {envs_per_worker} needs vector 'async', got {vector!r}")
     if isinstance(seed, bool) or not isinstance(seed, int | np.integer):
         raise ConfigError(f"seed must be an int, got {seed!r}")
     env_kwargs = _check_make_args(max_episode_steps, kwargs)
@@ -314,8 +323,12 @@ def make_vector_env(
     mode = gymnasium.vector.AutoresetMode.SAME_STEP
     if vector == "sync":
         env = gymnasium.vector.SyncVectorEnv(env_fns, autoreset_mode=mode)
-    else:
+    elif envs_per_worker == 1:
         env = gymnasium.vector.AsyncVectorEnv(env_fns, context=ASYNC_CONTEXT, autoreset_mode=mode)
+    else:
+        from easyrl.envs.workers import WorkerVectorEnv
+
+        env = WorkerVectorEnv(env_fn, int(num_envs), int(envs_per_worker), ASYNC_CONTEXT)
     _seed_spaces(env, int(seed))
     return env
 

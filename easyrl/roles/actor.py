@@ -250,7 +250,12 @@ class Actor:
         if not cfg.multiagent.enabled:
             options = env_options(cfg.env)
             return make_vector_env(
-                cfg.env.id, cfg.env.num_envs, vector=cfg.env.vector, seed=seed, **options
+                cfg.env.id,
+                cfg.env.num_envs,
+                vector=cfg.env.vector,
+                seed=seed,
+                envs_per_worker=cfg.env.envs_per_worker,
+                **options,
             )
         env = SlotVectorEnv(
             cfg.env.id,

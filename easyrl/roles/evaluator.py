@@ -72,7 +72,12 @@ def evaluate_forever(ctx: RoleContext, algo, stop: threading.Event) -> None:
     options = evaluation_options(cfg.env)
     seed = derive_seed(cfg.run.seed, "evaluator", ctx.task)
     env = make_vector_env(
-        cfg.env.id, cfg.eval.num_envs, vector=cfg.env.vector, seed=seed, **options
+        cfg.env.id,
+        cfg.eval.num_envs,
+        vector=cfg.env.vector,
+        seed=seed,
+        envs_per_worker=cfg.env.envs_per_worker,
+        **options,
     )
     best = BestCheckpoint(ctx.run_dir / "checkpoints" / "best.npz")
     ope = OffPolicyEvaluator.from_config(cfg, ctx.algorithm_spec())
