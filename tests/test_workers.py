@@ -88,6 +88,10 @@ def test_an_env_that_raises_or_a_worker_that_dies_raises_in_the_parent():
         env.reset(seed=0)
         with pytest.raises(EasyRLError, match=r"env worker 0 raised .*\n"):
             env.step(np.full((4, 1, 1), np.nan))  # a wrong action shape: the env raises
+        obs, _ = env.reset(seed=0)  # every worker's reply was read: the pipes are in step
+        assert obs.shape == (4, 3)
+        obs, *_ = env.step(np.zeros((4, 1), np.float32))
+        assert obs.shape == (4, 3)
     finally:
         env.close()
     env = make_vector_env("CartPole-v1", 4, vector="async", seed=0, envs_per_worker=2)

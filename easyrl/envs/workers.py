@@ -179,7 +179,17 @@ class WorkerVectorEnv(gymnasium.vector.VectorEnv):
         return payload
 
     def _receive_all(self) -> list:
-        return [self._receive(w) for w in range(len(self._conns))]
+        """Every worker's next reply; raises the first failure once all were read (so that
+        no reply is left behind in a pipe)."""
+        replies, failure = [], None
+        for worker in range(len(self._conns)):
+            try:
+                replies.append(self._receive(worker))
+            except EasyRLError as err:
+                failure = failure or err
+        if failure is not None:
+            raise failure
+        return replies
 
     def _send_all(self, command: str, args: Sequence) -> None:
         for worker, (conn, arg) in enumerate(zip(self._conns, args, strict=True)):
