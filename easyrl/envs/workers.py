@@ -125,6 +125,7 @@ class WorkerVectorEnv(gymnasium.vector.VectorEnv):
         envs_per_worker: int = 1,
         context: str = "spawn",
     ):
+        self._conns, self._processes = [], []
         if envs_per_worker < 1:
             raise EasyRLError(f"envs_per_worker must be >= 1, got {envs_per_worker}")
         probe = env_fn()  # the spaces, read here as AsyncVectorEnv does
@@ -143,7 +144,6 @@ class WorkerVectorEnv(gymnasium.vector.VectorEnv):
         self.sizes = [
             min(envs_per_worker, num_envs - first) for first in range(0, num_envs, envs_per_worker)
         ]
-        self._conns, self._processes = [], []
         first = 0
         try:
             for size in self.sizes:
