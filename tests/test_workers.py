@@ -44,7 +44,7 @@ def test_a_config_with_envs_per_worker_it_cannot_use_is_refused(sets, key):
     with pytest.raises(ConfigError, match=key):
         from_dict({"algorithm": {"name": "dqn"}, "env": {"id": "CartPole-v1", **sets}})
     with pytest.raises(ConfigError):
-        make_vector_env("CartPole-v1", 4, envs_per_worker=sets["envs_per_worker"] or -1)
+        make_vector_env("CartPole-v1", 4, envs_per_worker=sets["envs_per_worker"])
 
 
 @pytest.mark.cluster

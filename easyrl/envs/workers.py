@@ -141,12 +141,10 @@ class WorkerVectorEnv(gymnasium.vector.VectorEnv):
         ctx: Any = multiprocessing.get_context(context)  # its Process: not on BaseContext's stub
         self._shm = create_shared_memory(self.single_observation_space, num_envs, ctx)
         self._obs = read_from_shared_memory(self.single_observation_space, self._shm, num_envs)
-        self.sizes = [
-            min(envs_per_worker, num_envs - first) for first in range(0, num_envs, envs_per_worker)
-        ]
-        first = 0
+        self._firsts = list(range(0, num_envs, envs_per_worker))
+        self.sizes = [min(envs_per_worker, num_envs - first) for first in self._firsts]
         try:
-            for size in self.sizes:
+            for first, size in zip(self._firsts, self.sizes, strict=True):
                 parent, child = ctx.Pipe()
                 args = (child, [env_fn] * size, self._shm, self.single_observation_space, first)
                 process = ctx.Process(target=_worker, args=args, daemon=True)
@@ -154,7 +152,6 @@ class WorkerVectorEnv(gymnasium.vector.VectorEnv):
                 child.close()
                 self._conns.append(parent)
                 self._processes.append(process)
-                first += size
             self._receive_all()  # "ready", or the error that stopped a worker
         except BaseException:
             self.close()
@@ -200,8 +197,7 @@ class WorkerVectorEnv(gymnasium.vector.VectorEnv):
 
     def _split(self, values: Sequence | np.ndarray) -> list:
         """`values` (one per copy) cut into each worker's part."""
-        bounds = np.cumsum([0, *self.sizes])
-        return [values[a:b] for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
+        return [values[f : f + n] for f, n in zip(self._firsts, self.sizes, strict=True)]
 
     def reset(self, *, seed: int | Sequence[int | None] | None = None, options: dict | None = None):
         """Resets every copy; an int `seed` gives copy i the seed `seed` + i."""
