@@ -289,6 +289,12 @@ class LearnerConfig(_Section):
     """Device the learner computes on (auto: a GPU when one is visible)."""
     updates_per_report: int = 20
     """Updates between metric reports."""
+    publish_every: int = 8
+    """A run with one learner of a replay flow (DQN, IMPALA, DDPG/TD3, SAC, offline): the
+    learner applies its updates itself and publishes its values (and now and then its
+    optimizer state) to the PS shards every this many updates, for the actors, evaluators
+    and checkpoints. 0, or several learners: every update's gradients go to the PS shards,
+    which apply them (the learner pulls the values back)."""
 
 
 @dataclass(frozen=True)
@@ -551,7 +557,11 @@ _RULES: dict[type, dict[str, _Check]] = {
     EvalConfig: dict(episodes=_ge(1), interval_s=_ge(0), num_envs=_ge(1)),
     ActorConfig: dict(send_every=_ge(1), weight_sync_every=_ge(1), queue_size=_ge(1)),
     LearnerConfig: dict(
-        batch_queue=_ge(1), push_queue=_ge(1), push_threads=_ge(1), updates_per_report=_ge(1)
+        batch_queue=_ge(1),
+        push_queue=_ge(1),
+        push_threads=_ge(1),
+        updates_per_report=_ge(1),
+        publish_every=_ge(0),
     ),
     StopConfig: dict(window=_ge(1), max_env_steps=_opt(_ge(1)), max_seconds=_opt(_gt(0))),
     OutputConfig: dict(max_file_mb=_gt(0), max_steps=_opt(_ge(1))),

@@ -102,6 +102,7 @@ def test_a_learner_keeps_computing_while_its_pushes_wait_for_the_ps(role_servers
             "replay.min_size_to_sample=64",
             "replay.samples_per_insert=null",
             "replay.error_buffer=null",
+            "learner.publish_every=0",  # push every update (what several learners do)
         ],
     )
     shards = role_servers.start(cfg, token="learner-test-token")
@@ -119,15 +120,20 @@ def test_a_learner_keeps_computing_while_its_pushes_wait_for_the_ps(role_servers
         ps._queue.oldest = lambda: gate.wait() and oldest()  # the apply thread's next push
         before = learner.updates
         try:
-            time.sleep(0.5)  # the push being applied, if any, is done
+            # No sleep decides anything: the learner fills the shard's queue however slowly
+            # it computes, then stops once every place a push can wait is full.
+            wait_until(lambda: len(ps._queue) == QUEUE_PUSHES, stop)
             version = ps.version
-            time.sleep(2.0)
+            wait_until(lambda: learner.pushes.full(), stop)
+            settled = learner.updates
+            time.sleep(0.5)
             during = learner.updates - before
-            assert ps.version == version and len(ps._queue) == QUEUE_PUSHES
+            assert learner.updates == settled and ps.version == version
+            assert len(ps._queue) == QUEUE_PUSHES
         finally:
             gate.set()
             ps._queue.oldest = oldest
-        assert QUEUE_PUSHES <= during <= bound, (during, bound)
+        assert 1 <= during <= bound, (during, bound)
         wait_until(lambda: ps.version >= version + QUEUE_PUSHES, stop)
     finally:
         stop.set()
@@ -142,6 +148,51 @@ def test_a_learner_keeps_computing_while_its_pushes_wait_for_the_ps(role_servers
     # The pushes queued behind the held thread were applied to values 1, 2, ... versions
     # newer than those they were computed against.
     assert c["staleness_sum"] >= sum(range(min(during, QUEUE_PUSHES)))
+
+
+def test_a_lone_learner_applies_its_updates_and_publishes_them_to_the_ps(role_servers):
+    """One learner: no push per update. It applies its updates itself, publishes values every
+    `publish_every` updates and its optimizer state when it stops; a learner started after it
+    (a restart) begins from exactly those values and that state."""
+    cfg = config_lib.load(
+        CONFIG,
+        [
+            "env.num_envs=1",
+            "algorithm.batch_size=32",
+            "replay.min_size_to_sample=64",
+            "replay.samples_per_insert=null",
+            "replay.error_buffer=null",
+            "learner.publish_every=3",
+        ],
+    )
+    shards = role_servers.start(cfg, token="learner-test-token")
+    ps, stop = shards.ps, StopSignal()
+    learner = Learner(shards.ctx, shards.ctx.build_algorithm(learner=True), stop)
+    assert learner.publisher is not None and learner.publisher.every == 3
+    items = RoleServers.items(shards.memory.table.spec, 0, 128)
+    items["action"] %= 2  # CartPole's actions
+    assert learner.memories[0].insert(items)
+    thread = threading.Thread(target=learner.run, daemon=True)
+    thread.start()
+    try:
+        wait_until(lambda: ps.version >= 4, stop)  # the chief's Assign and 3 publishes
+    finally:
+        stop.set()
+        thread.join(timeout=15)
+    assert not thread.is_alive() and not stop.error
+    assert ps.counters["pushes"] == 0 and learner.updates >= 9
+    assert learner.publisher.published >= 4  # ... the last one when it stopped
+    local = {n: v.numpy() for n, v in learner.algo.variables.items()}
+    restarted = Learner(shards.ctx, shards.ctx.build_algorithm(learner=True), StopSignal())
+    assert restarted.publisher is not None
+    restarted.publisher.load()
+    for name, variable in restarted.algo.variables.items():
+        np.testing.assert_array_equal(variable.numpy(), local[name], err_msg=name)
+    (optimizer,) = restarted.publisher.optimizer.optimizers.values()  # DQN: one group
+    assert int(optimizer.step.numpy()) == learner.updates - learner.counters["dropped_nonfinite"]
+    (mine,) = learner.publisher.optimizer.optimizers.values()
+    for got, expected in zip(optimizer.slots[0], mine.slots[0], strict=True):
+        np.testing.assert_array_equal(got.numpy(), expected.numpy())
 
 
 def wait_until(condition, stop: StopSignal, timeout_s: float = 30.0) -> None:

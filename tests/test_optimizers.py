@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from easyrl.algorithms.optimizers import Optimizer, OptimizerGroups, OptimizerSpec
+from easyrl.algorithms.optimizers import LocalOptimizer, Optimizer, OptimizerGroups, OptimizerSpec
 
 # Two variables of different shapes, so per-variable slots and the zip over them are exercised.
 X0 = [
@@ -376,3 +376,73 @@ def test_every_variable_needs_exactly_one_group():
         OptimizerGroups({"actor/": OptimizerSpec()}, variables)
     with pytest.raises(ValueError, match="matches optimizer groups"):
         OptimizerGroups({"": OptimizerSpec(), "actor/": OptimizerSpec()}, variables)
+
+
+def shard_of(values: dict, names: list[str]) -> dict:
+    return {n: values[n] for n in names}
+
+
+@pytest.mark.parametrize(
+    "specs",
+    [
+        OptimizerSpec(kind="sgd", lr=0.1),
+        {
+            "actor/": OptimizerSpec(kind="adam", lr=0.01, schedule="polynomial", decay_steps=3),
+            "critic/": OptimizerSpec(kind="rmsprop", lr=0.001),
+        },
+    ],
+)
+def test_a_learners_local_optimizer_steps_as_the_ps_shards_would(specs):
+    """A learner that applies its own updates (LocalOptimizer) moves its variables exactly as
+    PS shards holding them would (two shards here, a group split across them), partial
+    updates (one group only) included, and its state per shard is the shards' own."""
+    rng = np.random.default_rng(3)
+    names = ["actor/w", "actor/b", "critic/w", "critic/b"]
+    shapes = {"actor/w": (3, 2), "actor/b": (2,), "critic/w": (4, 1), "critic/b": (1,)}
+    values = {n: rng.standard_normal(shapes[n]).astype(np.float32) for n in names}
+    shards = [["actor/b", "critic/w"], ["actor/w", "critic/b"]]  # sorted within a shard
+    if isinstance(specs, OptimizerSpec):
+        specs = {"actor/": specs, "critic/": specs}
+    ps = [OptimizerGroups(specs, shard_of(values, s)) for s in shards]
+    variables = {n: tf.Variable(values[n]) for n in names}
+    local = LocalOptimizer(specs, variables)
+    for step in range(5):
+        grads = {n: rng.standard_normal(shapes[n]).astype(np.float32) for n in names}
+        if step == 2:  # the critic alone (TD3 between its actor's updates)
+            grads = {n: g for n, g in grads.items() if n.startswith("critic/")}
+        local.apply(grads)
+        for shard, names_ in zip(ps, shards, strict=True):
+            shard.apply({n: grads[n] for n in names_ if n in grads})
+    for shard, names_ in zip(ps, shards, strict=True):
+        for name, value in shard.values().items():
+            np.testing.assert_array_equal(variables[name].numpy(), value, err_msg=name)
+        expected, got = shard.state(), local.state(names_)
+        assert sorted(got) == sorted(expected)
+        for key in expected:
+            np.testing.assert_array_equal(got[key], expected[key], err_msg=key)
+
+    # A new learner that loads the shards' states continues exactly as the shards do.
+    again = {n: tf.Variable(variables[n].numpy()) for n in names}
+    restarted = LocalOptimizer(specs, again)
+    for shard, names_ in zip(ps, shards, strict=True):
+        restarted.load_state(names_, shard.state())
+    grads = {n: rng.standard_normal(shapes[n]).astype(np.float32) for n in names}
+    local.apply(grads)
+    restarted.apply(grads)
+    for name in names:
+        np.testing.assert_array_equal(again[name].numpy(), variables[name].numpy(), err_msg=name)
+
+
+def test_load_state_checks_the_whole_state_before_changing_anything():
+    groups = make_groups(OptimizerSpec(kind="adam"))
+    apply_groups(groups, [np.ones_like(x) for x in X0])
+    before = groups.state()
+    broken = dict(before)
+    broken["slot1/1"] = np.zeros((7,), np.float32)  # wrong shape, after a good slot 0
+    with pytest.raises(ValueError, match="slot1/1: shape"):
+        groups.load_state(broken)
+    missing = {k: v for k, v in before.items() if k != "step"}
+    with pytest.raises(ValueError, match="lacks 'step'"):
+        groups.load_state(missing)
+    for key, value in groups.state().items():
+        np.testing.assert_array_equal(value, before[key], err_msg=key)

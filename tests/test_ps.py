@@ -130,6 +130,48 @@ def test_assign_overwrite_with_matching_names(serve_ps):
     assert_values_equal(values, new)
 
 
+def test_a_publishing_learners_values_and_optimizer_state_are_kept_and_served(serve_ps, tmp_path):
+    """A learner that applies its own updates publishes values and optimizer state with
+    Assign; the shard serves both to a Pull that asks (a restarted learner) and checkpoints
+    them; a state that does not fit is refused whole."""
+    path = tmp_path / "ps-0.npz"
+    ps, client = serve_ps(optimizer=ADAM, checkpoint_path=path)
+    ps_client = ParameterClient(client)
+    assert ps_client.pull(optimizer_state=True).optimizer_state == {}  # no values yet
+    ps_client.assign(initial_values(), only_if_empty=True)
+    fresh = ps_client.pull(optimizer_state=True)
+    assert int(fresh.optimizer_state["step"]) == 0
+    published = {k: v + 1 for k, v in initial_values().items()}
+    state = {k: np.full_like(v, 0.5) for k, v in fresh.optimizer_state.items()}
+    state["step"] = np.array(7, np.int64)
+    assert ps_client.assign(published, optimizer_state=state) == 2
+    pulled = ps_client.pull(optimizer_state=True)
+    assert pulled.version == 2
+    assert_values_equal(pulled.values, published)
+    assert sorted(pulled.optimizer_state) == sorted(state)
+    for key, value in state.items():
+        np.testing.assert_array_equal(pulled.optimizer_state[key], value, err_msg=key)
+    assert ps_client.pull(known_version=2).values is None  # an actor's pull is unchanged
+
+    broken = dict(state)
+    broken["slot0/1"] = np.zeros(9, np.float32)
+    body = codec.Body()
+    request = pb.AssignRequest(
+        tensors=body.named({k: v + 5 for k, v in published.items()}),
+        optimizer_state=body.named(broken),
+    )
+    err = assert_invalid_and_unchanged(client, "Assign", body.frame(request))
+    assert "slot0/1" in str(err)
+    assert int(ps_client.pull(optimizer_state=True).optimizer_state["step"]) == 7
+
+    ps.checkpoint()
+    restored, client2 = serve_ps(optimizer=ADAM, checkpoint_path=path)
+    again = ParameterClient(client2).pull(optimizer_state=True)
+    assert again.version == 2
+    for key, value in state.items():
+        np.testing.assert_array_equal(again.optimizer_state[key], value, err_msg=key)
+
+
 # --- Push ------------------------------------------------------------------------------
 
 

@@ -164,18 +164,9 @@ class OptimizerGroups:
     def __init__(self, specs, values: dict[str, np.ndarray]):
         from easyrl.models import Compiled, FlatLayout
 
-        specs = {"": specs} if isinstance(specs, OptimizerSpec) else dict(specs)
-        members: dict[str, list[str]] = {prefix: [] for prefix in specs}
-        for name in values:
-            matches = [p for p in specs if name.startswith(p)]
-            if len(matches) != 1:
-                raise ValueError(
-                    f"variable {name!r} matches optimizer groups {matches}; every variable "
-                    f"needs exactly one of {sorted(specs)}"
-                )
-            members[matches[0]].append(name)
+        specs = as_groups(specs)
         self.names = list(values)
-        self.members = {p: names for p, names in members.items() if names}
+        self.members = group_members(specs, self.names)
         """{prefix: variable names} of the groups this shard holds variables of."""
         self.group_of = {name: p for p, names in self.members.items() for name in names}
         self.layouts: dict[str, FlatLayout] = {}
@@ -198,12 +189,7 @@ class OptimizerGroups:
         Raises:
             ValueError: `names` holds part of a group only.
         """
-        present = sorted({self.group_of[n] for n in names})
-        for p in present:
-            missing = sorted(set(self.members[p]) - set(names))
-            if missing:
-                raise ValueError(f"gradients for group {p!r} lack {missing}")
-        return present
+        return groups_in(self.members, self.group_of, names)
 
     def flatten(self, grads: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         """{prefix: flat gradient} of the groups `grads` ({name: gradient}) covers (views,
@@ -251,9 +237,158 @@ class OptimizerGroups:
         return state
 
     def load_state(self, state: dict[str, np.ndarray]) -> None:
-        """Restores what `state` returned."""
+        """Restores what `state` returned (checked whole before anything changes).
+
+        Raises:
+            ValueError: `state` lacks a key, or a slot's shape is not its variable's.
+        """
+        steps, slots = {}, {}
         for p, opt in self.optimizers.items():
-            opt.step.assign(int(state[f"{p}step"]))
+            steps[p] = int(np.asarray(state_entry(state, f"{p}step")))
+            for k in range(len(opt.slots)):
+                parts = []
+                for i, shape in enumerate(self.layouts[p].shapes):
+                    part = state_entry(state, f"{p}slot{k}/{i}")
+                    if tuple(np.shape(part)) != tuple(shape):
+                        raise ValueError(
+                            f"optimizer state {p}slot{k}/{i}: shape {np.shape(part)}, "
+                            f"expected {tuple(shape)}"
+                        )
+                    parts.append(np.asarray(part, np.float32))
+                slots[p, k] = self.layouts[p].concat(parts)
+        for p, opt in self.optimizers.items():
+            opt.step.assign(steps[p])
             for k, (slot,) in enumerate(opt.slots):
-                parts = [state[f"{p}slot{k}/{i}"] for i in range(len(self.members[p]))]
-                slot.assign(self.layouts[p].concat(parts))
+                slot.assign(slots[p, k])
+
+
+def state_entry(state: dict[str, np.ndarray], key: str) -> np.ndarray:
+    """`state[key]`, or ValueError naming the missing key."""
+    if key not in state:
+        raise ValueError(f"optimizer state lacks {key!r}")
+    return state[key]
+
+
+def as_groups(specs) -> dict[str, OptimizerSpec]:
+    """{prefix: spec} of one spec (the group "" of every variable) or of {prefix: spec}."""
+    return {"": specs} if isinstance(specs, OptimizerSpec) else dict(specs)
+
+
+def group_members(specs: dict[str, OptimizerSpec], names) -> dict[str, list[str]]:
+    """{prefix: the variable names, in the order given, that start with it} of the groups
+    that hold any of `names`.
+
+    Raises:
+        ValueError: a name matches no prefix or more than one.
+    """
+    members: dict[str, list[str]] = {prefix: [] for prefix in specs}
+    for name in names:
+        matches = [p for p in specs if name.startswith(p)]
+        if len(matches) != 1:
+            raise ValueError(
+                f"variable {name!r} matches optimizer groups {matches}; every variable "
+                f"needs exactly one of {sorted(specs)}"
+            )
+        members[matches[0]].append(name)
+    return {p: group for p, group in members.items() if group}
+
+
+def groups_in(members: dict[str, list[str]], group_of: dict[str, str], names) -> list[str]:
+    """The groups of `members` that `names` covers; each must be covered completely.
+
+    Raises:
+        ValueError: `names` holds part of a group only.
+    """
+    present = sorted({group_of[n] for n in names})
+    for p in present:
+        missing = sorted(set(members[p]) - set(names))
+        if missing:
+            raise ValueError(f"gradients for group {p!r} lack {missing}")
+    return present
+
+
+class LocalOptimizer:
+    """A learner's own optimizer (a run with one learner applies its updates itself and
+    publishes the values to the PS shards, `easyrl.roles.publisher`): the algorithm's
+    optimizer groups, as a PS shard has them, applied in place to the learner's variables.
+
+    Its state speaks the PS shards' checkpoint format (`OptimizerGroups.state`) for the
+    variables of any one shard, so a shard checkpoints what the learner publishes and a
+    restarted learner starts from what the shard restored.
+
+    Args:
+        specs: one spec, or {prefix: spec} (what the PS shards get).
+        variables: {name: tf.Variable} of the learner's network.
+
+    Raises:
+        ValueError: a variable matches no optimizer group or more than one.
+    """
+
+    def __init__(self, specs, variables: dict[str, tf.Variable]):
+        self.names = list(variables)
+        self.members = group_members(as_groups(specs), self.names)
+        self.group_of = {name: p for p, names in self.members.items() for name in names}
+        from easyrl.models import Compiled, FlatVariables
+
+        specs = as_groups(specs)
+        self.optimizers: dict[str, Optimizer] = {}
+        self.layouts: dict[str, FlatVariables] = {}
+        self._steps: dict[str, Compiled] = {}
+        for p, names in self.members.items():
+            group = self.layouts[p] = FlatVariables([variables[n] for n in names])
+            optimizer = self.optimizers[p] = Optimizer(specs[p], group.variables)
+            # One compiled call per group on its flat gradient, split inside TF: calling
+            # the optimizer with a list of arrays cost more than the SAC update itself.
+            self._steps[p] = Compiled(
+                lambda flat, opt=optimizer, layout=group: opt.apply(layout.split_tensor(flat)),
+                tf.TensorSpec([group.size], tf.float32),
+            )
+        # Every group in one call (the common update; half the time of a call per group).
+        self._all = Compiled(
+            self._apply_all, *[tf.TensorSpec([g.size], tf.float32) for g in self.layouts.values()]
+        )
+        self._index = {n: names.index(n) for names in self.members.values() for n in names}
+
+    def _apply_all(self, *flats) -> None:
+        for (p, layout), flat in zip(self.layouts.items(), flats, strict=True):
+            self.optimizers[p].apply(layout.split_tensor(flat))
+
+    def apply(self, grads: dict[str, np.ndarray]) -> None:
+        """One step of each group `grads` ({name: gradient}) covers completely."""
+        present = groups_in(self.members, self.group_of, grads)
+        flats = {p: self.layouts[p].concat([grads[n] for n in self.members[p]]) for p in present}
+        if len(present) == len(self.members):
+            self._all(*[flats[p] for p in self.layouts])
+        else:  # some groups only (TD3's critic between its actor's updates)
+            for p, flat in flats.items():
+                self._steps[p](flat)
+
+    def _shard_groups(self, names) -> dict[str, list[str]]:
+        """{prefix: the names of `names` in that group, in the order given}."""
+        groups: dict[str, list[str]] = {}
+        for n in names:
+            groups.setdefault(self.group_of[n], []).append(n)
+        return groups
+
+    def state(self, names) -> dict[str, np.ndarray]:
+        """The state of the shard holding the variables `names` (in the shard's order), in
+        `OptimizerGroups.state`'s format."""
+        state = {}
+        for p, group in self._shard_groups(names).items():
+            opt = self.optimizers[p]
+            state[f"{p}step"] = opt.step.numpy()
+            for k, slot in enumerate(opt.slots):
+                for i, n in enumerate(group):
+                    state[f"{p}slot{k}/{i}"] = slot[self._index[n]].numpy()
+        return state
+
+    def load_state(self, names, state: dict[str, np.ndarray]) -> None:
+        """Loads what a shard holding the variables `names` sent (`state`'s format). A
+        group several shards hold takes the step of the last shard loaded (they agree: one
+        learner published them all)."""
+        for p, group in self._shard_groups(names).items():
+            opt = self.optimizers[p]
+            opt.step.assign(int(np.asarray(state_entry(state, f"{p}step"))))
+            for k, slot in enumerate(opt.slots):
+                for i, n in enumerate(group):
+                    slot[self._index[n]].assign(state_entry(state, f"{p}slot{k}/{i}"))

@@ -96,6 +96,19 @@ class LearnerPlumbing(Protocol):
         """A push thread's body."""
         ...
 
+    def update_threads(self) -> list:
+        """The bodies of the threads that carry updates away (publisher or push threads)."""
+        ...
+
+    def values_for_update(self) -> list[int]:
+        """Readies the values for the next update; the shard versions it is computed
+        against."""
+        ...
+
+    def apply(self, grads: list, versions: list[int]) -> bool:
+        """Applies or queues one update's gradients; False when stopped while waiting."""
+        ...
+
     def priority_loop(self) -> None:
         """The priority thread's body."""
         ...

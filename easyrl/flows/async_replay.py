@@ -61,18 +61,15 @@ def learn(learner: LearnerPlumbing) -> None:
     if period:
         agent.sync_target()
     prefetch = [functools.partial(learner.prefetch, i) for i in range(len(learner.memories))]
-    pushers = [learner.push_loop] * cfg.learner.push_threads
-    with threads_running(stop, *prefetch, *pushers, learner.priority_loop):
+    with threads_running(stop, *prefetch, *learner.update_threads(), learner.priority_loop):
         while not stop.is_set():
             taken = learner.take_batch()
             if taken is None:
                 continue
             sample = taken.sample
-            learner.weights.swap_in()
-            versions = list(learner.weights.local_versions)
+            versions = learner.values_for_update()
             grads, stats, priorities = agent.learn(sample.data, sample.weights)
-            named = learner.weights.by_name(grads)
-            if not put_until_stopped(learner.pushes, (named, versions), stop):
+            if not learner.apply(grads, versions):
                 break
             if cfg.replay.prioritized:
                 if priorities is None:

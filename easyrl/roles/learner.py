@@ -6,6 +6,7 @@ PS shard in parallel), a priority thread (new priorities -> the shard that issue
 taking and publishing synchronous rounds, and reports to PS shard 0.
 """
 
+import functools
 import logging
 import queue
 import time
@@ -25,6 +26,7 @@ from easyrl.roles.common import (
     put_until_stopped,
     stop_event_on_signals,
 )
+from easyrl.roles.publisher import Publisher
 
 log = logging.getLogger(__name__)
 
@@ -70,6 +72,10 @@ class Learner:
         self.pool = ThreadPoolExecutor(
             max_workers=len(self.weights.clients) * cfg.learner.push_threads
         )
+        self.publisher: Publisher | None = None
+        """Set when this learner applies its own updates (`applies_locally`)."""
+        if applies_locally(ctx, algo):
+            self.publisher = Publisher(self.weights, ctx.optimizer(), cfg.learner.publish_every)
         self.updates = 0
         self._reported = 0
         self._last_report = time.monotonic()
@@ -89,6 +95,31 @@ class Learner:
                 continue
             if not put_until_stopped(self.batches, Prefetched(shard, sampled), self.stop):
                 return
+
+    def update_threads(self) -> list:
+        """The loops that carry updates away: the publisher (local apply), else
+        `push_threads` push loops."""
+        if self.publisher is not None:
+            return [functools.partial(self.publisher.loop, self.stop)]
+        return [self.push_loop] * self.ctx.cfg.learner.push_threads
+
+    def values_for_update(self) -> list[int]:
+        """Before an update: swaps in the newest values the PS shards returned and gives
+        the shard versions the update is computed against (nothing to do when this learner
+        applies its own updates: its values are the newest)."""
+        if self.publisher is None:
+            self.weights.swap_in()
+        return list(self.weights.local_versions)
+
+    def apply(self, grads: list, versions: list[int]) -> bool:
+        """One update's gradients (in the order of the variables, computed against
+        `versions`): applied here (`publisher`), or queued for the push threads; False when
+        the learner stopped while the push queue was full."""
+        named = self.weights.by_name(grads)
+        if self.publisher is not None:
+            self.publisher.apply(named, self.updates + 1, self.counters)
+            return True
+        return put_until_stopped(self.pushes, (named, versions), self.stop)
 
     def push_loop(self) -> None:
         """A push thread: gradients -> every PS shard in parallel."""
@@ -162,9 +193,14 @@ class Learner:
             log.info("chief learner initialized the PS shards")
         if not self.weights.wait_initialized(self.stop, self.ctx.cfg.run.peer_timeout_s):
             return
+        if self.publisher is not None:
+            self.publisher.load()
+            log.info("learner applies its own updates, publishes every %d", self.publisher.every)
         try:
             LOOPS[self.algo.flow](self)
         finally:
+            if self.publisher is not None and self.updates:
+                self.publisher.flush()
             self.pool.shutdown(wait=False)
 
     def take_round(self, round_: int) -> tuple[dict | None, int]:
@@ -198,6 +234,14 @@ class Learner:
     def publish(self, round_: int) -> None:
         """Publishes the current values as round `round_` on every PS shard."""
         list(self.pool.map(lambda c: c.publish_round(round_), self.weights.clients))
+
+
+def applies_locally(ctx: RoleContext, algo: Agent) -> bool:
+    """Whether this learner applies its own updates (`easyrl.roles.publisher`): the run's
+    only learner, in the replay flow, with `learner.publish_every` > 0."""
+    cfg = ctx.cfg
+    alone = cfg.cluster.learner == 1 and cfg.learner.publish_every > 0
+    return alone and algo.flow == "async_replay"
 
 
 LOOPS = {"async_replay": async_replay.learn, "sync_rounds": sync_rounds.learn}

@@ -339,14 +339,17 @@ class ParameterServer(pb_grpc.ParameterServerServicer):
             # float32 only: the shard's optimizer cannot update float16/float64 variables.
             if value.dtype != np.float32 or not np.all(np.isfinite(value)):
                 raise ValueError(f"Assign: {name} must be finite float32, got {value.dtype}")
+        state = codec.decode_named(request.optimizer_state, request.body)
         with self._queue.held(), self._lock:  # after the pushes accepted before it
             if self._optimizer is not None and request.only_if_empty:
                 return pb.AssignResponse(assigned=False, version=self.version)
             if self._optimizer is not None:
                 self._check_tensors(values, "Assign")
+                if state:
+                    self._optimizer.load_state(state)  # checked whole first
                 self._optimizer.assign(values)
             else:
-                self._create(values)
+                self._create(values, state or None)
             self.version += 1
             self._queue.reset(self.version)
             return pb.AssignResponse(assigned=True, version=self.version)
@@ -365,6 +368,8 @@ class ParameterServer(pb_grpc.ParameterServerServicer):
                     break
                 self._round_published.wait(min(left, 0.1))
             self.counters["pulls"] += 1
+            if request.optimizer_state and self._optimizer is not None:
+                return self._with_state(pb.PullResponse(version=self.version, round=self.round))
             if self.version == 0 or request.known_version == self.version:
                 return pb.PullResponse(
                     version=self.version, current=self.version > 0, round=self.round
@@ -384,6 +389,15 @@ class ParameterServer(pb_grpc.ParameterServerServicer):
             self._pull_cache = (self.version, body.named(self._optimizer.values()), body)
         _, tensors, body = self._pull_cache
         response.tensors.extend(tensors)
+        return body.frame(response)
+
+    def _with_state(self, response):
+        """`response` with the current values and optimizer state (a learner that applies
+        its own updates, starting; the caller holds the lock)."""
+        assert self._optimizer is not None
+        body = codec.Body()
+        response.tensors.extend(body.named(self._optimizer.values()))
+        response.optimizer_state.extend(body.named(self._optimizer.state()))
         return body.frame(response)
 
     @invalid_argument_on_error

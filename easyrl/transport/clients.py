@@ -37,6 +37,8 @@ class Pulled(NamedTuple):
     version: int
     round: int
     values: dict[str, np.ndarray] | None
+    optimizer_state: dict[str, np.ndarray] | None = None
+    """With `pull(optimizer_state=True)`: the shard's optimizer state."""
 
 
 class Pushed(NamedTuple):
@@ -118,13 +120,26 @@ class ShardClient:
 class ParameterClient(ShardClient):
     """A client of one PS shard."""
 
-    def pull(self, known_version: int = -1, min_round: int = 0, wait_s: float = 0.0) -> Pulled:
+    def pull(
+        self,
+        known_version: int = -1,
+        min_round: int = 0,
+        wait_s: float = 0.0,
+        optimizer_state: bool = False,
+    ) -> Pulled:
         """The values unless the caller holds `known_version`; with `min_round`, the shard
-        first waits up to `wait_s` seconds until it has published that round."""
-        request = pb.PullRequest(known_version=known_version, min_round=min_round, wait_s=wait_s)
+        first waits up to `wait_s` seconds until it has published that round; with
+        `optimizer_state`, the values and the shard's optimizer state (once it holds values)."""
+        request = pb.PullRequest(
+            known_version=known_version,
+            min_round=min_round,
+            wait_s=wait_s,
+            optimizer_state=optimizer_state,
+        )
         reply = self.call("Pull", request)
         values = None if reply.current else codec.decode_named(reply.tensors, reply.body)
-        return Pulled(reply.version, reply.round, values)
+        state = codec.decode_named(reply.optimizer_state, reply.body) if optimizer_state else None
+        return Pulled(reply.version, reply.round, values, state)
 
     def push(
         self, version: int, grads: Mapping, learner: int = 0, values=True, wait=False
@@ -145,11 +160,21 @@ class ParameterClient(ShardClient):
         values_ = codec.decode_named(reply.tensors, reply.body)
         return Pushed(reply.version, reply.applied, reply.reason, values_, reply.queued)
 
-    def assign(self, values: Mapping[str, np.ndarray], only_if_empty: bool = False) -> int:
-        """Writes `values`; returns the shard's new version, or 0 when `only_if_empty` and
-        the shard already held values (nothing assigned)."""
+    def assign(
+        self,
+        values: Mapping[str, np.ndarray],
+        only_if_empty: bool = False,
+        optimizer_state: Mapping[str, np.ndarray] | None = None,
+    ) -> int:
+        """Writes `values` (and, given, the optimizer state, in the shard's checkpoint
+        format); returns the shard's new version, or 0 when `only_if_empty` and the shard
+        already held values (nothing assigned)."""
         body = codec.Body()
-        request = pb.AssignRequest(tensors=body.named(values), only_if_empty=only_if_empty)
+        request = pb.AssignRequest(
+            tensors=body.named(values),
+            only_if_empty=only_if_empty,
+            optimizer_state=body.named(optimizer_state or {}),
+        )
         reply = self.call("Assign", body.frame(request))
         return reply.version if reply.assigned else 0
 

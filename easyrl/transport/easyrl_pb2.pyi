@@ -37,28 +37,32 @@ class Tensor(_message.Message):
     def __init__(self, name: _Optional[str] = ..., dtype: _Optional[str] = ..., shape: _Optional[_Iterable[int]] = ..., data: _Optional[bytes] = ..., offset: _Optional[int] = ...) -> None: ...
 
 class PullRequest(_message.Message):
-    __slots__ = ("known_version", "min_round", "wait_s")
+    __slots__ = ("known_version", "min_round", "wait_s", "optimizer_state")
     KNOWN_VERSION_FIELD_NUMBER: _ClassVar[int]
     MIN_ROUND_FIELD_NUMBER: _ClassVar[int]
     WAIT_S_FIELD_NUMBER: _ClassVar[int]
+    OPTIMIZER_STATE_FIELD_NUMBER: _ClassVar[int]
     known_version: int
     min_round: int
     wait_s: float
-    def __init__(self, known_version: _Optional[int] = ..., min_round: _Optional[int] = ..., wait_s: _Optional[float] = ...) -> None: ...
+    optimizer_state: bool
+    def __init__(self, known_version: _Optional[int] = ..., min_round: _Optional[int] = ..., wait_s: _Optional[float] = ..., optimizer_state: _Optional[bool] = ...) -> None: ...
 
 class PullResponse(_message.Message):
-    __slots__ = ("version", "current", "tensors", "round", "body")
+    __slots__ = ("version", "current", "tensors", "round", "optimizer_state", "body")
     VERSION_FIELD_NUMBER: _ClassVar[int]
     CURRENT_FIELD_NUMBER: _ClassVar[int]
     TENSORS_FIELD_NUMBER: _ClassVar[int]
     ROUND_FIELD_NUMBER: _ClassVar[int]
+    OPTIMIZER_STATE_FIELD_NUMBER: _ClassVar[int]
     BODY_FIELD_NUMBER: _ClassVar[int]
     version: int
     current: bool
     tensors: _containers.RepeatedCompositeFieldContainer[Tensor]
     round: int
+    optimizer_state: _containers.RepeatedCompositeFieldContainer[Tensor]
     body: bytes
-    def __init__(self, version: _Optional[int] = ..., current: _Optional[bool] = ..., tensors: _Optional[_Iterable[_Union[Tensor, _Mapping]]] = ..., round: _Optional[int] = ..., body: _Optional[bytes] = ...) -> None: ...
+    def __init__(self, version: _Optional[int] = ..., current: _Optional[bool] = ..., tensors: _Optional[_Iterable[_Union[Tensor, _Mapping]]] = ..., round: _Optional[int] = ..., optimizer_state: _Optional[_Iterable[_Union[Tensor, _Mapping]]] = ..., body: _Optional[bytes] = ...) -> None: ...
 
 class PushRequest(_message.Message):
     __slots__ = ("version", "gradients", "learner", "return_values", "queue", "body")
@@ -95,14 +99,16 @@ class PushResponse(_message.Message):
     def __init__(self, version: _Optional[int] = ..., applied: _Optional[bool] = ..., staleness: _Optional[int] = ..., reason: _Optional[str] = ..., queued: _Optional[bool] = ..., tensors: _Optional[_Iterable[_Union[Tensor, _Mapping]]] = ..., body: _Optional[bytes] = ...) -> None: ...
 
 class AssignRequest(_message.Message):
-    __slots__ = ("tensors", "only_if_empty", "body")
+    __slots__ = ("tensors", "only_if_empty", "optimizer_state", "body")
     TENSORS_FIELD_NUMBER: _ClassVar[int]
     ONLY_IF_EMPTY_FIELD_NUMBER: _ClassVar[int]
+    OPTIMIZER_STATE_FIELD_NUMBER: _ClassVar[int]
     BODY_FIELD_NUMBER: _ClassVar[int]
     tensors: _containers.RepeatedCompositeFieldContainer[Tensor]
     only_if_empty: bool
+    optimizer_state: _containers.RepeatedCompositeFieldContainer[Tensor]
     body: bytes
-    def __init__(self, tensors: _Optional[_Iterable[_Union[Tensor, _Mapping]]] = ..., only_if_empty: _Optional[bool] = ..., body: _Optional[bytes] = ...) -> None: ...
+    def __init__(self, tensors: _Optional[_Iterable[_Union[Tensor, _Mapping]]] = ..., only_if_empty: _Optional[bool] = ..., optimizer_state: _Optional[_Iterable[_Union[Tensor, _Mapping]]] = ..., body: _Optional[bytes] = ...) -> None: ...
 
 class AssignResponse(_message.Message):
     __slots__ = ("assigned", "version")
