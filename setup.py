@@ -39,10 +39,18 @@ setup(
             "envpool==1.2.5",
             # Small and pure Python: the multi-agent tests run a real PettingZoo ParallelEnv.
             "pettingzoo>=1.24",
+            # Every env family with an extra is made and stepped by tests/test_envs.py.
+            "box2d>=2.3.10",
+            "pygame>=2.1.3",
+            "mujoco>=3.1,<4",
+            "imageio>=2.14.1",
         ],
         "gpu": ["tensorflow[and-cuda]>=2.21,<2.22"],
         "atari": ["ale-py>=0.11,<0.12", "opencv-python-headless>=4.9"],
-        "box2d": ["box2d>=2.3.10"],
+        # gymnasium's box2d module imports pygame even for LunarLander (no window opens).
+        "box2d": ["box2d>=2.3.10", "pygame>=2.1.3"],
+        # HalfCheetah-v5, Hopper-v5, ...: gymnasium's mujoco module imports imageio.
+        "mujoco": ["mujoco>=3.1,<4", "imageio>=2.14.1"],
         # env.vector: envpool (Atari ids need the atari extra too: spaces come from the ALE env).
         "envpool": ["envpool==1.2.5"],
         "plot": ["matplotlib>=3.8"],

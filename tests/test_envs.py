@@ -101,3 +101,45 @@ def test_async_steps_and_closes():
     finally:
         env.close()
     assert env.closed
+
+
+@pytest.mark.cluster  # importing mujoco runs a child Python (a library version probe)
+@pytest.mark.parametrize(
+    "env_id",
+    ["LunarLanderContinuous-v3", "HalfCheetah-v5", "Hopper-v5", "ALE/Breakout-v5"],
+)
+def test_every_env_family_with_an_extra_makes_and_steps(env_id):
+    """The `box2d`, `mujoco` and `atari` extras (which the `test` extra installs too) make
+    and step their envs through easyrl, and a missing package names the extra."""
+    from easyrl.envs import extra_for
+    from easyrl.envs.atari import register_ale
+
+    register_ale()
+
+    assert extra_for(gymnasium.spec(env_id)) in ("box2d", "mujoco", "atari")
+    atari = None
+    if env_id.startswith("ALE/"):
+        from easyrl.config import AtariConfig
+
+        atari = AtariConfig()
+    env = make_vector_env(env_id, num_envs=2, vector="sync", seed=0, atari=atari)
+    try:
+        obs, _ = env.reset(seed=0)
+        for _ in range(3):
+            obs, reward, terminated, truncated, _ = env.step(env.action_space.sample())
+        assert obs.shape[0] == 2 and np.all(np.isfinite(reward))
+    finally:
+        env.close()
+
+
+def test_a_missing_env_package_names_the_extra_that_installs_it(monkeypatch):
+    import easyrl.envs
+
+    def missing(*args, **kwargs):
+        raise gymnasium.error.DependencyNotInstalled("pygame is not installed")
+
+    monkeypatch.setattr(easyrl.envs, "_make_one", missing)
+    with pytest.raises(
+        ConfigError, match=r"pygame is not installed; pip install 'easyrl\[box2d\]'"
+    ):
+        env_spaces("LunarLanderContinuous-v3")

@@ -367,14 +367,28 @@ def env_spaces(
     spec = _resolve_spec(env_id)
     try:
         env = _make_one(spec, max_episode_steps, env_kwargs, atari)
-    except gymnasium.error.DependencyNotInstalled as err:  # an extra of gymnasium's
+    except (gymnasium.error.DependencyNotInstalled, ModuleNotFoundError) as err:
+        extra = extra_for(spec)
+        if extra is None and not isinstance(err, gymnasium.error.DependencyNotInstalled):
+            raise  # not one of the env families easyrl's extras install
+        hint = f"; pip install 'easyrl[{extra}]' installs it" if extra else ""
         raise ConfigError(
-            f"env.id: {env_id!r} needs a package that is not installed: {err}"
+            f"env.id: {env_id!r} needs a package that is not installed: {err}{hint}"
         ) from err
     try:
         return env.observation_space, env.action_space
     finally:
         env.close()
+
+
+EXTRAS = {"gymnasium.envs.box2d": "box2d", "gymnasium.envs.mujoco": "mujoco", "ale_py": "atari"}
+"""easyrl's extra (setup.py) that installs each env family, by its entry point's module."""
+
+
+def extra_for(spec: EnvSpec) -> str | None:
+    """The extra of `EXTRAS` that installs `spec`'s env family, or None."""
+    entry = spec.entry_point if isinstance(spec.entry_point, str) else ""
+    return next((x for m, x in EXTRAS.items() if entry.startswith(m)), None)
 
 
 def final_observations(obs: np.ndarray, infos: dict, done: np.ndarray) -> np.ndarray:
