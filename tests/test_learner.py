@@ -181,6 +181,7 @@ def test_a_lone_learner_applies_its_updates_and_publishes_them_to_the_ps(role_se
         thread.join(timeout=15)
     assert not thread.is_alive() and not stop.error
     assert ps.counters["pushes"] == 0 and learner.updates >= 9
+    assert ps.counters["applied"] == learner.publisher.applied == learner.updates
     assert learner.publisher.published >= 4  # ... the last one when it stopped
     local = {n: v.numpy() for n, v in learner.algo.variables.items()}
     restarted = Learner(shards.ctx, shards.ctx.build_algorithm(learner=True), StopSignal())

@@ -117,10 +117,12 @@ def test_learn_returns_the_negated_increments():
 
 def test_update_through_memory_learner_and_ps_matches_hand_computation(role_servers):
     """The runtime's update path: items inserted in a real memory shard (gRPC), the real
-    `Learner` sampling them and pushing increments, a real PS shard applying them."""
+    `Learner` sampling them and applying the increments (the run's only learner), a real PS
+    shard receiving every update's result (`publish_every` 1) and counting them."""
     cfg = config_lib.load(
         CONFIG,
         [
+            "learner.publish_every=1",
             "algorithm.ridge=2",
             "algorithm.batch_size=3",
             "replay.capacity=6",

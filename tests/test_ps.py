@@ -144,7 +144,8 @@ def test_a_publishing_learners_values_and_optimizer_state_are_kept_and_served(se
     published = {k: v + 1 for k, v in initial_values().items()}
     state = {k: np.full_like(v, 0.5) for k, v in fresh.optimizer_state.items()}
     state["step"] = np.array(7, np.int64)
-    assert ps_client.assign(published, optimizer_state=state) == 2
+    assert ps_client.assign(published, optimizer_state=state, updates=5) == 2
+    assert ps.counters["applied"] == 5 and ps.counters["pushes"] == 0
     pulled = ps_client.pull(optimizer_state=True)
     assert pulled.version == 2
     assert_values_equal(pulled.values, published)
@@ -164,8 +165,11 @@ def test_a_publishing_learners_values_and_optimizer_state_are_kept_and_served(se
     assert "slot0/1" in str(err)
     assert int(ps_client.pull(optimizer_state=True).optimizer_state["step"]) == 7
 
+    negative = pb.AssignRequest(tensors=codec.encode_named(published), updates=-1)
+    assert_invalid_and_unchanged(client, "Assign", negative)
+
     ps.checkpoint()
-    restored, client2 = serve_ps(optimizer=ADAM, checkpoint_path=path)
+    _, client2 = serve_ps(optimizer=ADAM, checkpoint_path=path)
     again = ParameterClient(client2).pull(optimizer_state=True)
     assert again.version == 2
     for key, value in state.items():

@@ -340,6 +340,8 @@ class ParameterServer(pb_grpc.ParameterServerServicer):
             if value.dtype != np.float32 or not np.all(np.isfinite(value)):
                 raise ValueError(f"Assign: {name} must be finite float32, got {value.dtype}")
         state = codec.decode_named(request.optimizer_state, request.body)
+        if request.updates < 0:
+            raise ValueError(f"Assign: updates must be >= 0, got {request.updates}")
         with self._queue.held(), self._lock:  # after the pushes accepted before it
             if self._optimizer is not None and request.only_if_empty:
                 return pb.AssignResponse(assigned=False, version=self.version)
@@ -351,6 +353,7 @@ class ParameterServer(pb_grpc.ParameterServerServicer):
             else:
                 self._create(values, state or None)
             self.version += 1
+            self.counters["applied"] += request.updates
             self._queue.reset(self.version)
             return pb.AssignResponse(assigned=True, version=self.version)
 

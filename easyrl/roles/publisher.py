@@ -21,6 +21,7 @@ at most the updates since the last one (it restarts from the shards' values and 
 import logging
 import threading
 import time
+from typing import NamedTuple
 
 import numpy as np
 
@@ -34,8 +35,14 @@ STATE_EVERY_S = 10.0
 """Seconds between publishes that carry the optimizer state (it is twice the values' size for
 Adam; the values go every `publish_every` updates)."""
 
-Snapshot = list[tuple[dict[str, np.ndarray], dict[str, np.ndarray] | None]]
-"""Per shard: (values, optimizer state or None) copied at one instant by the update loop."""
+
+class Snapshot(NamedTuple):
+    """What the update loop copied at one instant for the publisher thread."""
+
+    shards: list[tuple[dict[str, np.ndarray], dict[str, np.ndarray] | None]]
+    """Per shard: (values, optimizer state or None)."""
+    applied: int
+    """Updates the learner had applied (the shards count them as applied when published)."""
 
 
 class Publisher:
@@ -55,6 +62,9 @@ class Publisher:
         self.every = every
         self.published = 0
         """Publishes every shard has taken."""
+        self.applied = 0
+        """Updates applied to the learner's variables (non-finite ones are dropped)."""
+        self._counted = 0  # of them, what the shards have counted
         self._slot: Snapshot | None = None  # the newest snapshot not yet published
         self._changed = threading.Condition()
         self._state_at = time.monotonic()
@@ -81,6 +91,7 @@ class Publisher:
             counters["dropped_nonfinite"] += 1
         else:
             self.optimizer.apply(grads)
+            self.applied += 1
         if updates % self.every == 0:
             with_state = time.monotonic() - self._state_at >= STATE_EVERY_S
             self.offer(self.snapshot(with_state))
@@ -90,21 +101,23 @@ class Publisher:
         if with_state:
             self._state_at = time.monotonic()
         variables = self.weights.variables
-        return [
+        shards = [
             (
                 {n: variables[n].numpy() for n in names},
                 self.optimizer.state(names) if with_state else None,
             )
             for names in self.weights.shard_names
         ]
+        return Snapshot(shards, self.applied)
 
     def offer(self, snapshot: Snapshot) -> None:
         """Puts `snapshot` in the slot the publisher thread takes from. A snapshot with
         state is not replaced by one without: the state would wait another period."""
         with self._changed:
-            if self._slot is not None and self._slot[0][1] is not None:
-                pairs = zip(snapshot, self._slot, strict=True)
-                snapshot = [(v, s if s is not None else old[1]) for (v, s), old in pairs]
+            if self._slot is not None and self._slot.shards[0][1] is not None:
+                pairs = zip(snapshot.shards, self._slot.shards, strict=True)
+                shards = [(v, s if s is not None else old[1]) for (v, s), old in pairs]
+                snapshot = Snapshot(shards, snapshot.applied)
             self._slot = snapshot
             self._changed.notify()
 
@@ -119,9 +132,11 @@ class Publisher:
                 self.publish(snapshot)
 
     def publish(self, snapshot: Snapshot) -> None:
-        """Writes `snapshot` to every shard (one Assign each)."""
-        for client, (values, state) in zip(self.weights.clients, snapshot, strict=True):
-            client.assign(values, optimizer_state=state)
+        """Writes `snapshot` to every shard (one Assign each), with the updates it adds."""
+        updates = snapshot.applied - self._counted
+        for client, (values, state) in zip(self.weights.clients, snapshot.shards, strict=True):
+            client.assign(values, optimizer_state=state, updates=updates)
+        self._counted = snapshot.applied
         self.published += 1
 
     def flush(self) -> None:

@@ -165,15 +165,18 @@ class ParameterClient(ShardClient):
         values: Mapping[str, np.ndarray],
         only_if_empty: bool = False,
         optimizer_state: Mapping[str, np.ndarray] | None = None,
+        updates: int = 0,
     ) -> int:
         """Writes `values` (and, given, the optimizer state, in the shard's checkpoint
-        format); returns the shard's new version, or 0 when `only_if_empty` and the shard
-        already held values (nothing assigned)."""
+        format; `updates`: how many updates of a learner that applies its own these values
+        add, which the shard counts as applied); returns the shard's new version, or 0 when
+        `only_if_empty` and the shard already held values (nothing assigned)."""
         body = codec.Body()
         request = pb.AssignRequest(
             tensors=body.named(values),
             only_if_empty=only_if_empty,
             optimizer_state=body.named(optimizer_state or {}),
+            updates=updates,
         )
         reply = self.call("Assign", body.frame(request))
         return reply.version if reply.assigned else 0

@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x0c\x65\x61syrl.proto\x12\teasyrl.v1\"b\n\x06Tensor\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05\x64type\x18\x02 \x01(\t\x12\r\n\x05shape\x18\x03 \x03(\x03\x12\x0c\n\x04\x64\x61ta\x18\x04 \x01(\x0c\x12\x13\n\x06offset\x18\x05 \x01(\x03H\x00\x88\x01\x01\x42\t\n\x07_offset\"`\n\x0bPullRequest\x12\x15\n\rknown_version\x18\x01 \x01(\x03\x12\x11\n\tmin_round\x18\x02 \x01(\x03\x12\x0e\n\x06wait_s\x18\x03 \x01(\x01\x12\x17\n\x0foptimizer_state\x18\x04 \x01(\x08\"\x9d\x01\n\x0cPullResponse\x12\x0f\n\x07version\x18\x01 \x01(\x03\x12\x0f\n\x07\x63urrent\x18\x02 \x01(\x08\x12\"\n\x07tensors\x18\x03 \x03(\x0b\x32\x11.easyrl.v1.Tensor\x12\r\n\x05round\x18\x04 \x01(\x03\x12*\n\x0foptimizer_state\x18\x05 \x03(\x0b\x32\x11.easyrl.v1.Tensor\x12\x0c\n\x04\x62ody\x18\x0f \x01(\x0c\"\x89\x01\n\x0bPushRequest\x12\x0f\n\x07version\x18\x01 \x01(\x03\x12$\n\tgradients\x18\x02 \x03(\x0b\x32\x11.easyrl.v1.Tensor\x12\x0f\n\x07learner\x18\x03 \x01(\x05\x12\x15\n\rreturn_values\x18\x04 \x01(\x08\x12\r\n\x05queue\x18\x05 \x01(\x08\x12\x0c\n\x04\x62ody\x18\x0f \x01(\x0c\"\x95\x01\n\x0cPushResponse\x12\x0f\n\x07version\x18\x01 \x01(\x03\x12\x0f\n\x07\x61pplied\x18\x02 \x01(\x08\x12\x11\n\tstaleness\x18\x03 \x01(\x03\x12\x0e\n\x06reason\x18\x04 \x01(\t\x12\x0e\n\x06queued\x18\x06 \x01(\x08\x12\"\n\x07tensors\x18\x05 \x03(\x0b\x32\x11.easyrl.v1.Tensor\x12\x0c\n\x04\x62ody\x18\x0f \x01(\x0c\"\x84\x01\n\rAssignRequest\x12\"\n\x07tensors\x18\x01 \x03(\x0b\x32\x11.easyrl.v1.Tensor\x12\x15\n\ronly_if_empty\x18\x02 \x01(\x08\x12*\n\x0foptimizer_state\x18\x03 \x03(\x0b\x32\x11.easyrl.v1.Tensor\x12\x0c\n\x04\x62ody\x18\x0f \x01(\x0c\"3\n\x0e\x41ssignResponse\x12\x10\n\x08\x61ssigned\x18\x01 \x01(\x08\x12\x0f\n\x07version\x18\x02 \x01(\x03\"\x99\x02\n\rReportRequest\x12\x0c\n\x04role\x18\x01 \x01(\t\x12\x0c\n\x04task\x18\x02 \x01(\x05\x12\x11\n\tenv_steps\x18\x03 \x01(\x03\x12\x0f\n\x07updates\x18\x04 \x01(\x03\x12\x17\n\x0f\x65pisode_returns\x18\x05 \x03(\x01\x12\x17\n\x0f\x65pisode_lengths\x18\x06 \x03(\x03\x12\x32\n\x05stats\x18\x07 \x03(\x0b\x32#.easyrl.v1.ReportRequest.StatsEntry\x12\x14\n\x0c\x65val_returns\x18\t \x03(\x01\x12\x18\n\x10\x65pisode_policies\x18\n \x03(\t\x1a,\n\nStatsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01J\x04\x08\x08\x10\t\"\"\n\x0eReportResponse\x12\x10\n\x08stopping\x18\x01 \x01(\x08\"$\n\x13PublishRoundRequest\x12\r\n\x05round\x18\x01 \x01(\x03\"(\n\x14PublishRoundResponse\x12\x10\n\x08stopping\x18\x01 \x01(\x08\"\x0f\n\rStatusRequest\"\xb8\x02\n\x0eStatusResponse\x12\x0c\n\x04role\x18\x01 \x01(\t\x12\x0c\n\x04task\x18\x02 \x01(\x05\x12\x0f\n\x07version\x18\x03 \x01(\x03\x12\x13\n\x0binitialized\x18\x04 \x01(\x08\x12\x10\n\x08stopping\x18\x05 \x01(\x08\x12\x39\n\x08\x63ounters\x18\x06 \x03(\x0b\x32\'.easyrl.v1.StatusResponse.CountersEntry\x12\x16\n\x0erecent_returns\x18\x07 \x03(\x01\x12\x13\n\x0bstop_reason\x18\x08 \x01(\t\x12\x11\n\telapsed_s\x18\t \x01(\x01\x12&\n\tstop_kind\x18\n \x01(\x0e\x32\x13.easyrl.v1.StopKind\x1a/\n\rCountersEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\"\x11\n\x0fShutdownRequest\"\x12\n\x10ShutdownResponse\"\xa8\x01\n\rInsertRequest\x12\"\n\x07tensors\x18\x01 \x03(\x0b\x32\x11.easyrl.v1.Tensor\x12%\n\npriorities\x18\x02 \x01(\x0b\x32\x11.easyrl.v1.Tensor\x12\r\n\x05\x61\x63tor\x18\x03 \x01(\x05\x12\r\n\x05round\x18\x04 \x01(\x03\x12\x0e\n\x06sender\x18\x05 \x01(\x04\x12\x10\n\x08sequence\x18\x06 \x01(\x04\x12\x0c\n\x04\x62ody\x18\x0f \x01(\x0c\"c\n\x0eInsertResponse\x12\x0c\n\x04size\x18\x01 \x01(\x03\x12\x10\n\x08inserted\x18\x02 \x01(\x03\x12\x0f\n\x07refused\x18\x03 \x01(\x08\x12\r\n\x05round\x18\x04 \x01(\x03\x12\x11\n\tduplicate\x18\x05 \x01(\x08\"E\n\rSampleRequest\x12\x12\n\nbatch_size\x18\x01 \x01(\x05\x12\x11\n\ttimeout_s\x18\x02 \x01(\x01\x12\r\n\x05round\x18\x03 \x01(\x03\"\xb9\x01\n\x0eSampleResponse\x12\r\n\x05ready\x18\x01 \x01(\x08\x12\"\n\x07tensors\x18\x02 \x03(\x0b\x32\x11.easyrl.v1.Tensor\x12\x1f\n\x04keys\x18\x03 \x01(\x0b\x32\x11.easyrl.v1.Tensor\x12\"\n\x07weights\x18\x04 \x01(\x0b\x32\x11.easyrl.v1.Tensor\x12\r\n\x05round\x18\x05 \x01(\x03\x12\x12\n\nincomplete\x18\x06 \x01(\x08\x12\x0c\n\x04\x62ody\x18\x0f \x01(\x0c\"o\n\x17UpdatePrioritiesRequest\x12\x1f\n\x04keys\x18\x01 \x01(\x0b\x32\x11.easyrl.v1.Tensor\x12%\n\npriorities\x18\x02 \x01(\x0b\x32\x11.easyrl.v1.Tensor\x12\x0c\n\x04\x62ody\x18\x0f \x01(\x0c\"+\n\x18UpdatePrioritiesResponse\x12\x0f\n\x07updated\x18\x01 \x01(\x03*\x89\x01\n\x08StopKind\x12\r\n\tSTOP_NONE\x10\x00\x12\x19\n\x15STOP_OUTPUT_MAX_STEPS\x10\x01\x12\x14\n\x10STOP_EVAL_TARGET\x10\x02\x12\x0f\n\x0bSTOP_TARGET\x10\x03\x12\x16\n\x12STOP_MAX_ENV_STEPS\x10\x04\x12\x14\n\x10STOP_MAX_SECONDS\x10\x05\x32\xd6\x03\n\x0fParameterServer\x12\x37\n\x04Pull\x12\x16.easyrl.v1.PullRequest\x1a\x17.easyrl.v1.PullResponse\x12\x37\n\x04Push\x12\x16.easyrl.v1.PushRequest\x1a\x17.easyrl.v1.PushResponse\x12=\n\x06\x41ssign\x12\x18.easyrl.v1.AssignRequest\x1a\x19.easyrl.v1.AssignResponse\x12=\n\x06Report\x12\x18.easyrl.v1.ReportRequest\x1a\x19.easyrl.v1.ReportResponse\x12O\n\x0cPublishRound\x12\x1e.easyrl.v1.PublishRoundRequest\x1a\x1f.easyrl.v1.PublishRoundResponse\x12=\n\x06Status\x12\x18.easyrl.v1.StatusRequest\x1a\x19.easyrl.v1.StatusResponse\x12\x43\n\x08Shutdown\x12\x1a.easyrl.v1.ShutdownRequest\x1a\x1b.easyrl.v1.ShutdownResponse2\xed\x02\n\x0cReplayMemory\x12=\n\x06Insert\x12\x18.easyrl.v1.InsertRequest\x1a\x19.easyrl.v1.InsertResponse\x12=\n\x06Sample\x12\x18.easyrl.v1.SampleRequest\x1a\x19.easyrl.v1.SampleResponse\x12[\n\x10UpdatePriorities\x12\".easyrl.v1.UpdatePrioritiesRequest\x1a#.easyrl.v1.UpdatePrioritiesResponse\x12=\n\x06Status\x12\x18.easyrl.v1.StatusRequest\x1a\x19.easyrl.v1.StatusResponse\x12\x43\n\x08Shutdown\x12\x1a.easyrl.v1.ShutdownRequest\x1a\x1b.easyrl.v1.ShutdownResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x0c\x65\x61syrl.proto\x12\teasyrl.v1\"b\n\x06Tensor\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05\x64type\x18\x02 \x01(\t\x12\r\n\x05shape\x18\x03 \x03(\x03\x12\x0c\n\x04\x64\x61ta\x18\x04 \x01(\x0c\x12\x13\n\x06offset\x18\x05 \x01(\x03H\x00\x88\x01\x01\x42\t\n\x07_offset\"`\n\x0bPullRequest\x12\x15\n\rknown_version\x18\x01 \x01(\x03\x12\x11\n\tmin_round\x18\x02 \x01(\x03\x12\x0e\n\x06wait_s\x18\x03 \x01(\x01\x12\x17\n\x0foptimizer_state\x18\x04 \x01(\x08\"\x9d\x01\n\x0cPullResponse\x12\x0f\n\x07version\x18\x01 \x01(\x03\x12\x0f\n\x07\x63urrent\x18\x02 \x01(\x08\x12\"\n\x07tensors\x18\x03 \x03(\x0b\x32\x11.easyrl.v1.Tensor\x12\r\n\x05round\x18\x04 \x01(\x03\x12*\n\x0foptimizer_state\x18\x05 \x03(\x0b\x32\x11.easyrl.v1.Tensor\x12\x0c\n\x04\x62ody\x18\x0f \x01(\x0c\"\x89\x01\n\x0bPushRequest\x12\x0f\n\x07version\x18\x01 \x01(\x03\x12$\n\tgradients\x18\x02 \x03(\x0b\x32\x11.easyrl.v1.Tensor\x12\x0f\n\x07learner\x18\x03 \x01(\x05\x12\x15\n\rreturn_values\x18\x04 \x01(\x08\x12\r\n\x05queue\x18\x05 \x01(\x08\x12\x0c\n\x04\x62ody\x18\x0f \x01(\x0c\"\x95\x01\n\x0cPushResponse\x12\x0f\n\x07version\x18\x01 \x01(\x03\x12\x0f\n\x07\x61pplied\x18\x02 \x01(\x08\x12\x11\n\tstaleness\x18\x03 \x01(\x03\x12\x0e\n\x06reason\x18\x04 \x01(\t\x12\x0e\n\x06queued\x18\x06 \x01(\x08\x12\"\n\x07tensors\x18\x05 \x03(\x0b\x32\x11.easyrl.v1.Tensor\x12\x0c\n\x04\x62ody\x18\x0f \x01(\x0c\"\x95\x01\n\rAssignRequest\x12\"\n\x07tensors\x18\x01 \x03(\x0b\x32\x11.easyrl.v1.Tensor\x12\x15\n\ronly_if_empty\x18\x02 \x01(\x08\x12*\n\x0foptimizer_state\x18\x03 \x03(\x0b\x32\x11.easyrl.v1.Tensor\x12\x0f\n\x07updates\x18\x04 \x01(\x03\x12\x0c\n\x04\x62ody\x18\x0f \x01(\x0c\"3\n\x0e\x41ssignResponse\x12\x10\n\x08\x61ssigned\x18\x01 \x01(\x08\x12\x0f\n\x07version\x18\x02 \x01(\x03\"\x99\x02\n\rReportRequest\x12\x0c\n\x04role\x18\x01 \x01(\t\x12\x0c\n\x04task\x18\x02 \x01(\x05\x12\x11\n\tenv_steps\x18\x03 \x01(\x03\x12\x0f\n\x07updates\x18\x04 \x01(\x03\x12\x17\n\x0f\x65pisode_returns\x18\x05 \x03(\x01\x12\x17\n\x0f\x65pisode_lengths\x18\x06 \x03(\x03\x12\x32\n\x05stats\x18\x07 \x03(\x0b\x32#.easyrl.v1.ReportRequest.StatsEntry\x12\x14\n\x0c\x65val_returns\x18\t \x03(\x01\x12\x18\n\x10\x65pisode_policies\x18\n \x03(\t\x1a,\n\nStatsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01J\x04\x08\x08\x10\t\"\"\n\x0eReportResponse\x12\x10\n\x08stopping\x18\x01 \x01(\x08\"$\n\x13PublishRoundRequest\x12\r\n\x05round\x18\x01 \x01(\x03\"(\n\x14PublishRoundResponse\x12\x10\n\x08stopping\x18\x01 \x01(\x08\"\x0f\n\rStatusRequest\"\xb8\x02\n\x0eStatusResponse\x12\x0c\n\x04role\x18\x01 \x01(\t\x12\x0c\n\x04task\x18\x02 \x01(\x05\x12\x0f\n\x07version\x18\x03 \x01(\x03\x12\x13\n\x0binitialized\x18\x04 \x01(\x08\x12\x10\n\x08stopping\x18\x05 \x01(\x08\x12\x39\n\x08\x63ounters\x18\x06 \x03(\x0b\x32\'.easyrl.v1.StatusResponse.CountersEntry\x12\x16\n\x0erecent_returns\x18\x07 \x03(\x01\x12\x13\n\x0bstop_reason\x18\x08 \x01(\t\x12\x11\n\telapsed_s\x18\t \x01(\x01\x12&\n\tstop_kind\x18\n \x01(\x0e\x32\x13.easyrl.v1.StopKind\x1a/\n\rCountersEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\"\x11\n\x0fShutdownRequest\"\x12\n\x10ShutdownResponse\"\xa8\x01\n\rInsertRequest\x12\"\n\x07tensors\x18\x01 \x03(\x0b\x32\x11.easyrl.v1.Tensor\x12%\n\npriorities\x18\x02 \x01(\x0b\x32\x11.easyrl.v1.Tensor\x12\r\n\x05\x61\x63tor\x18\x03 \x01(\x05\x12\r\n\x05round\x18\x04 \x01(\x03\x12\x0e\n\x06sender\x18\x05 \x01(\x04\x12\x10\n\x08sequence\x18\x06 \x01(\x04\x12\x0c\n\x04\x62ody\x18\x0f \x01(\x0c\"c\n\x0eInsertResponse\x12\x0c\n\x04size\x18\x01 \x01(\x03\x12\x10\n\x08inserted\x18\x02 \x01(\x03\x12\x0f\n\x07refused\x18\x03 \x01(\x08\x12\r\n\x05round\x18\x04 \x01(\x03\x12\x11\n\tduplicate\x18\x05 \x01(\x08\"E\n\rSampleRequest\x12\x12\n\nbatch_size\x18\x01 \x01(\x05\x12\x11\n\ttimeout_s\x18\x02 \x01(\x01\x12\r\n\x05round\x18\x03 \x01(\x03\"\xb9\x01\n\x0eSampleResponse\x12\r\n\x05ready\x18\x01 \x01(\x08\x12\"\n\x07tensors\x18\x02 \x03(\x0b\x32\x11.easyrl.v1.Tensor\x12\x1f\n\x04keys\x18\x03 \x01(\x0b\x32\x11.easyrl.v1.Tensor\x12\"\n\x07weights\x18\x04 \x01(\x0b\x32\x11.easyrl.v1.Tensor\x12\r\n\x05round\x18\x05 \x01(\x03\x12\x12\n\nincomplete\x18\x06 \x01(\x08\x12\x0c\n\x04\x62ody\x18\x0f \x01(\x0c\"o\n\x17UpdatePrioritiesRequest\x12\x1f\n\x04keys\x18\x01 \x01(\x0b\x32\x11.easyrl.v1.Tensor\x12%\n\npriorities\x18\x02 \x01(\x0b\x32\x11.easyrl.v1.Tensor\x12\x0c\n\x04\x62ody\x18\x0f \x01(\x0c\"+\n\x18UpdatePrioritiesResponse\x12\x0f\n\x07updated\x18\x01 \x01(\x03*\x89\x01\n\x08StopKind\x12\r\n\tSTOP_NONE\x10\x00\x12\x19\n\x15STOP_OUTPUT_MAX_STEPS\x10\x01\x12\x14\n\x10STOP_EVAL_TARGET\x10\x02\x12\x0f\n\x0bSTOP_TARGET\x10\x03\x12\x16\n\x12STOP_MAX_ENV_STEPS\x10\x04\x12\x14\n\x10STOP_MAX_SECONDS\x10\x05\x32\xd6\x03\n\x0fParameterServer\x12\x37\n\x04Pull\x12\x16.easyrl.v1.PullRequest\x1a\x17.easyrl.v1.PullResponse\x12\x37\n\x04Push\x12\x16.easyrl.v1.PushRequest\x1a\x17.easyrl.v1.PushResponse\x12=\n\x06\x41ssign\x12\x18.easyrl.v1.AssignRequest\x1a\x19.easyrl.v1.AssignResponse\x12=\n\x06Report\x12\x18.easyrl.v1.ReportRequest\x1a\x19.easyrl.v1.ReportResponse\x12O\n\x0cPublishRound\x12\x1e.easyrl.v1.PublishRoundRequest\x1a\x1f.easyrl.v1.PublishRoundResponse\x12=\n\x06Status\x12\x18.easyrl.v1.StatusRequest\x1a\x19.easyrl.v1.StatusResponse\x12\x43\n\x08Shutdown\x12\x1a.easyrl.v1.ShutdownRequest\x1a\x1b.easyrl.v1.ShutdownResponse2\xed\x02\n\x0cReplayMemory\x12=\n\x06Insert\x12\x18.easyrl.v1.InsertRequest\x1a\x19.easyrl.v1.InsertResponse\x12=\n\x06Sample\x12\x18.easyrl.v1.SampleRequest\x1a\x19.easyrl.v1.SampleResponse\x12[\n\x10UpdatePriorities\x12\".easyrl.v1.UpdatePrioritiesRequest\x1a#.easyrl.v1.UpdatePrioritiesResponse\x12=\n\x06Status\x12\x18.easyrl.v1.StatusRequest\x1a\x19.easyrl.v1.StatusResponse\x12\x43\n\x08Shutdown\x12\x1a.easyrl.v1.ShutdownRequest\x1a\x1b.easyrl.v1.ShutdownResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -35,8 +35,8 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_REPORTREQUEST_STATSENTRY']._serialized_options = b'8\001'
   _globals['_STATUSRESPONSE_COUNTERSENTRY']._loaded_options = None
   _globals['_STATUSRESPONSE_COUNTERSENTRY']._serialized_options = b'8\001'
-  _globals['_STOPKIND']._serialized_start=2326
-  _globals['_STOPKIND']._serialized_end=2463
+  _globals['_STOPKIND']._serialized_start=2343
+  _globals['_STOPKIND']._serialized_end=2480
   _globals['_TENSOR']._serialized_start=27
   _globals['_TENSOR']._serialized_end=125
   _globals['_PULLREQUEST']._serialized_start=127
@@ -48,43 +48,43 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_PUSHRESPONSE']._serialized_start=526
   _globals['_PUSHRESPONSE']._serialized_end=675
   _globals['_ASSIGNREQUEST']._serialized_start=678
-  _globals['_ASSIGNREQUEST']._serialized_end=810
-  _globals['_ASSIGNRESPONSE']._serialized_start=812
-  _globals['_ASSIGNRESPONSE']._serialized_end=863
-  _globals['_REPORTREQUEST']._serialized_start=866
-  _globals['_REPORTREQUEST']._serialized_end=1147
-  _globals['_REPORTREQUEST_STATSENTRY']._serialized_start=1097
-  _globals['_REPORTREQUEST_STATSENTRY']._serialized_end=1141
-  _globals['_REPORTRESPONSE']._serialized_start=1149
-  _globals['_REPORTRESPONSE']._serialized_end=1183
-  _globals['_PUBLISHROUNDREQUEST']._serialized_start=1185
-  _globals['_PUBLISHROUNDREQUEST']._serialized_end=1221
-  _globals['_PUBLISHROUNDRESPONSE']._serialized_start=1223
-  _globals['_PUBLISHROUNDRESPONSE']._serialized_end=1263
-  _globals['_STATUSREQUEST']._serialized_start=1265
-  _globals['_STATUSREQUEST']._serialized_end=1280
-  _globals['_STATUSRESPONSE']._serialized_start=1283
-  _globals['_STATUSRESPONSE']._serialized_end=1595
-  _globals['_STATUSRESPONSE_COUNTERSENTRY']._serialized_start=1548
-  _globals['_STATUSRESPONSE_COUNTERSENTRY']._serialized_end=1595
-  _globals['_SHUTDOWNREQUEST']._serialized_start=1597
-  _globals['_SHUTDOWNREQUEST']._serialized_end=1614
-  _globals['_SHUTDOWNRESPONSE']._serialized_start=1616
-  _globals['_SHUTDOWNRESPONSE']._serialized_end=1634
-  _globals['_INSERTREQUEST']._serialized_start=1637
-  _globals['_INSERTREQUEST']._serialized_end=1805
-  _globals['_INSERTRESPONSE']._serialized_start=1807
-  _globals['_INSERTRESPONSE']._serialized_end=1906
-  _globals['_SAMPLEREQUEST']._serialized_start=1908
-  _globals['_SAMPLEREQUEST']._serialized_end=1977
-  _globals['_SAMPLERESPONSE']._serialized_start=1980
-  _globals['_SAMPLERESPONSE']._serialized_end=2165
-  _globals['_UPDATEPRIORITIESREQUEST']._serialized_start=2167
-  _globals['_UPDATEPRIORITIESREQUEST']._serialized_end=2278
-  _globals['_UPDATEPRIORITIESRESPONSE']._serialized_start=2280
-  _globals['_UPDATEPRIORITIESRESPONSE']._serialized_end=2323
-  _globals['_PARAMETERSERVER']._serialized_start=2466
-  _globals['_PARAMETERSERVER']._serialized_end=2936
-  _globals['_REPLAYMEMORY']._serialized_start=2939
-  _globals['_REPLAYMEMORY']._serialized_end=3304
+  _globals['_ASSIGNREQUEST']._serialized_end=827
+  _globals['_ASSIGNRESPONSE']._serialized_start=829
+  _globals['_ASSIGNRESPONSE']._serialized_end=880
+  _globals['_REPORTREQUEST']._serialized_start=883
+  _globals['_REPORTREQUEST']._serialized_end=1164
+  _globals['_REPORTREQUEST_STATSENTRY']._serialized_start=1114
+  _globals['_REPORTREQUEST_STATSENTRY']._serialized_end=1158
+  _globals['_REPORTRESPONSE']._serialized_start=1166
+  _globals['_REPORTRESPONSE']._serialized_end=1200
+  _globals['_PUBLISHROUNDREQUEST']._serialized_start=1202
+  _globals['_PUBLISHROUNDREQUEST']._serialized_end=1238
+  _globals['_PUBLISHROUNDRESPONSE']._serialized_start=1240
+  _globals['_PUBLISHROUNDRESPONSE']._serialized_end=1280
+  _globals['_STATUSREQUEST']._serialized_start=1282
+  _globals['_STATUSREQUEST']._serialized_end=1297
+  _globals['_STATUSRESPONSE']._serialized_start=1300
+  _globals['_STATUSRESPONSE']._serialized_end=1612
+  _globals['_STATUSRESPONSE_COUNTERSENTRY']._serialized_start=1565
+  _globals['_STATUSRESPONSE_COUNTERSENTRY']._serialized_end=1612
+  _globals['_SHUTDOWNREQUEST']._serialized_start=1614
+  _globals['_SHUTDOWNREQUEST']._serialized_end=1631
+  _globals['_SHUTDOWNRESPONSE']._serialized_start=1633
+  _globals['_SHUTDOWNRESPONSE']._serialized_end=1651
+  _globals['_INSERTREQUEST']._serialized_start=1654
+  _globals['_INSERTREQUEST']._serialized_end=1822
+  _globals['_INSERTRESPONSE']._serialized_start=1824
+  _globals['_INSERTRESPONSE']._serialized_end=1923
+  _globals['_SAMPLEREQUEST']._serialized_start=1925
+  _globals['_SAMPLEREQUEST']._serialized_end=1994
+  _globals['_SAMPLERESPONSE']._serialized_start=1997
+  _globals['_SAMPLERESPONSE']._serialized_end=2182
+  _globals['_UPDATEPRIORITIESREQUEST']._serialized_start=2184
+  _globals['_UPDATEPRIORITIESREQUEST']._serialized_end=2295
+  _globals['_UPDATEPRIORITIESRESPONSE']._serialized_start=2297
+  _globals['_UPDATEPRIORITIESRESPONSE']._serialized_end=2340
+  _globals['_PARAMETERSERVER']._serialized_start=2483
+  _globals['_PARAMETERSERVER']._serialized_end=2953
+  _globals['_REPLAYMEMORY']._serialized_start=2956
+  _globals['_REPLAYMEMORY']._serialized_end=3321
 # @@protoc_insertion_point(module_scope)

@@ -99,16 +99,18 @@ class PushResponse(_message.Message):
     def __init__(self, version: _Optional[int] = ..., applied: _Optional[bool] = ..., staleness: _Optional[int] = ..., reason: _Optional[str] = ..., queued: _Optional[bool] = ..., tensors: _Optional[_Iterable[_Union[Tensor, _Mapping]]] = ..., body: _Optional[bytes] = ...) -> None: ...
 
 class AssignRequest(_message.Message):
-    __slots__ = ("tensors", "only_if_empty", "optimizer_state", "body")
+    __slots__ = ("tensors", "only_if_empty", "optimizer_state", "updates", "body")
     TENSORS_FIELD_NUMBER: _ClassVar[int]
     ONLY_IF_EMPTY_FIELD_NUMBER: _ClassVar[int]
     OPTIMIZER_STATE_FIELD_NUMBER: _ClassVar[int]
+    UPDATES_FIELD_NUMBER: _ClassVar[int]
     BODY_FIELD_NUMBER: _ClassVar[int]
     tensors: _containers.RepeatedCompositeFieldContainer[Tensor]
     only_if_empty: bool
     optimizer_state: _containers.RepeatedCompositeFieldContainer[Tensor]
+    updates: int
     body: bytes
-    def __init__(self, tensors: _Optional[_Iterable[_Union[Tensor, _Mapping]]] = ..., only_if_empty: _Optional[bool] = ..., optimizer_state: _Optional[_Iterable[_Union[Tensor, _Mapping]]] = ..., body: _Optional[bytes] = ...) -> None: ...
+    def __init__(self, tensors: _Optional[_Iterable[_Union[Tensor, _Mapping]]] = ..., only_if_empty: _Optional[bool] = ..., optimizer_state: _Optional[_Iterable[_Union[Tensor, _Mapping]]] = ..., updates: _Optional[int] = ..., body: _Optional[bytes] = ...) -> None: ...
 
 class AssignResponse(_message.Message):
     __slots__ = ("assigned", "version")
