@@ -1,11 +1,17 @@
 """The memory shard's write-ahead log (easyrl.roles.wal): records, torn and corrupt tails,
 replay over a snapshot through real gRPC, and a shard process killed mid-burst."""
 
+import os
+import signal
+import subprocess
+import sys
+import threading
 from concurrent.futures import Future
 from pathlib import Path
 
 import numpy as np
 import pytest
+import yaml
 from conftest import Served
 
 from easyrl.errors import ReplayError, TransportError
@@ -232,3 +238,136 @@ def test_the_log_keeps_an_atari_shipment_frame_by_frame(tmp_path):
     whole = sum(v.nbytes for v in batch.values())
     assert len(record.payload) < 1.1 * (35 + 3) * 84 * 84  # about the distinct frames
     assert len(record.payload) < whole / 6
+
+
+# --- a memory shard process SIGKILLed in the middle of an insert burst ------------------------
+
+DQN_SPEC = {  # configs/cartpole_apex.yaml's items (dqn's replay_spec on CartPole)
+    "obs": ((4,), np.float32),
+    "action": ((), np.int64),
+    "reward": ((), np.float32),
+    "next_obs": ((4,), np.float32),
+    "discount": ((), np.float32),
+}
+ITEMS = 16  # per insert
+
+
+def numbered(actor: int, sequence: int) -> dict[str, np.ndarray]:
+    """The items of `actor`'s insert `sequence`, each named by its `action`."""
+    batch = {k: np.zeros((ITEMS, *shape), dtype) for k, (shape, dtype) in DQN_SPEC.items()}
+    batch["action"] = actor * 10_000_000 + sequence * 100 + np.arange(ITEMS)
+    return batch
+
+
+class Burst:
+    """Actors inserting numbered batches as fast as the shard answers, each remembering the
+    last insert the shard acknowledged (the next one was in flight when it stopped)."""
+
+    def __init__(self, address: str, actors: int):
+        from easyrl.transport import rpc
+
+        self.clients = [
+            MemoryClient(
+                rpc.Client(rpc.stub_class("memory"), address, TOKEN, timeout_s=5.0, retry_s=0)
+            )
+            for _ in range(actors)
+        ]
+        self.acked = [0] * actors
+        self.threads = [threading.Thread(target=self.run, args=(a,)) for a in range(actors)]
+        for thread in self.threads:
+            thread.start()
+
+    def run(self, actor: int) -> None:
+        client = self.clients[actor]
+        while True:
+            sequence = self.acked[actor] + 1
+            try:
+                client.insert(numbered(actor, sequence), None, actor, 0, 100 + actor, sequence)
+            except TransportError:
+                return  # the shard is gone; this insert may or may not be stored
+            self.acked[actor] = sequence
+
+    def join(self) -> None:
+        for thread in self.threads:
+            thread.join(60)
+            assert not thread.is_alive()
+        for client in self.clients:
+            client.close()
+
+
+def memory_process(config: Path, ps: str, memory: str, log) -> subprocess.Popen:
+    command = [sys.executable, "-m", "easyrl.cli", "run", "--role", "memory", "--task", "0"]
+    command += ["--config", str(config), "--ps-hosts", ps, "--memory-hosts", memory]
+    command += ["--num-learners", "1", "--num-actors", "4"]
+    env = {**os.environ, "EASYRL_TOKEN": TOKEN}
+    return subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT)
+
+
+def wait_until(predicate, what: str, process: subprocess.Popen, log_path: Path) -> None:
+    for _ in range(1200):  # a hang guard (2 min), not a timing assertion
+        if predicate():
+            return
+        assert process.poll() is None, log_path.read_text()
+        threading.Event().wait(0.1)
+    raise AssertionError(f"never: {what}\n{log_path.read_text()}")
+
+
+@pytest.mark.cluster
+@pytest.mark.timeout(600)
+def test_every_insert_a_killed_shard_acknowledged_is_sampled_after_its_restart(tmp_path):
+    from easyrl.cluster.launcher import free_ports
+    from easyrl.transport import rpc
+
+    raw = yaml.safe_load((ROOT / "configs" / "cartpole_apex.yaml").read_text())
+    raw["run"] = {**raw["run"], "dir": str(tmp_path / "run"), "checkpoint_interval_s": 1.0}
+    raw["replay"].update(
+        capacity=100_000, min_size_to_sample=1, samples_per_insert=None, error_buffer=None
+    )
+    config = tmp_path / "config.yaml"
+    config.write_text(yaml.safe_dump(raw))
+    ps, address = (f"127.0.0.1:{port}" for port in free_ports("127.0.0.1", 2))
+    snapshot = tmp_path / "run" / "checkpoints" / "memory-0.npz"
+    log_path = tmp_path / "memory.log"
+    log = log_path.open("w")
+    process = memory_process(config, ps, address, log)
+    burst = None
+    client = rpc.Client(rpc.stub_class("memory"), address, TOKEN, timeout_s=5.0, retry_s=120)
+    try:
+        client.call("Status", pb.StatusRequest())  # listening
+        burst = Burst(address, actors=4)
+        # Killed mid-burst, after a snapshot (the log is replayed over it) and some inserts.
+        wait_until(snapshot.exists, "a snapshot", process, log_path)
+        acked_then = sum(burst.acked)
+        wait_until(lambda: sum(burst.acked) > acked_then + 200, "inserts", process, log_path)
+        process.send_signal(signal.SIGKILL)
+        process.wait(30)
+        burst.join()
+        acked = list(burst.acked)
+        process = memory_process(config, ps, address, log)
+        memory = MemoryClient(client)
+        for actor, last in enumerate(acked):  # each actor resends the insert it had in flight
+            memory.insert(numbered(actor, last + 1), None, actor, 0, 100 + actor, last + 1)
+        expected = {
+            int(k) for a, last in enumerate(acked) for s in range(1, last + 2)
+            for k in numbered(a, s)["action"]
+        }  # fmt: skip
+        status = dict(client.call("Status", pb.StatusRequest()).counters)
+        assert status["memory/0/size"] == len(expected)  # each insert stored exactly once
+        assert status["memory/0/wal_replayed_items"] > 0
+        seen: set[int] = set()
+        for _ in range(2000):  # sampled with replacement: until every item came back
+            taken = memory.sample(4096, 5.0)
+            assert taken is not None
+            seen.update(int(k) for k in taken.data["action"])
+            if seen >= expected:
+                break
+        assert seen == expected
+    finally:
+        client.close()
+        if burst is not None:
+            for thread in burst.threads:
+                thread.join(60)
+        process.kill()
+        process.wait(30)
+        log.close()
+    assert "write-ahead log" in log_path.read_text()
