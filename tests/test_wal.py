@@ -254,7 +254,9 @@ ITEMS = 16  # per insert
 
 def numbered(actor: int, sequence: int) -> dict[str, np.ndarray]:
     """The items of `actor`'s insert `sequence`, each named by its `action`."""
-    batch = {k: np.zeros((ITEMS, *shape), dtype) for k, (shape, dtype) in DQN_SPEC.items()}
+    batch: dict[str, np.ndarray] = {
+        k: np.zeros((ITEMS, *shape), dtype) for k, (shape, dtype) in DQN_SPEC.items()
+    }
     batch["action"] = actor * 10_000_000 + sequence * 100 + np.arange(ITEMS)
     return batch
 
