@@ -598,6 +598,12 @@ def largest_message(cfg, spec: dict, memory: MemoryServer) -> int:
     return items * item_bytes(spec)
 
 
+def snapshot_path(run_dir: Path, shard: int) -> Path:
+    """Memory `shard`'s snapshot file in `run_dir`; its write-ahead log is beside it
+    (`wal.log_dir`)."""
+    return run_dir / "checkpoints" / f"memory-{shard}.npz"
+
+
 def run(ctx) -> int:
     """Runs memory shard `ctx.task` until Shutdown or SIGTERM."""
     from easyrl.algorithms import registry
@@ -608,7 +614,7 @@ def run(ctx) -> int:
     stop = stop_event_on_signals()
     obs_space, action_space = ctx.spaces()
     spec = registry.replay_spec(ctx.cfg, obs_space, action_space)
-    path = ctx.run_dir / "checkpoints" / f"memory-{ctx.task}.npz"
+    path = snapshot_path(ctx.run_dir, ctx.task)
     marker = path.with_suffix(".started")  # left by an earlier process of this shard
     restarted = marker.exists()
     marker.parent.mkdir(parents=True, exist_ok=True)

@@ -124,6 +124,11 @@ def identity(cfg, spec: dict, shard: int, frames: bool) -> dict[str, Any]:
     }
 
 
+def log_dir(snapshot: Path) -> Path:
+    """The directory of the log beside `snapshot`."""
+    return snapshot.with_suffix(".wal")
+
+
 def segment_path(directory: Path, segment: int) -> Path:
     """The file of `segment`."""
     return directory / f"{segment:08d}.log"
@@ -479,7 +484,7 @@ def open_log(
         ReplayError: the log was written by another run or table, or the table's
             inserts cannot be replayed.
     """
-    directory = snapshot.with_suffix(".wal")
+    directory = log_dir(snapshot)
     start = snapshot_segment(snapshot)
     if start == -1:  # a snapshot of a shard without a log holds whatever a log held then
         start = max([0, *(s + 1 for s in segments(directory))])
