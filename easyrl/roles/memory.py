@@ -184,12 +184,15 @@ class MemoryServer(pb_grpc.ReplayMemoryServicer):
         self._pending = still
 
     def _answer(self, op: Op, result) -> None:
-        """Answers `op`; an insert or update once its record (and every record before it:
-        a duplicate's original) is durable, when the shard keeps a log."""
-        if self.log is None or op.kind not in ("insert", "update"):
-            op.future.set_result(result)
-        else:
+        """Answers `op`; an insert once its record (and every record before it: a
+        duplicate's original) is durable, when the shard keeps a log. An update is logged
+        but answered at once: a kill may lose the last milliseconds of them, not an item."""
+        if self.log is not None and op.kind == "insert":
             self.log.append(op.record, op.future, result)
+            return
+        if self.log is not None and op.kind == "update":
+            self.log.append(op.record)
+        op.future.set_result(result)
 
     def _sampled(self, result):
         """`result` of a table sample; a queue's log keeps the items it removed."""

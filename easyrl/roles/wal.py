@@ -7,8 +7,9 @@ thus answered once its items are durable, and a Sample may return items that are
 a shard killed before the fsync never acknowledged them.
 
 Kept: inserts (the batch the table stores, in the form it takes it: the wire form of
-Atari frame stacks, each distinct frame of the shipment once), priority updates, and the
-items a queue's samples remove. Not kept: what sampling changes in a ring (its random
+Atari frame stacks, each distinct frame of the shipment once), priority updates (answered
+without waiting for the fsync: a kill may lose the last milliseconds of them, never an
+item) and the items a queue's samples remove. Not kept: what sampling changes in a ring (its random
 state and the beta schedule's clock), as a snapshot does not keep them either. A queue's
 items count as removed when its table thread samples them, prefetched batches included: a
 kill loses the prefetched batches no learner took yet (as a snapshot does), and never
