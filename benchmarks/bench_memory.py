@@ -25,6 +25,11 @@ actor ships them, into the table the config's replay kind builds (prioritized,
 
     atari bytes per stored transition: N
 
+Every measurement runs once per `--wal` setting (`replay.wal`; default: group, then none),
+so the write-ahead log's cost is read off one run: a shard with the log writes it under the
+benchmark's temporary run directory, and the notes give, per item kind, insert items/s with
+the log over without and the log bytes written per stored item.
+
 Insert: one client thread, client-side encoding included, Ape-X style initial
 priorities sent with every batch. Sample: batch 512 (= the config's learner batch size,
 so calls are served from the shard's prefetch queue as the learner's are), decoded on
