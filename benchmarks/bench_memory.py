@@ -25,6 +25,11 @@ actor ships them, into the table the config's replay kind builds (prioritized,
 
     atari bytes per stored transition: N
 
+Every measurement runs once per `--wal` setting (`replay.wal`; default: group, then none),
+so the write-ahead log's cost is read off one run: a shard with the log writes it under the
+benchmark's temporary run directory, and the notes give, per item kind, insert items/s with
+the log over without and the log bytes written per stored item.
+
 Insert: one client thread, client-side encoding included, Ape-X style initial
 priorities sent with every batch. Sample: batch 512 (= the config's learner batch size,
 so calls are served from the shard's prefetch queue as the learner's are), decoded on
@@ -65,7 +70,7 @@ from easyrl.replay import item_bytes
 from easyrl.replay.frames import layout_for
 from easyrl.transport.clients import MemoryClient, SampledBatch
 
-SMOKE_LINE = r"^\| cartpole \| Sample\(64\) \+ UpdatePriorities, 1 thread\(s\) \| \d"
+SMOKE_LINE = r"^\| cartpole \| group \| Sample\(64\) \+ UpdatePriorities, 1 thread\(s\) \| \d"
 """The line a `--smoke` run must print (tests/test_benchmarks.py)."""
 
 REVERB_INSERTS_PER_S = 6_700.0  # single-transition inserts/s, writer flushing every 64
@@ -124,8 +129,8 @@ def stack_batch(spec: dict, n: int, rng: np.random.Generator) -> dict[str, np.nd
     return batch
 
 
-def raw_config(args, items: str = "cartpole") -> dict:
-    raw = {
+def raw_config(args, items: str = "cartpole", wal: str = "none") -> dict:
+    raw: dict = {
         "algorithm": {"name": "dqn", "batch_size": args.sample_batch},
         "env": {"id": "CartPole-v1"},
         "replay": {
@@ -133,6 +138,7 @@ def raw_config(args, items: str = "cartpole") -> dict:
             "capacity": args.capacity,
             "alpha": 0.6,
             "min_size_to_sample": args.min_size,
+            "wal": wal,
         },
         "run": {"name": "bench-memory", "checkpoint_interval_s": 3600.0},
     }
@@ -210,17 +216,19 @@ def sampled(client: MemoryClient, batch_size: int) -> SampledBatch:
     return taken
 
 
-def bench_items(cluster: common.Cluster, items: str, args) -> dict:
-    """Starts a shard for `items`, measures inserts and sample+update rounds, stops it."""
+def bench_items(cluster: common.Cluster, items: str, wal: str, args) -> dict:
+    """Starts a shard for `items` with write-ahead log `wal` (`replay.wal`), measures
+    inserts and sample+update rounds, stops it."""
     spec = ITEM_SPECS[items]
-    raw = raw_config(args, items)
+    raw = raw_config(args, items, wal)
     make_batch = stack_batch if items == "atari" else random_batch
     layout = layout_for(common_config(raw), table_spec(spec)) if items == "atari" else None
     if items == "cartpole" and args.server == "cli":
         config = common.write_config(raw, cluster.run_dir, f"memory-{items}.yaml")
         cluster.start_cli(config, num_memory=1)
         how = "`easyrl run --role memory`"
-    else:
+    else:  # a run.dir: the shard's snapshot path, beside which its log is written
+        raw["run"]["dir"] = str(cluster.run_dir / f"memory-{items}-{wal}")
         cluster.spawn_memory_server(raw, spec)
         how = "spawned `memory.build` + `rpc.make_server`"
     server = cluster.servers[-1]
@@ -229,7 +237,14 @@ def bench_items(cluster: common.Cluster, items: str, args) -> dict:
     rng = np.random.default_rng(0)
     per_item = item_bytes(spec)
     prioritized = args.kind == "prioritized"
-    result = {"items": items, "server": how, "item_bytes": per_item, "inserts": {}, "rounds": {}}
+    result = {
+        "items": items,
+        "wal": wal,
+        "server": how,
+        "item_bytes": per_item,
+        "inserts": {},
+        "rounds": {},
+    }
 
     # Fill past min_size_to_sample first (not measured), so samples never wait.
     fill = make_batch(spec, 512, rng)
@@ -251,7 +266,7 @@ def bench_items(cluster: common.Cluster, items: str, args) -> dict:
         rate = common.measure(insert, args.duration)
         result["inserts"][n] = rate
         print(
-            f"  {items} insert batch {n:>4}: {rate.units_per_s:>10,.0f} items/s "
+            f"  {items} log {wal} insert batch {n:>4}: {rate.units_per_s:>10,.0f} items/s "
             f"{rate.per_s:>8,.0f} calls/s {rate.mb_per_s:>8.1f} MB/s",
             flush=True,
         )
@@ -340,6 +355,7 @@ def report(results: list[dict], args, reverb: dict | None = None) -> str:
             rows.append(
                 [
                     r["items"],
+                    r["wal"],
                     f"Insert, batch {n}",
                     rate.units_per_s,
                     rate.per_s,
@@ -353,6 +369,7 @@ def report(results: list[dict], args, reverb: dict | None = None) -> str:
             rows.append(
                 [
                     r["items"],
+                    r["wal"],
                     f"Sample({size}) only ({how})",
                     rate.units_per_s,
                     rate.per_s,
@@ -365,6 +382,7 @@ def report(results: list[dict], args, reverb: dict | None = None) -> str:
             rows.append(
                 [
                     r["items"],
+                    r["wal"],
                     f"Sample({args.sample_batch}) + UpdatePriorities, {threads} thread(s)",
                     rate.units_per_s,
                     rate.per_s,
@@ -374,11 +392,22 @@ def report(results: list[dict], args, reverb: dict | None = None) -> str:
                 ]
             )
     table = common.markdown_table(
-        ["items", "operation", "items/s", "calls (rounds)/s", "MB/s", "ms/call", "vs Reverb 0.14"],
+        [
+            "items",
+            "replay.wal",
+            "operation",
+            "items/s",
+            "calls (rounds)/s",
+            "MB/s",
+            "ms/call",
+            "vs Reverb 0.14",
+        ],
         rows,
     )
     servers = "; ".join(
-        f"{r['items']} ({r['item_bytes']:,} B/item): {r['server']}" for r in results
+        f"{r['items']} ({r['item_bytes']:,} B/item): {r['server']}"
+        for r in results
+        if r["wal"] == results[0]["wal"]
     )
     if reverb is not None:
         vs_reverb = (
@@ -427,9 +456,39 @@ def report(results: list[dict], args, reverb: dict | None = None) -> str:
         "Inserts land in ring slots never written before (the 100k ring does not wrap in "
         "these runs), so they include the first-touch page faults of the lazily mapped, "
         "preallocated ring (about 14 MB per 1,000 Atari items).",
+        wal_note(results),
         vs_reverb,
     ]
     return table + "\n\n" + "\n".join(f"- {n}" for n in notes) + "\n"
+
+
+def wal_note(results: list[dict]) -> str:
+    """What the write-ahead log costs: insert items/s with it over without, per item kind
+    and batch, and the bytes it wrote per stored item."""
+    by = {(r["items"], r["wal"]): r for r in results}
+    parts = []
+    for (items, wal), r in by.items():
+        status = r["status"]
+        if wal != "none" and status.get("inserts"):
+            written = status.get("wal_bytes", 0.0) / status["inserts"]
+            syncs = status.get("inserts", 0.0) / max(1.0, status.get("wal_syncs", 0.0))
+            parts.append(
+                f"{items}, log {wal}: {written:,.0f} log bytes per stored item "
+                f"({r['item_bytes']:,} B/item whole), {syncs:,.0f} items per fsync"
+            )
+            off = by.get((items, "none"))
+            if off is not None:
+                ratios = ", ".join(
+                    f"batch {n} {rate.units_per_s / off['inserts'][n].units_per_s:.2f}"
+                    for n, rate in r["inserts"].items()
+                    if n in off["inserts"]
+                )
+                parts.append(f"{items} insert items/s, log {wal} over none: {ratios}")
+    return (
+        "replay.wal (easyrl.roles.wal): group = an Insert answered once its record is "
+        "fsynced (one fsync per group), none = no log; log files on this host's ext4 "
+        "virtual disk. " + "; ".join(parts) + "."
+    )
 
 
 def main() -> None:
@@ -463,6 +522,9 @@ def main() -> None:
         help="how the CartPole shard is started (Atari always uses spawn)",
     )
     parser.add_argument(
+        "--wal", default="group,none", help="comma list of replay.wal settings to measure"
+    )
+    parser.add_argument(
         "--reverb-python",
         help="Python of the venv with dm-reverb 0.14: measure Reverb side by side (docstring)",
     )
@@ -470,6 +532,7 @@ def main() -> None:
     if args.smoke:  # seconds, tiny sizes, same processes (tests/test_benchmarks.py)
         args.items, args.duration, args.insert_batches = "cartpole", 0.2, "1,64"
         args.sample_batch, args.sample_threads, args.capacity, args.min_size = 64, "1", 5000, 100
+        args.wal = "group"
     args.insert_batches = [int(x) for x in args.insert_batches.split(",")]
     args.sample_threads = [int(x) for x in args.sample_threads.split(",")]
     items = [x for x in args.items.split(",") if x]
@@ -485,8 +548,9 @@ def main() -> None:
     results = []
     with common.Cluster() as cluster:
         for name in items:
-            print(f"{name}:", flush=True)
-            results.append(bench_items(cluster, name, args))
+            for wal in args.wal.split(","):
+                print(f"{name}, replay.wal {wal}:", flush=True)
+                results.append(bench_items(cluster, name, wal, args))
     reverb = bench_reverb(items, args) if args.reverb_python else None
     text = report(results, args, reverb)
     print()

@@ -19,7 +19,11 @@ the shard has acknowledged, its snapshot's included. The newest snapshot on disk
 acknowledged after that snapshot, which must be younger than a checkpoint interval plus 3 s).
 Acknowledged = the sum over the shard's incarnations of what each one's counter rose by;
 stored = the last incarnation's `inserted`; acknowledged = stored + lost holds only if no
-restart lost or invented an item beyond that. An aggregate table (synchronous rounds) is not
+restart lost or invented an item beyond that. With the shard's write-ahead log
+(`replay.wal`, on by default) a kill loses nothing: the restarted shard must come back with
+every item it acknowledged (`restored_inserted` = the count read before the kill: its
+snapshot's and its log's), lost = acknowledged - restored is 0 for every kill, and
+acknowledged = stored. An aggregate table (synchronous rounds) is not
 snapshotted: a kill drops the round being collected, which the learner abandons
 (`abandoned_rounds`).
 
@@ -177,10 +181,11 @@ def started_at(pid: int) -> float:
     return time.time() - uptime + ticks / os.sysconf("SC_CLK_TCK")
 
 
-def kill_memory(run: Run, shard: int, pid: int) -> dict:
+def kill_memory(run: Run, shard: int, pid: int, logged: bool) -> dict:
     """SIGKILLs memory shard `shard` after reading what it acknowledged (the actors paused
     meanwhile, so that nothing is acknowledged between the read and the kill); waits for the
-    restarted shard and reads what it restored."""
+    restarted shard and reads what it restored. `logged`: the shard keeps a write-ahead log,
+    so the kill lost what the restart did not bring back (else what its snapshot lacks)."""
     actors = [p for name, p in role_processes(run.run_dir).items() if name.startswith("actor-")]
     for actor in actors:
         os.kill(actor, signal.SIGSTOP)
@@ -210,10 +215,12 @@ def kill_memory(run: Run, shard: int, pid: int) -> dict:
             if after is not None:
                 record["restored_items"] = after.get(f"memory/{shard}/restored_items")
                 record["restored_inserted"] = after.get(f"memory/{shard}/restored_inserted")
+                record["log_items"] = after.get(f"memory/{shard}/wal_replayed_items")
                 break
         time.sleep(0.2)
-    if record["acknowledged"] is not None and record["snapshot_inserted"] is not None:
-        record["lost"] = record["acknowledged"] - record["snapshot_inserted"]
+    kept = record.get("restored_inserted") if logged else record["snapshot_inserted"]
+    if record["acknowledged"] is not None and kept is not None:
+        record["lost"] = record["acknowledged"] - kept
     return record
 
 
@@ -259,7 +266,8 @@ def soak(args) -> int:
             at = round(time.monotonic() - started, 1)
             print(f"[{at:6.1f}s] SIGKILL {name} (pid {pids[name]})", flush=True)
             if name.startswith("memory-") and config.replay.kind != "aggregate":
-                record = kill_memory(run, int(name.split("-")[1]), pids[name])
+                shard, logged = int(name.split("-")[1]), config.replay.wal != "none"
+                record = kill_memory(run, shard, pids[name], logged)
             else:
                 try:
                     os.kill(pids[name], signal.SIGKILL)
@@ -346,13 +354,28 @@ def report(args, run, config, target, kills, first_kill, final, code) -> int:
     if config.replay.kind != "aggregate":
         result["inserts"] = accounting(memory_kills, final, run_seconds(lines))
         result["inserts"]["checkpoint_interval_s"] = args.checkpoint_s
+        result["inserts"]["wal"] = config.replay.wal
+        inserts = result["inserts"]
+        if config.replay.wal != "none":
+            checks["each restarted memory shard came back with every insert it answered"] = all(
+                k.get("snapshot_items") is not None
+                and k.get("restored_items") == k["snapshot_items"]
+                and k.get("restored_inserted") == k["acknowledged"]
+                for k in memory_kills
+            )
+            checks["lost_to_memory_kills 0 and acknowledged = stored"] = (
+                inserts["acknowledged"] is not None
+                and inserts["lost_to_memory_kills"] == 0
+                and inserts["acknowledged"] == inserts["stored"]
+            )
+            result["checks"] = checks
+            return write_report(run, result, checks)
         checks["each restarted memory shard restored its newest snapshot"] = all(
             k.get("snapshot_items") is not None
             and k.get("restored_items") == k["snapshot_items"]
             and k.get("restored_inserted") == k["snapshot_inserted"]
             for k in memory_kills
         )
-        inserts = result["inserts"]
         # A kill loses the inserts acknowledged after the newest snapshot: at most a
         # checkpoint interval's (plus the time a snapshot takes to copy and write).
         age = args.checkpoint_s + 3.0
@@ -368,6 +391,11 @@ def report(args, run, config, target, kills, first_kill, final, code) -> int:
         counters = summary["servers"].get("ps/0", {}).get("counters", {})
         result["abandoned_rounds"] = counters.get("learner/abandoned_rounds")
     result["checks"] = checks
+    return write_report(run, result, checks)
+
+
+def write_report(run, result: dict, checks: dict[str, bool]) -> int:
+    """Writes chaos.json, prints the summary and the checks; returns the exit code."""
     (run.run_dir / "chaos.json").write_text(json.dumps(result, indent=2))
     print(json.dumps({k: v for k, v in result.items() if k != "kills"}, indent=2))
     for name, ok in checks.items():

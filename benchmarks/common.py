@@ -591,7 +591,9 @@ def _memory_server_main(address: str, token: str, raw_config: dict, spec: dict) 
     die_with_parent()
     cfg = config_lib.from_dict(raw_config)
     table_spec = {name: (tuple(shape), np.dtype(dtype)) for name, (shape, dtype) in spec.items()}
-    memory = memory_role.build(cfg, table_spec, 0)
+    # With a run.dir: the shard's snapshot path there, so its write-ahead log is on.
+    snapshot = None if cfg.run.dir is None else memory_role.snapshot_path(Path(cfg.run.dir), 0)
+    memory = memory_role.build(cfg, table_spec, 0, snapshot=snapshot)
     # Handler threads as `roles.memory.run` sizes them for a cluster of up to 64 actors.
     server, _ = rpc.make_server(address, token, max_workers=16 + 64 + 4)
     rpc.add_servicer("memory", memory, server)
@@ -601,6 +603,8 @@ def _memory_server_main(address: str, token: str, raw_config: dict, spec: dict) 
     while not (stop.is_set() or memory.stopping.is_set()):
         stop.wait(0.2)
     memory.close()
+    if memory.log is not None:
+        memory.log.close()
     server.stop(grace=1.0).wait()
 
 

@@ -13,14 +13,26 @@ def _temporary(path: Path) -> Path:
     return path.with_name(f".{path.name}.{os.getpid()}.tmp")
 
 
-def save_npz(path: str | Path, arrays: dict, compressed: bool = False) -> None:
-    """Writes `arrays` as an .npz file at `path` (its directory is created)."""
+def save_npz(
+    path: str | Path, arrays: dict, compressed: bool = False, durable: bool = False
+) -> None:
+    """Writes `arrays` as an .npz file at `path` (its directory is created); `durable`:
+    fsynced, file and directory, before this returns (it survives a lost machine)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = _temporary(path)
     with tmp.open("wb") as f:
         (np.savez_compressed if compressed else np.savez)(f, **arrays)
+        if durable:
+            f.flush()
+            os.fsync(f.fileno())
     os.replace(tmp, path)
+    if durable:
+        fd = os.open(path.parent, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
 
 
 def write_bytes(path: str | Path, data: bytes) -> None:

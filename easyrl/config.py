@@ -197,6 +197,15 @@ class ReplayConfig(_Section):
     frame_dedup: bool = True
     """With env.atari (frame_stack > 1): store each frame of the observation stacks once and
     rebuild the stacks when sampling (easyrl.replay.frames); false: whole stacks per item."""
+    wal: Literal["group", "write", "none"] = "group"
+    """The shard's write-ahead log (easyrl.roles.wal), beside its snapshots: an Insert is
+    answered once its items are in the log, which a restarted shard replays over its newest
+    snapshot. group: written and fsynced, one fsync per group of inserts (survives a lost
+    machine); write: written, not fsynced (survives a killed process, not a lost machine);
+    none: no log (a killed shard loses what it stored since its last snapshot)."""
+    wal_sync_ms: float = 0.0
+    """group: least milliseconds between two fsyncs (0: the next as soon as the last ends);
+    more groups more inserts per fsync, and answers them later."""
 
     @property
     def kind_spec(self) -> replay_kinds.Kind | None:
@@ -544,6 +553,7 @@ _RULES: dict[type, dict[str, _Check]] = {
         samples_per_insert=_opt(_gt(0)),
         error_buffer=_opt(_gt(0)),
         prefetch=_ge(1),
+        wal_sync_ms=_between(0, 1000),
     ),
     ClusterConfig: dict(
         ps=_ge(1),

@@ -295,6 +295,29 @@ def test_shards_keep_their_run_dir_on_a_volume(generated, case):
         assert claim in kinds["PersistentVolumeClaim"]  # checkpoints/best.npz survives
 
 
+def test_a_memory_shards_log_lives_on_its_volume_beside_its_snapshots(generated):
+    from easyrl.roles import memory, wal
+
+    cfg, _, groups = generated["pong-apex"]
+    sts = by_kind(groups)["StatefulSet"]["pong-apex-memory"]
+    (container,) = sts["spec"]["template"]["spec"]["containers"]
+    (mount,) = [m for m in container["volumeMounts"] if m["name"] == "run"]
+    (claim,) = sts["spec"]["volumeClaimTemplates"]
+    assert claim["metadata"]["name"] == "run" and mount["mountPath"] == k8s.RUN_DIR
+    run_dir = Path(k8s.pod_config(cfg).run.dir or "")
+    snapshot = memory.snapshot_path(run_dir, 3)
+    log = wal.log_dir(snapshot)
+    assert log.parent == snapshot.parent and log.is_relative_to(k8s.RUN_DIR)
+    # The claim holds the snapshot, the one replacing it and a table's worth of log.
+    storage = quantity(claim["spec"]["resources"]["requests"]["storage"])
+    without = k8s.manifests(load("pong_apex.yaml", "replay.wal=none"), k8s.Options(image=IMAGE))
+    (small,) = by_kind(without)["StatefulSet"]["pong-apex-memory"]["spec"]["volumeClaimTemplates"]
+    replay = k8s.replay_bytes(cfg)
+    assert storage >= 3 * replay and storage - replay == pytest.approx(
+        quantity(small["spec"]["resources"]["requests"]["storage"]), abs=2**30
+    )
+
+
 def quantity(text: str) -> int:
     units = {"Mi": 2**20, "Gi": 2**30}
     return int(text[:-2]) * units[text[-2:]]

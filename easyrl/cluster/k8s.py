@@ -328,8 +328,11 @@ class _Builder:
             "template": template,
         }
         if pvc:
-            # A memory shard writes its snapshot next to the last one, then renames it.
-            storage = 2 * self.replay + GIB if role == "memory" else 2 * GIB
+            # A memory shard writes its snapshot next to the last one, then renames it; its
+            # write-ahead log (checkpoints/memory-<i>.wal, beside them) holds the inserts
+            # since the last snapshot: a table's worth allowed.
+            tables = 2 + (self.cfg.replay.wal != "none")
+            storage = tables * self.replay + GIB if role == "memory" else 2 * GIB
             claim = {"metadata": {"name": "run"}, "spec": self.claim(storage)}
             spec["volumeClaimTemplates"] = [claim]
         ports = [{"name": "grpc", "port": PORTS[role], "targetPort": "grpc"}]

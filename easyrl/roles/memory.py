@@ -30,7 +30,7 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import grpc
 import numpy as np
@@ -51,6 +51,7 @@ from easyrl.replay import (
 )
 from easyrl.replay.frames import layout_for
 from easyrl.replay.storage import DATA_PREFIX
+from easyrl.roles import wal
 from easyrl.seeds import derive_seed
 from easyrl.transport import codec
 from easyrl.transport import easyrl_pb2 as pb
@@ -77,8 +78,9 @@ class Op:
     `priorities` (insert, update; None: the table's default), `keys` (update), `n` (items
     inserted, sampled or updated; 0 for a whole round), `round` (insert, sample: a table of
     rounds), `source` (insert: the actor that sent it), `sender` and `sequence` (insert:
-    exactly-once, see `InsertRequest`) and `active` (whether the caller still waits:
-    nothing is stored or released for one that is gone)."""
+    exactly-once, see `InsertRequest`), `active` (whether the caller still waits:
+    nothing is stored or released for one that is gone) and `record` (insert, update: its
+    write-ahead log record, when the shard keeps a log)."""
 
     kind: Literal["insert", "sample", "update", "snapshot"]
     timeout_s: float
@@ -91,6 +93,7 @@ class Op:
     sender: int = 0
     sequence: int = 0
     active: Callable[[], bool] = _always
+    record: Any = None
     deadline: float = field(init=False)
     future: Future = field(default_factory=Future)
 
@@ -108,6 +111,8 @@ class MemoryServer(pb_grpc.ReplayMemoryServicer):
         shard: this shard's index (for status).
         stored: {actor: (sender, last sequence)} of the inserts stored before a restart
             (`restore_stored`): their resends are known as duplicates.
+        log: the shard's write-ahead log (`easyrl.roles.wal`; None: none): inserts and
+            priority updates are answered once their records are durable.
     """
 
     def __init__(
@@ -116,6 +121,7 @@ class MemoryServer(pb_grpc.ReplayMemoryServicer):
         prefetch: int = 1,
         shard: int = 0,
         stored: dict[int, tuple[int, int]] | None = None,
+        log: wal.WriteAheadLog | None = None,
     ):
         if prefetch < 1:
             raise ValueError("prefetch must be >= 1")
@@ -128,6 +134,10 @@ class MemoryServer(pb_grpc.ReplayMemoryServicer):
         # actor: (sender, last sequence stored); a restarted shard's from its snapshot
         self._stored: dict[int, tuple[int, int]] = dict(stored or {})
         self.stopping = threading.Event()
+        self.log = log
+        self._removes = log is not None and wal.removes_on_sample(table)
+        if log is not None:  # a log that cannot write answers nothing more: stop the shard
+            log.on_error = lambda err: self.stopping.set()
         self._thread = threading.Thread(target=self._table_loop, name="table", daemon=True)
         self._thread.start()
 
@@ -165,13 +175,31 @@ class MemoryServer(pb_grpc.ReplayMemoryServicer):
                 op.future.set_exception(err)
                 continue
             if result is not None:
-                op.future.set_result(result)
+                self._answer(op, result)
             elif now >= op.deadline:
                 self.counters[f"rate_limited_{op.kind}"] += 1
                 op.future.set_exception(RateLimitTimeout(f"{op.kind} timed out (rate limiter)"))
             else:
                 still.append(op)
         self._pending = still
+
+    def _answer(self, op: Op, result) -> None:
+        """Answers `op`; an insert once its record (and every record before it: a
+        duplicate's original) is durable, when the shard keeps a log. An update is logged
+        but answered at once: a kill may lose the last milliseconds of them, not an item."""
+        if self.log is not None and op.kind == "insert":
+            self.log.append(op.record, op.future, result)
+            return
+        if self.log is not None and op.kind == "update":
+            self.log.append(op.record)
+        op.future.set_result(result)
+
+    def _sampled(self, result):
+        """`result` of a table sample; a queue's log keeps the items it removed."""
+        if self._removes and isinstance(result, Sampled):
+            assert self.log is not None
+            self.log.append(wal.remove_record(len(next(iter(result.data.values())))))
+        return result
 
     def _try(self, op: Op):
         """Runs `op` if the table admits it now; returns its result or None."""
@@ -180,7 +208,7 @@ class MemoryServer(pb_grpc.ReplayMemoryServicer):
         if op.kind == "sample":
             if not op.active():  # nothing is taken (a FIFO or a round would lose it)
                 raise ReplayError("the caller gave up before the sample ran")
-            result = self.table.try_sample(op.n, op.round)
+            result = self._sampled(self.table.try_sample(op.n, op.round))
             return None if result is None else self._reply(result)
         if op.kind == "snapshot":  # a copy taken between two operations: consistent
             return self._state()
@@ -192,6 +220,7 @@ class MemoryServer(pb_grpc.ReplayMemoryServicer):
     def _insert(self, op: Op) -> pb.InsertResponse | None:
         table = self.table
         if self._duplicate(op):
+            op.record = None  # answered after the original's record is durable
             return pb.InsertResponse(
                 size=table.size, inserted=table.inserted, round=table.round, duplicate=True
             )
@@ -202,6 +231,8 @@ class MemoryServer(pb_grpc.ReplayMemoryServicer):
         if kept is None:
             return None
         self._remember(op)
+        if not kept:
+            op.record = None
         self.counters["inserts" if kept else "refused_stale"] += op.n
         return pb.InsertResponse(
             size=table.size, inserted=table.inserted, refused=not kept, round=table.round
@@ -247,7 +278,7 @@ class MemoryServer(pb_grpc.ReplayMemoryServicer):
             return
         while not self._ready.full():
             try:
-                result = table.try_sample(table.batch_size, 0)
+                result = self._sampled(table.try_sample(table.batch_size, 0))
             except ReplayError as err:  # e.g. every stored priority is zero: retry later
                 log.debug("prefetch skipped: %s", err)
                 return
@@ -281,6 +312,11 @@ class MemoryServer(pb_grpc.ReplayMemoryServicer):
             priorities = codec.decode_array(request.priorities, request.body)
         timeout = within_deadline(context, INSERT_WAIT_S)
         batch, n = self.table.check_insert(batch, priorities, request.round)
+        record = None
+        if self.log is not None:  # the batch as the table takes it: Atari frames once
+            record = wal.insert_record(
+                batch, priorities, request.actor, request.round, request.sender, request.sequence
+            )
         op = Op(
             "insert",
             timeout,
@@ -292,6 +328,7 @@ class MemoryServer(pb_grpc.ReplayMemoryServicer):
             sender=request.sender,
             sequence=request.sequence,
             active=caller_active(context),
+            record=record,
         )
         try:
             return self._submit(op)
@@ -335,13 +372,16 @@ class MemoryServer(pb_grpc.ReplayMemoryServicer):
         priorities = codec.decode_array(request.priorities, request.body)
         if keys.ndim != 1 or keys.dtype.kind not in "iu" or priorities.shape != keys.shape:
             raise ReplayError("keys must be 1-D integers and priorities of the same shape")
-        op = Op("update", 0.0, keys=keys.astype(np.int64), priorities=priorities, n=len(keys))
+        keys = keys.astype(np.int64)
+        record = None if self.log is None else wal.update_record(keys, priorities)
+        op = Op("update", 0.0, keys=keys, priorities=priorities, n=len(keys), record=record)
         return self._submit(op)
 
     def Status(self, request, context):
         snapshot = {
             **self.counters,  # copied: the table thread may add keys meanwhile
             **self.table.status(),
+            **(self.log.stats if self.log is not None else {}),
             "size": self.table.size,
             "ready_batches": self._ready.qsize(),
         }
@@ -367,7 +407,10 @@ class MemoryServer(pb_grpc.ReplayMemoryServicer):
         across a restart of this shard: a resend of an insert it had stored is known)."""
         stored = [(source, *last) for source, last in self._stored.items()]
         state = self.table.state_dict()
-        return {**state, STORED_KEY: np.array(stored, np.int64).reshape(-1, 3)}
+        state[STORED_KEY] = np.array(stored, np.int64).reshape(-1, 3)
+        if self.log is not None:  # the log's segments from here on are not in this state
+            state[wal.WAL_KEY] = np.int64(self.log.rotate())
+        return state
 
     def snapshot(self, path: Path) -> int:
         """Writes the table to `path` (write, then rename): copied by the table thread between
@@ -381,7 +424,9 @@ class MemoryServer(pb_grpc.ReplayMemoryServicer):
             ReplayError: the table is not snapshotted (`Kind.snapshots`).
         """
         state = self._submit(Op("snapshot", 0.0)) if self._thread.is_alive() else self._state()
-        save_npz(path, state)
+        save_npz(path, state, durable=self.log is not None)
+        if self.log is not None:  # the snapshot is on disk: the segments it covers can go
+            self.log.truncate(int(state[wal.WAL_KEY]))
         items = len(next(v for k, v in state.items() if k.startswith(DATA_PREFIX)))
         self.counters["snapshot_items"] = items
         return items
@@ -399,7 +444,7 @@ def restore(table: Table | ServedTable, path: Path) -> int:
     if not path.exists():
         return 0
     with np.load(path) as data:
-        names = [k for k in data.files if k != STORED_KEY]
+        names = [k for k in data.files if k not in (STORED_KEY, wal.WAL_KEY)]
         state = {k: data[k].item() if data[k].ndim == 0 else data[k] for k in names}
     table.load_state_dict(state)
     log.info("restored %d items from %s", table.size, path)
@@ -521,13 +566,28 @@ def build(
         memory.counters.update(loaded_items=table.size, loaded_shards=shards)
         return memory
     kind = kinds.get(r.kind)
-    served = kind.build(shard_setup(cfg, spec, shard, cluster, restarted))
+    setup = shard_setup(cfg, spec, shard, cluster, restarted)
+    served = kind.build(setup)
     if not kind.snapshots or snapshot is None:
         return MemoryServer(served, r.prefetch, shard)
-    restored = restore(served, snapshot)
-    memory = MemoryServer(served, r.prefetch, shard, restore_stored(snapshot))
+    restored, stored = restore(served, snapshot), restore_stored(snapshot)
+    log_, replayed, started = None, wal.Replayed(), time.monotonic()
+    if r.wal != "none":
+        header = wal.identity(cfg, spec, shard, setup.frames is not None)
+        log_, replayed = wal.open_log(snapshot, header, served, stored, r.wal, r.wal_sync_ms / 1e3)
+        log.info(
+            "memory shard %d: %d items from its snapshot, then %d inserts (%d items), %d "
+            "priority updates and %d queue removals from its write-ahead log in %.2f s "
+            "(%d bytes of a torn or corrupt tail dropped; not kept: a ring's sampling state)",
+            shard, restored, replayed.inserts, replayed.items, replayed.updates,
+            replayed.removes, time.monotonic() - started, replayed.dropped_bytes,
+        )  # fmt: skip
+    memory = MemoryServer(served, r.prefetch, shard, stored, log_)
     # What the restored table counts as acknowledged (its `inserted` once restored).
     memory.counters.update(restored_items=restored, restored_inserted=served.inserted)
+    memory.counters.update(
+        wal_replayed_items=replayed.items, wal_dropped_bytes=replayed.dropped_bytes
+    )
     return memory
 
 
@@ -541,6 +601,12 @@ def largest_message(cfg, spec: dict, memory: MemoryServer) -> int:
     return items * item_bytes(spec)
 
 
+def snapshot_path(run_dir: Path, shard: int) -> Path:
+    """Memory `shard`'s snapshot file in `run_dir`; its write-ahead log is beside it
+    (`wal.log_dir`)."""
+    return run_dir / "checkpoints" / f"memory-{shard}.npz"
+
+
 def run(ctx) -> int:
     """Runs memory shard `ctx.task` until Shutdown or SIGTERM."""
     from easyrl.algorithms import registry
@@ -551,7 +617,7 @@ def run(ctx) -> int:
     stop = stop_event_on_signals()
     obs_space, action_space = ctx.spaces()
     spec = registry.replay_spec(ctx.cfg, obs_space, action_space)
-    path = ctx.run_dir / "checkpoints" / f"memory-{ctx.task}.npz"
+    path = snapshot_path(ctx.run_dir, ctx.task)
     marker = path.with_suffix(".started")  # left by an earlier process of this shard
     restarted = marker.exists()
     marker.parent.mkdir(parents=True, exist_ok=True)
@@ -587,6 +653,8 @@ def run(ctx) -> int:
         memory.close()
         if snapshots:  # on Shutdown and SIGTERM: what the table holds now
             log.info("snapshot of %d items written", memory.snapshot(path))
+        if memory.log is not None:
+            memory.log.close()
         if scrapes is not None:
             scrapes.shutdown()
         server.stop(grace=1.0).wait()
