@@ -298,7 +298,7 @@ class LearnerConfig(_Section):
     """Device the learner computes on (auto: a GPU when one is visible)."""
     updates_per_report: int = 20
     """Updates between metric reports."""
-    publish_every: int = 8
+    publish_every: int = 16
     """A run with one learner of a replay flow (DQN, IMPALA, DDPG/TD3, SAC, offline): the
     learner applies its updates itself and publishes its values (and now and then its
     optimizer state) to the PS shards every this many updates, for the actors, evaluators
