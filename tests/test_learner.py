@@ -10,7 +10,7 @@ from conftest import RoleServers
 from easyrl import config as config_lib
 from easyrl.roles.common import StopSignal, guarded
 from easyrl.roles.learner import Learner
-from easyrl.roles.ps import QUEUE_PUSHES
+from easyrl.roles.push_queue import QUEUE_PUSHES
 
 CONFIG = Path(__file__).resolve().parents[1] / "configs" / "cartpole_apex.yaml"
 

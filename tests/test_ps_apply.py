@@ -28,7 +28,7 @@ from test_ps import (
 )
 
 from easyrl.errors import TransportError
-from easyrl.roles.ps import QUEUE_PUSHES, PushQueue, QueuedPush
+from easyrl.roles.push_queue import QUEUE_PUSHES, PushQueue, QueuedPush
 from easyrl.transport import codec
 from easyrl.transport import easyrl_pb2 as pb
 
