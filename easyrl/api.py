@@ -229,7 +229,7 @@ def check_builds(cfg: config_lib.Config) -> None:
 
             multiagent.build(cfg, spec, obs_space, action_space)
         else:
-            spec.build(cfg.algorithm.params, obs_space, action_space, cfg.model, cfg.run.seed)
+            spec.make(cfg.algorithm.params, obs_space, action_space, cfg.model, cfg.run.seed)
 
 
 def _override_strings(overrides: Mapping[str, Any], prefix: str) -> list[str]:

@@ -6,6 +6,8 @@ loader and the registry from its spec alone and trains CartPole through real rol
 import dataclasses
 import io
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -94,11 +96,14 @@ class LinearQ:
             "q/w": tf.Variable(w.astype(np.float32)),
             "q/b": tf.Variable(np.zeros(num_actions, np.float32)),
         }
-        self.greedy_fn = None  # no export
+        obs_spec = tf.TensorSpec([None, obs_dim], tf.float32)
+        self.greedy_fn = tf.function(  # what easyrl.load, rollout and export run
+            lambda obs: tf.argmax(self.q(obs), axis=1), input_signature=[obs_spec]
+        )
 
     def q(self, obs):
         w, b = self.variables["q/w"], self.variables["q/b"]
-        return tf.matmul(np.asarray(obs, np.float32), w) + b
+        return tf.matmul(tf.cast(obs, tf.float32), w) + b
 
     def greedy(self, obs):
         return np.argmax(self.q(obs).numpy(), axis=1)
@@ -287,3 +292,30 @@ def test_the_toy_algorithm_on_a_toy_replay_kind_trains_cartpole_through_real_rol
     assert result.metrics["env_steps"] >= 400 and result.metrics["updates"] > 0
     with np.load(run_dir / "checkpoints" / "ps-0.npz") as data:
         assert {"var/q/w", "var/q/b"} <= set(data.files)  # the toy's variables on the PS
+        trained, data_b = data["var/q/w"], data["var/q/b"]
+    # `toy_q_newest` exposes only its SPEC (no module-level `build`): loading the run goes
+    # through the spec, as every role does, and acts with the trained weights.
+    assert not hasattr(__import__("toy_q_newest"), "build")
+    obs = np.random.default_rng(0).normal(size=(3, 4)).astype(np.float32)
+    actions, _ = easyrl.load(run_dir).predict(obs)
+    np.testing.assert_array_equal(actions, np.argmax(obs @ trained + data_b, axis=1))
+    for command in (
+        ["rollout", str(run_dir), "--episodes", "1"],
+        ["export", str(run_dir), "--out", str(toy_on_path / "exported")],
+    ):
+        done = subprocess.run(
+            [sys.executable, "-m", "easyrl.cli", *command], capture_output=True, text=True
+        )
+        assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_an_agent_whose_flow_is_not_its_specs_is_refused_when_built():
+    """The config sizes the cluster from the spec's flow and the roles pick their loops from
+    the agent's: `AlgorithmSpec.make`, which every caller builds through, checks they agree."""
+
+    class Rounds:
+        flow = "sync_rounds"
+
+    spec = dataclasses.replace(dqn.SPEC, build=lambda *args: Rounds())
+    with pytest.raises(ConfigError, match="Rounds.flow is 'sync_rounds', but its AlgorithmSpec"):
+        spec.make(None, None, None, None)

@@ -301,6 +301,25 @@ class AlgorithmSpec:
         if problem is not None:
             raise ConfigError(f"AlgorithmSpec: {problem}")
 
+    def make(
+        self, params, obs_space, action_space, model, seed: int = 0, learner: bool = False
+    ) -> Agent:
+        """`build`s the agent (every role, `easyrl.load`, `rollout` and `export` reach an
+        algorithm this way) and checks that it runs the spec's flow: the config sized the
+        cluster from the spec's, the roles pick their loops from the agent's.
+
+        Raises:
+            ConfigError: the agent's `flow` is not the spec's.
+        """
+        agent = self.build(params, obs_space, action_space, model, seed, learner)
+        if getattr(agent, "flow", None) != self.flow:
+            raise ConfigError(
+                f"{type(agent).__name__}.flow is {getattr(agent, 'flow', None)!r}, but its "
+                f"AlgorithmSpec says {self.flow!r}: the roles would run loops the cluster "
+                "was not sized for"
+            )
+        return agent
+
     def _problems(self) -> Iterator[str]:
         """What does not fit together, one sentence each."""
         if self.flow not in FLOWS:

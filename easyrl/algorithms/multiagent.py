@@ -173,7 +173,7 @@ def build(
 
     ma = cfg.multiagent
     agents = [
-        algorithm.build(
+        algorithm.make(
             cfg.algorithm.params,
             obs_space,
             action_space,

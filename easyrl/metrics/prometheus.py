@@ -68,11 +68,11 @@ KNOWN: dict[str, tuple[Kind, str]] = {
     "eval_ope_wis": (GAUGE, "Off-policy estimate of the return: weighted importance sampling"),
     "eval_ope_episodes": (GAUGE, "Logged episodes of the off-policy estimates"),
     # PS shards.
-    "version": (GAUGE, "Parameter version of the shard: updates applied"),
+    "version": (GAUGE, "Parameter version of the shard: pushes applied, or publishes"),
     "round": (GAUGE, "Current synchronous round, 0 outside synchronous flows"),
     "pulls": (COUNTER, "Pulls of the parameters answered"),
     "pushes": (COUNTER, "Gradient pushes received"),
-    "applied": (COUNTER, "Gradients applied to the parameters"),
+    "applied": (COUNTER, "Updates in the parameters: pushes applied, a lone learner's published"),
     "queued": (GAUGE, "Pushes accepted and not applied yet (the shard's apply queue)"),
     "dropped_ahead": (COUNTER, "Gradients dropped as computed for a version ahead"),
     "dropped_stale": (COUNTER, "Gradients dropped as older than algorithm.max_staleness"),

@@ -147,7 +147,7 @@ class RoleContext:
             from easyrl.algorithms import multiagent
 
             return multiagent.build(cfg, spec, obs_space, action_space, learner)
-        return spec.build(
+        return spec.make(
             cfg.algorithm.params, obs_space, action_space, cfg.model, cfg.run.seed, learner
         )
 

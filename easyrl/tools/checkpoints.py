@@ -13,6 +13,7 @@ either
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -132,7 +133,7 @@ def checkpoint_values(
     return checkpoint, shards, values
 
 
-def _assign(variables: dict, values: dict[str, np.ndarray], files: list[Path], cfg) -> None:
+def _assign(variables: Mapping, values: dict[str, np.ndarray], files: list[Path], cfg) -> None:
     """Assigns checkpoint `values` (read from `files`) to the model's `variables` by name,
     checking that they match exactly: names, shapes and dtypes."""
     where = ", ".join(p.name for p in files)
@@ -186,8 +187,8 @@ def load_policy(run_dir: str | Path, checkpoint: str | None = None) -> LoadedPol
     import_tensorflow_quietly()  # once the run directory is known good
     import tensorflow as tf
 
-    module = registry.module(cfg.algorithm.name)
+    spec = registry.spec(cfg.algorithm.name)  # the spec is the only door: no module.build
     with tf.device("/CPU:0"):
-        algo = module.build(cfg.algorithm.params, obs_space, action_space, cfg.model, cfg.run.seed)
+        algo = spec.make(cfg.algorithm.params, obs_space, action_space, cfg.model, cfg.run.seed)
         _assign(algo.variables, values, files, cfg)
     return LoadedPolicy(cfg, algo, obs_space, action_space, chosen, files)
