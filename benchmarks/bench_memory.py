@@ -31,7 +31,10 @@ benchmark's temporary run directory, and the notes give, per item kind, insert i
 the log over without and the log bytes written per stored item.
 
 Insert: one client thread, client-side encoding included, Ape-X style initial
-priorities sent with every batch. Sample: batch 512 (= the config's learner batch size,
+priorities sent with every batch; then `--insert-threads` inserters at once (default 4, each
+its own client and actor index, as a cluster's actors insert; batch `--concurrent-batch`,
+default 64, without priorities), where the log's group commit covers several inserts with one
+fsync. Sample: batch 512 (= the config's learner batch size,
 so calls are served from the shard's prefetch queue as the learner's are), decoded on
 the client, then an UpdatePriorities call with new priorities for the sampled keys; from
 one client thread and from two.
@@ -216,6 +219,19 @@ def sampled(client: MemoryClient, batch_size: int) -> SampledBatch:
     return taken
 
 
+def inserter(address: str, token: str, batch: dict, layout, actor: int, n: int, per_item: int):
+    """(an insert call for a measuring thread, its client): `batch` as actor `actor` ships it
+    (frame stacks packed against its own previous shipment)."""
+    local = MemoryClient(common.client("memory", address, token))
+    shipped = batch if layout is None else layout.pack(batch)
+
+    def insert():
+        local.insert(shipped, actor=actor)
+        return n, n * per_item
+
+    return insert, local
+
+
 def bench_items(cluster: common.Cluster, items: str, wal: str, args) -> dict:
     """Starts a shard for `items` with write-ahead log `wal` (`replay.wal`), measures
     inserts and sample+update rounds, stops it."""
@@ -233,12 +249,14 @@ def bench_items(cluster: common.Cluster, items: str, wal: str, args) -> dict:
         how = "spawned `memory.build` + `rpc.make_server`"
     server = cluster.servers[-1]
     address = server.address
+    assert address is not None  # the server is serving
     client = MemoryClient(common.client("memory", address, cluster.token))
     rng = np.random.default_rng(0)
     per_item = item_bytes(spec)
     prioritized = args.kind == "prioritized"
     result = {
         "items": items,
+        "concurrent_batch": args.concurrent_batch,
         "wal": wal,
         "server": how,
         "item_bytes": per_item,
@@ -268,6 +286,25 @@ def bench_items(cluster: common.Cluster, items: str, wal: str, args) -> dict:
         print(
             f"  {items} log {wal} insert batch {n:>4}: {rate.units_per_s:>10,.0f} items/s "
             f"{rate.per_s:>8,.0f} calls/s {rate.mb_per_s:>8.1f} MB/s",
+            flush=True,
+        )
+
+    # Several inserters at once (a cluster's actors; each its own client and actor index),
+    # where a write-ahead log's group commit covers all their inserts with one fsync.
+    result["concurrent"] = {}
+    for threads in args.insert_threads:
+        n = args.concurrent_batch
+        inserters = [
+            inserter(address, cluster.token, make_batch(spec, n, rng), layout, actor, n, per_item)
+            for actor in range(threads)
+        ]
+        rate = common.measure_threads([fn for fn, _ in inserters], args.duration)
+        for _, local in inserters:
+            local.close()
+        result["concurrent"][threads] = rate
+        print(
+            f"  {items} log {wal} insert batch {n:>4}, {threads} inserters: "
+            f"{rate.units_per_s:>10,.0f} items/s",
             flush=True,
         )
 
@@ -484,6 +521,14 @@ def wal_note(results: list[dict]) -> str:
                     if n in off["inserts"]
                 )
                 parts.append(f"{items} insert items/s, log {wal} over none: {ratios}")
+                concurrent = ", ".join(
+                    f"{k} inserters x {r['concurrent_batch']} "
+                    f"{rate.units_per_s / off['concurrent'][k].units_per_s:.2f}"
+                    for k, rate in r["concurrent"].items()
+                    if k in off["concurrent"]
+                )
+                if concurrent:
+                    parts.append(f"at once: {concurrent}")
     return (
         "replay.wal (easyrl.roles.wal): group = an Insert answered once its record is "
         "fsynced (one fsync per group), none = no log; log files on this host's ext4 "
@@ -497,6 +542,12 @@ def main() -> None:
     parser.add_argument("--items", default="cartpole,atari", help="comma list: cartpole,atari")
     parser.add_argument("--duration", type=float, default=1.5, help="seconds per measurement")
     parser.add_argument("--insert-batches", default="1,64,512", help="comma list of sizes")
+    parser.add_argument(
+        "--insert-threads",
+        default="4",
+        help="comma list: inserters at once (each its own client), batch --concurrent-batch",
+    )
+    parser.add_argument("--concurrent-batch", type=int, default=64)
     parser.add_argument("--sample-batch", type=int, default=512)
     parser.add_argument("--sample-threads", default="1,2", help="comma list of thread counts")
     parser.add_argument("--capacity", type=int, default=100_000)
@@ -532,7 +583,8 @@ def main() -> None:
     if args.smoke:  # seconds, tiny sizes, same processes (tests/test_benchmarks.py)
         args.items, args.duration, args.insert_batches = "cartpole", 0.2, "1,64"
         args.sample_batch, args.sample_threads, args.capacity, args.min_size = 64, "1", 5000, 100
-        args.wal = "group"
+        args.wal, args.insert_threads, args.concurrent_batch = "group", "2", 8
+    args.insert_threads = [int(x) for x in args.insert_threads.split(",") if x]
     args.insert_batches = [int(x) for x in args.insert_batches.split(",")]
     args.sample_threads = [int(x) for x in args.sample_threads.split(",")]
     items = [x for x in args.items.split(",") if x]
