@@ -272,7 +272,7 @@ def build(algorithm: dict, **overrides):
     """A MultiAgent of `algorithm` on TwoRunners (2 copies)."""
     cfg = config_lib.from_dict(raw_config(algorithm), [f"{k}={v}" for k, v in overrides.items()])
     obs_space, action_space = agent_spaces(ENV_ID)[1:]
-    return cfg, multiagent.build(cfg, registry.module(cfg.algorithm.name), obs_space, action_space)
+    return cfg, multiagent.build(cfg, registry.spec(cfg.algorithm.name), obs_space, action_space)
 
 
 def collect(agent, steps: int, num_envs: int = 2, seed: int = 0):

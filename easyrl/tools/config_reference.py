@@ -22,6 +22,7 @@ import yaml
 
 from easyrl import config as config_lib
 from easyrl.algorithms import registry
+from easyrl.config import loader, schema
 
 __all__ = ["DOC_PATH", "field_docs", "generate", "main"]
 
@@ -82,14 +83,12 @@ def _yaml(value: Any) -> str:
 def _section_arm(tp: Any) -> type | None:
     """The section dataclass a field of type `tp` (or `tp | None`) holds, else None."""
     arms = [tp, *get_args(tp)]
-    return next(
-        (a for a in arms if isinstance(a, type) and issubclass(a, config_lib._Section)), None
-    )
+    return next((a for a in arms if isinstance(a, type) and issubclass(a, schema._Section)), None)
 
 
 def _table(cls: type, prefix: str, skip: tuple[str, ...] = ()) -> list[str]:
     """The Markdown table of the keys of dataclass `cls`, sitting under dotted `prefix`."""
-    docs, hints = field_docs(cls), config_lib._hints(cls)
+    docs, hints = field_docs(cls), loader._hints(cls)
     lines = ["| key | type | default | description |", "|---|---|---|---|"]
     for f in dataclasses.fields(cls):
         if not f.init or f.name in skip:
@@ -97,7 +96,7 @@ def _table(cls: type, prefix: str, skip: tuple[str, ...] = ()) -> list[str]:
         tp = hints[f.name]
         section = _section_arm(tp)
         if section is None:
-            kind = f"`{config_lib._type_name(tp)}`"
+            kind = f"`{loader._type_name(tp)}`"
         elif get_origin(tp) is dict:
             kind = f"mapping of key to section `{section.SECTION}`"
         else:
@@ -122,11 +121,11 @@ def _sections() -> list[type]:
     """The section dataclasses in the order a reader meets them (nested ones after their
     parent)."""
     out = []
-    for tp in config_lib._hints(config_lib.Config).values():
+    for tp in loader._hints(config_lib.Config).values():
         section = _section_arm(tp)
         if section is not None:
             out.append(section)
-            out += [s for s in map(_section_arm, config_lib._hints(section).values()) if s]
+            out += [s for s in map(_section_arm, loader._hints(section).values()) if s]
     return out
 
 
