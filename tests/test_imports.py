@@ -222,3 +222,39 @@ def test_imports_under_type_checking_are_not_edges(tmp_path):
     graph = import_graph(_write(tmp_path, files))
     assert graph["pkg.a"] == set() and graph["pkg.b"] == {"pkg.a"}
     assert strongly_connected(graph) == []
+
+
+ARCHITECTURE = PACKAGE.parent / "docs" / "architecture.md"
+
+
+def documented_layers() -> dict[str, int]:
+    """{top-level package or module of easyrl: its layer} from docs/architecture.md's
+    ```layers block."""
+    text = ARCHITECTURE.read_text()
+    block = text.split("```layers\n", 1)[1].split("```", 1)[0]
+    layers = {}
+    for line in block.splitlines():
+        level, *names = line.split()
+        layers.update(dict.fromkeys(names, int(level)))
+    return layers
+
+
+def test_imports_run_down_the_documented_layers():
+    """No module imports one of a higher layer (docs/architecture.md, "Layers"), and every
+    top-level part of the package has a layer."""
+    layers = documented_layers()
+
+    def top(module: str) -> str:
+        parts = module.split(".")
+        return parts[1] if len(parts) > 1 else "easyrl"
+
+    graph = import_graph(PACKAGE)
+    unplaced = sorted({top(m) for m in graph} - set(layers))
+    assert not unplaced, f"not in docs/architecture.md's layers: {unplaced}"
+    upward = sorted(
+        f"{a} -> {b}"
+        for a, targets in graph.items()
+        for b in targets
+        if layers[top(a)] < layers[top(b)]
+    )
+    assert not upward, "imports from a higher layer:\n" + "\n".join(upward)
