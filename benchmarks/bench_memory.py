@@ -34,7 +34,10 @@ Insert: one client thread, client-side encoding included, Ape-X style initial
 priorities sent with every batch; then `--insert-threads` inserters at once (default 4, each
 its own client and actor index, as a cluster's actors insert; batch `--concurrent-batch`,
 default 64, without priorities), where the log's group commit covers several inserts with one
-fsync. Sample: batch 512 (= the config's learner batch size,
+fsync. `--restart-items N` times an Atari shard's restart after a SIGKILL with N items in
+its write-ahead log only (it never snapshotted), beside an empty shard's restart:
+
+    atari restart after SIGKILL holding N items in its log: S s (an empty shard: E s) Sample: batch 512 (= the config's learner batch size,
 so calls are served from the shard's prefetch queue as the learner's are), decoded on
 the client, then an UpdatePriorities call with new priorities for the sampled keys; from
 one client thread and from two.
@@ -63,6 +66,8 @@ import argparse
 import dataclasses
 import json
 import os
+import shutil
+import signal
 import subprocess
 import time
 
@@ -357,6 +362,43 @@ def bench_items(cluster: common.Cluster, items: str, wal: str, args) -> dict:
     return result
 
 
+def restart_time(cluster: common.Cluster, args) -> tuple[float, float, int]:
+    """Seconds until an Atari shard answers again after a SIGKILL, holding `--restart-items`
+    items in its write-ahead log only (the spawned shard never snapshots), and the same for
+    an empty one (process start and imports); and the items the restarted shard holds."""
+    spec, n = ITEM_SPECS["atari"], args.restart_items
+    raw = raw_config(args, "atari", "group")
+    raw["replay"]["capacity"] = n
+    raw["run"]["dir"] = str(cluster.run_dir / "memory-restart")
+    layout = layout_for(common_config(raw), table_spec(spec))
+    assert layout is not None  # Atari stacks
+    rng = np.random.default_rng(1)
+    batches = [layout.pack(stack_batch(spec, 512, rng)) for _ in range(8)]
+    seconds = []
+    for fill in (0, n):
+        server = cluster.spawn_memory_server(raw, spec)
+        assert server.address is not None  # the server is serving
+        client = MemoryClient(common.client("memory", server.address, cluster.token))
+        inserted = 0
+        while inserted < fill:
+            client.insert(batches[(inserted // 512) % len(batches)], actor=0)
+            inserted += 512
+        client.close()
+        server.process.send_signal(signal.SIGKILL)
+        server.process.wait()
+        cluster.servers.remove(server)
+        started = time.monotonic()
+        again = cluster.spawn_memory_server(raw, spec)
+        seconds.append(time.monotonic() - started)
+        assert again.address is not None
+        client = MemoryClient(common.client("memory", again.address, cluster.token))
+        held = int(client.status().counters["memory/0/size"])
+        client.close()
+        cluster.stop([again])
+        shutil.rmtree(raw["run"]["dir"])
+    return seconds[0], seconds[1], held
+
+
 def bench_reverb(items: list[str], args) -> dict:
     """Reverb 0.14 measured by `peers/reverb_memory.py` in `--reverb-python`: its JSON line
     ({items: {"insert_items_per_s": {batch: items/s}, "sample_rounds_per_s": ...}})."""
@@ -548,6 +590,12 @@ def main() -> None:
         help="comma list: inserters at once (each its own client), batch --concurrent-batch",
     )
     parser.add_argument("--concurrent-batch", type=int, default=64)
+    parser.add_argument(
+        "--restart-items",
+        type=int,
+        default=0,
+        help="Atari items a shard holds in its log when killed and restarted (timed; 0: skip)",
+    )
     parser.add_argument("--sample-batch", type=int, default=512)
     parser.add_argument("--sample-threads", default="1,2", help="comma list of thread counts")
     parser.add_argument("--capacity", type=int, default=100_000)
@@ -584,6 +632,7 @@ def main() -> None:
         args.items, args.duration, args.insert_batches = "cartpole", 0.2, "1,64"
         args.sample_batch, args.sample_threads, args.capacity, args.min_size = 64, "1", 5000, 100
         args.wal, args.insert_threads, args.concurrent_batch = "group", "2", 8
+        args.restart_items = 1024
     args.insert_threads = [int(x) for x in args.insert_threads.split(",") if x]
     args.insert_batches = [int(x) for x in args.insert_batches.split(",")]
     args.sample_threads = [int(x) for x in args.sample_threads.split(",")]
@@ -603,6 +652,13 @@ def main() -> None:
             for wal in args.wal.split(","):
                 print(f"{name}, replay.wal {wal}:", flush=True)
                 results.append(bench_items(cluster, name, wal, args))
+        if args.restart_items:
+            empty, full, held = restart_time(cluster, args)
+            print(
+                f"atari restart after SIGKILL holding {held:,} items in its log: {full:.1f} s "
+                f"(an empty shard: {empty:.1f} s)",
+                flush=True,
+            )
     reverb = bench_reverb(items, args) if args.reverb_python else None
     text = report(results, args, reverb)
     print()
