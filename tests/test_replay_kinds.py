@@ -187,6 +187,15 @@ def test_the_kinds_own_check_and_unknown_kinds_fail_at_load(newest_dqn):
         newest_config("unknown_kind_dqn")
     with pytest.raises(ConfigError, match="replay.kind: unknown replay kind 'unifrom'; did you "):
         kinds.get("unifrom")
+    # A kind of one's own, by config alone: any algorithm whose items it can hold takes it.
+    own = {"kind": "test_replay_kinds:NEWEST"}
+    assert newest_config("dqn", **own).replay.kind_spec is NEWEST
+    with pytest.raises(ConfigError, match="ppo works with aggregate, .* take whole rounds"):
+        config_lib.from_dict({"algorithm": {"name": "ppo"}, "replay": own})
+    with pytest.raises(ConfigError, match="is a Kind, not|is a function, not a Kind"):
+        newest_config("dqn", kind="test_replay_kinds:build_newest")
+    with pytest.raises(ConfigError, match="dqn works with prioritized or uniform, got 'trajec"):
+        newest_config("dqn", kind="trajectory")
     with pytest.raises(ReplayError, match="letters, digits"):
         kinds.register(Kind("no such", build_newest))
 
@@ -243,10 +252,12 @@ def test_the_memory_server_holds_every_table_through_one_interface():
 @pytest.mark.cluster
 @pytest.mark.timeout(300)
 def test_a_kind_of_our_own_trains_cartpole_through_real_role_processes(newest_dqn, launch):
+    """A built-in algorithm (DQN) on a kind defined outside the package, named in the config
+    alone (`module:attribute`: every process imports the module from the path)."""
     budget = 1500
     run = launch(
-        f"algorithm.name={newest_dqn}",
-        "replay.kind=newest",
+        "algorithm.name=dqn",
+        "replay.kind=test_replay_kinds:NEWEST",
         f"stop.max_env_steps={budget}",
         "stop.max_seconds=150",
         *one_each(1),
@@ -261,4 +272,4 @@ def test_a_kind_of_our_own_trains_cartpole_through_real_role_processes(newest_dq
     assert memory["memory/0/inserts"] > 0 and memory["memory/0/samples"] > 0
     assert memory["memory/0/sample_batches"] > 0
     assert "memory/0/priority_updates" not in memory  # the kind has no priorities
-    assert config_lib.load(run.config_path).replay.kind == "newest"
+    assert config_lib.load(run.config_path).replay.kind == "test_replay_kinds:NEWEST"

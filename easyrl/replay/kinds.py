@@ -111,13 +111,21 @@ def names() -> list[str]:
 
 
 def get(name: str, key: str = "replay.kind") -> Kind:
-    """The kind registered as `name`.
+    """The kind registered as `name`, or the `Kind` a `"package.module:attribute"` path
+    names (imported here: every process of a run finds it from the config alone).
 
     Raises:
         ConfigError: no kind has that name (naming `key` and the closest registered one).
     """
     if name in _KINDS:
         return _KINDS[name]
+    if ":" in name:  # a kind of your own, by config alone: its module is imported here
+        from easyrl.imports import load_object
+
+        found = load_object(name, key)
+        if not isinstance(found, Kind):
+            raise ConfigError(f"{key}: {name!r} is a {type(found).__name__}, not a Kind")
+        return found
     hint = did_you_mean(name, names(), "registered kinds: " + ", ".join(names()))
     raise ConfigError(
         f"{key}: unknown replay kind {name!r}; {hint} (a kind of your own: "
@@ -232,3 +240,22 @@ TRAJECTORY = register(Kind("trajectory", _trajectory, frames=True))
 """A FIFO of unrolls, each sampled once (IMPALA, LinUCB)."""
 AGGREGATE = register(Kind("aggregate", _aggregate, batches=False, snapshots=False))
 """Whole synchronous rounds (PPO, ES, A2C)."""
+
+BUILT_IN = frozenset(_KINDS)
+"""The kinds above: an algorithm works with those its spec lists (`replay_kinds`)."""
+
+
+def fits(kind: Kind, listed: tuple[str, ...]) -> str | None:
+    """Why a kind that is not built in cannot hold the items of an algorithm whose spec lists
+    the kinds `listed`, or None when it can: learners take its items the way they take those
+    of the algorithm's own kind (batches or whole rounds), and priorities only where the
+    algorithm computes them (one of its kinds is prioritized)."""
+    if not listed:
+        return "it uses no replay memory"
+    own = get(listed[0])
+    if kind.batches != own.batches:
+        how = "sample batches" if own.batches else "take whole rounds"
+        return f"its learners {how}, which {kind.name!r} does not serve"
+    if kind.prioritized and not any(get(k).prioritized for k in listed):
+        return f"it computes no priorities, which {kind.name!r} needs"
+    return None
