@@ -37,10 +37,11 @@ default 64, without priorities), where the log's group commit covers several ins
 fsync. `--restart-items N` times an Atari shard's restart after a SIGKILL with N items in
 its write-ahead log only (it never snapshotted), beside an empty shard's restart:
 
-    atari restart after SIGKILL holding N items in its log: S s (an empty shard: E s) Sample: batch 512 (= the config's learner batch size,
-so calls are served from the shard's prefetch queue as the learner's are), decoded on
-the client, then an UpdatePriorities call with new priorities for the sampled keys; from
-one client thread and from two.
+    atari restart after SIGKILL holding N items in its log: S s (an empty shard: E s)
+
+Sample: batch 512 (= the config's learner batch size, so calls are served from the shard's
+prefetch queue as the learner's are), decoded on the client, then an UpdatePriorities call
+with new priorities for the sampled keys; from one client thread and from two.
 
 The "vs Reverb 0.14" column compares with DeepMind Reverb 0.14. With `--reverb-python`,
 Reverb is measured side by side in the same run, once easyrl's shards have stopped:
