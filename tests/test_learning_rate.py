@@ -17,7 +17,13 @@ from easyrl.errors import ConfigError
 SCHEDULED = sorted(
     n for n in registry.known() if issubclass(registry.params_class(n), LearningRate)
 )
-"""The algorithms with one learning rate and its schedule."""
+"""The algorithms with an optimizer: every one has the `LearningRate` keys."""
+GROUP_RATES = {
+    "ddpg": ("actor", "critic"),
+    "td3": ("actor", "critic"),
+    "sac": ("actor", "critic", "alpha"),
+}
+"""The algorithms whose optimizer groups may start at rates of their own (`<group>_lr`)."""
 STEPS = (0, 1, 9, 10, 25, 40, 1000)
 
 
@@ -35,13 +41,16 @@ def _rates(spec, steps=STEPS) -> list[float]:
     return rates
 
 
-def _spec(name: str, **keys):
-    """The PS optimizer spec algorithm `name` builds from its `Params` with `keys`."""
-    return registry.module(name).optimizer(registry.params_class(name)(**keys))
+def _specs(name: str, **keys) -> list:
+    """The PS optimizer specs (one per group) algorithm `name` builds from its `Params` with
+    `keys`."""
+    spec = registry.module(name).optimizer(registry.params_class(name)(**keys))
+    return list(spec.values()) if isinstance(spec, dict) else [spec]
 
 
-def test_every_algorithm_with_one_learning_rate_has_the_schedule():
-    assert SCHEDULED == sorted(OLD_MEANING)
+def test_every_algorithm_with_an_optimizer_has_the_schedule():
+    assert set(OLD_MEANING) < set(SCHEDULED)
+    assert sorted(set(registry.known()) - set(SCHEDULED)) == ["linucb"]  # no optimizer
     for name in registry.known():
         fields = {f.name for f in dataclasses.fields(registry.params_class(name))}
         assert ("lr" in fields) == (name in SCHEDULED), name
@@ -66,7 +75,20 @@ SCHEDULES = {
 @pytest.mark.parametrize("name", SCHEDULED)
 def test_the_same_keys_give_the_same_learning_rates_in_every_algorithm(name, schedule):
     keys, expected = SCHEDULES[schedule]
-    assert _rates(_spec(name, **keys)) == pytest.approx(expected, rel=1e-6, abs=1e-12)
+    for spec in _specs(name, **keys):
+        assert _rates(spec) == pytest.approx(expected, rel=1e-6, abs=1e-12)
+
+
+@pytest.mark.parametrize("name", sorted(GROUP_RATES))
+def test_a_group_of_its_own_rate_follows_the_schedule_in_proportion(name):
+    keys, expected = SCHEDULES["linear"]
+    own, *rest = GROUP_RATES[name]
+    params = registry.params_class(name)(**keys, **{f"{own}_lr": 0.05})
+    specs = registry.module(name).optimizer(params)
+    assert sorted(specs) == sorted(f"{g}/" for g in GROUP_RATES[name])
+    assert _rates(specs[f"{own}/"]) == pytest.approx([r / 2 for r in expected], rel=1e-6)
+    for group in rest:  # at lr
+        assert _rates(specs[f"{group}/"]) == pytest.approx(expected, rel=1e-6)
 
 
 @pytest.mark.parametrize("name", SCHEDULED)
@@ -75,8 +97,9 @@ def test_the_default_schedule_is_constant_at_the_algorithms_lr_as_before(name):
 
     lr = registry.params_class(name)().lr
     # Before: a staircase with rate 1.0 (DQN's family) or no decay (IMPALA's): this spec.
-    assert _spec(name) == OptimizerSpec(kind="adam", lr=lr)
-    assert _rates(_spec(name), (0, 999, 1000, 10**6)) == pytest.approx([lr] * 4)
+    for spec in _specs(name):
+        assert spec == OptimizerSpec(kind="adam", lr=lr)
+        assert _rates(spec, (0, 999, 1000, 10**6)) == pytest.approx([lr] * 4)
 
 
 def test_shipped_configs_keep_their_schedules():
@@ -184,5 +207,5 @@ def test_every_learning_rate_must_be_finite_and_positive(value):
             f.name for f in dataclasses.fields(cls) if f.name == "lr" or f.name.endswith("_lr")
         ]
         for field in rates:
-            with pytest.raises(ConfigError, match=f"{field} must be finite and > 0"):
+            with pytest.raises(ConfigError, match=f"{field} must be (None or )?finite and > 0"):
                 cls(**{field: value})

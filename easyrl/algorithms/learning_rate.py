@@ -1,10 +1,15 @@
-"""The optimizer and learning-rate keys every algorithm with one learning rate shares: one set of
-keys, each with one meaning whatever the algorithm (its `Params` derives from `LearningRate`).
+"""The optimizer and learning-rate keys every algorithm shares: one set of keys, each with one
+meaning whatever the algorithm (its `Params` derives from `LearningRate`).
 
 With t the PS updates the optimizer has applied:
     lr_schedule: constant   lr_t = lr
     lr_schedule: step       lr_t = lr * lr_step_factor ** floor(t / lr_step_period)
     lr_schedule: linear     lr_t = lr_end + (lr - lr_end) * (1 - min(t / lr_linear_steps, 1))
+
+An algorithm with several optimizer groups (TD3/DDPG: actor and critic; SAC: actor, critic and
+temperature) may give a group its own initial rate (`actor_lr`, ...; None: `lr`); the schedule
+moves every group alike, each group's rate staying in the same proportion to `lr`
+(`group_rate`; under a linear schedule the group's end rate is `lr_end * group_lr / lr`).
 
 Before these keys, `lr_decay_steps` was the period of a step decay in some algorithms and the
 horizon of a linear decay in others; `refuse_old_keys` turns a config that still has it (or
@@ -75,6 +80,21 @@ def lr_checks(p: LearningRate) -> dict[str, tuple[bool, str]]:
         default = getattr(_DEFAULTS, key)
         if p.lr_schedule != schedule and getattr(p, key) != default:
             checks[key] = (False, f"left at {default!r} unless lr_schedule is {schedule}")
+    return checks
+
+
+def group_rate(p: LearningRate, rate: float | None) -> float:
+    """The initial rate of an optimizer group: its own key's value, or `lr` when it is None."""
+    return p.lr if rate is None else rate
+
+
+def group_rate_checks(p: LearningRate, keys: tuple[str, ...]) -> dict[str, tuple[bool, str]]:
+    """`lr_checks` and the range checks of the per-group rate keys `keys` (each None or a
+    positive rate), for `easyrl.errors.check_ranges`."""
+    checks = lr_checks(p)
+    for key in keys:
+        value = getattr(p, key)
+        checks[key] = (value is None or positive_rate(value), "None or finite and > 0")
     return checks
 
 

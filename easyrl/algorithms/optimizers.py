@@ -11,7 +11,7 @@ from typing import Literal
 import numpy as np
 import tensorflow as tf
 
-from easyrl.algorithms.learning_rate import LearningRate
+from easyrl.algorithms.learning_rate import LearningRate, group_rate
 
 
 @dataclass(frozen=True)
@@ -53,26 +53,28 @@ class OptimizerSpec:
             raise ValueError(f"invalid optimizer settings {self}")
 
 
-def schedule_spec(params: LearningRate) -> OptimizerSpec:
+def schedule_spec(params: LearningRate, rate: float | None = None) -> OptimizerSpec:
     """The spec of an algorithm's `LearningRate` keys (`optimizer`, `lr`, `lr_schedule`: see
     `easyrl.algorithms.learning_rate`): constant, a step decay as the exponential staircase,
-    a linear decay as the polynomial of power 1."""
+    a linear decay as the polynomial of power 1. `rate`: an optimizer group's own initial
+    rate (`group_rate`), which the schedule moves in proportion to `lr`."""
+    lr = group_rate(params, rate)
     if params.lr_schedule == "step":
         return OptimizerSpec(
             kind=params.optimizer,
-            lr=params.lr,
+            lr=lr,
             decay_rate=params.lr_step_factor,
             decay_steps=params.lr_step_period,
         )
     if params.lr_schedule == "linear":
         return OptimizerSpec(
             kind=params.optimizer,
-            lr=params.lr,
+            lr=lr,
             schedule="polynomial",
             decay_steps=params.lr_linear_steps,
-            end_lr=params.lr_end,
+            end_lr=min(lr, params.lr_end * lr / params.lr),
         )
-    return OptimizerSpec(kind=params.optimizer, lr=params.lr)
+    return OptimizerSpec(kind=params.optimizer, lr=lr)
 
 
 class Optimizer(tf.Module):

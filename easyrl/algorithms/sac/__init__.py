@@ -23,13 +23,14 @@ __all__ = ["Params", "SPEC", "build", "optimizer", "replay_spec"]
 
 
 def optimizer(params: Params) -> dict:
-    """The PS optimizer groups: `actor/`, `critic/` and `alpha/`, each at its own rate."""
-    from easyrl.algorithms.optimizers import OptimizerSpec
+    """The PS optimizer groups: `actor/`, `critic/` and `alpha/`, each at its own rate (None:
+    `lr`), all on the `lr_schedule`."""
+    from easyrl.algorithms.optimizers import schedule_spec
 
     return {
-        "actor/": OptimizerSpec(kind=params.optimizer, lr=params.actor_lr),
-        "critic/": OptimizerSpec(kind=params.optimizer, lr=params.critic_lr),
-        "alpha/": OptimizerSpec(kind=params.optimizer, lr=params.alpha_lr),
+        "actor/": schedule_spec(params, params.actor_lr),
+        "critic/": schedule_spec(params, params.critic_lr),
+        "alpha/": schedule_spec(params, params.alpha_lr),
     }
 
 

@@ -5,10 +5,9 @@ whose `build` imports `agent.py` (no import circle).
 """
 
 from dataclasses import dataclass
-from typing import Literal
 
 from easyrl.algorithms.contract import Flow
-from easyrl.algorithms.learning_rate import positive_rate
+from easyrl.algorithms.learning_rate import LearningRate, group_rate_checks
 from easyrl.errors import check_ranges
 
 FLOW: Flow = "async_replay"
@@ -16,8 +15,12 @@ FLOW: Flow = "async_replay"
 
 
 @dataclass(frozen=True)
-class Params:
-    """Hyper-parameters of SAC."""
+class Params(LearningRate):
+    """Hyper-parameters of SAC; the optimizer and learning-rate keys are `LearningRate`'s, for
+    all three groups."""
+
+    lr: float = 3e-4
+    """Learning rate of every group (the initial one under a step or linear schedule)."""
 
     gamma: float = 0.99
     """Discount factor."""
@@ -25,14 +28,12 @@ class Params:
     """Length of the n-step return computed on the actor."""
     batch_size: int = 256
     """Transitions per learner batch."""
-    actor_lr: float = 3e-4
-    """Learning rate of the policy (`actor/` variables)."""
-    critic_lr: float = 3e-4
-    """Learning rate of the twin critics (`critic/` variables)."""
-    alpha_lr: float = 3e-4
-    """Learning rate of the temperature (`alpha/log_alpha`)."""
-    optimizer: Literal["adam", "rmsprop", "sgd"] = "adam"
-    """Optimizer the PS shards apply gradients with (all three groups)."""
+    actor_lr: float | None = None
+    """The policy's own initial learning rate (`actor/` variables; None: `lr`)."""
+    critic_lr: float | None = None
+    """The twin critics' own initial learning rate (`critic/` variables; None: `lr`)."""
+    alpha_lr: float | None = None
+    """The temperature's own initial learning rate (`alpha/log_alpha`; None: `lr`)."""
     tau: float = 0.005
     """Polyak rate of the target critics: target = tau * online + (1 - tau) * target."""
     initial_alpha: float = 1.0
@@ -52,13 +53,10 @@ class Params:
     def __post_init__(self):
         # (holds, valid range); written so that NaN fails every check.
         checks = {
+            **group_rate_checks(self, ("actor_lr", "critic_lr", "alpha_lr")),
             "gamma": (0.0 <= self.gamma <= 1.0, "in [0, 1]"),
             "n_step": (self.n_step >= 1, ">= 1"),
             "batch_size": (self.batch_size >= 1, ">= 1"),
-            "actor_lr": (positive_rate(self.actor_lr), "finite and > 0"),
-            "critic_lr": (positive_rate(self.critic_lr), "finite and > 0"),
-            "alpha_lr": (positive_rate(self.alpha_lr), "finite and > 0"),
-            "optimizer": (self.optimizer in ("adam", "rmsprop", "sgd"), "adam, rmsprop or sgd"),
             "tau": (0.0 < self.tau <= 1.0, "in (0, 1]"),
             "initial_alpha": (0.0 < self.initial_alpha < float("inf"), "> 0 and finite"),
             "autotune_alpha": (isinstance(self.autotune_alpha, bool), "a bool"),

@@ -36,12 +36,13 @@ __all__ = [
 
 
 def optimizer(params: Params) -> dict:
-    """The PS optimizer groups: `actor/` at `actor_lr`, `critic/` at `critic_lr`."""
-    from easyrl.algorithms.optimizers import OptimizerSpec
+    """The PS optimizer groups: `actor/` at `actor_lr`, `critic/` at `critic_lr` (None: `lr`),
+    both on the `lr_schedule`."""
+    from easyrl.algorithms.optimizers import schedule_spec
 
     return {
-        "actor/": OptimizerSpec(kind=params.optimizer, lr=params.actor_lr),
-        "critic/": OptimizerSpec(kind=params.optimizer, lr=params.critic_lr),
+        "actor/": schedule_spec(params, params.actor_lr),
+        "critic/": schedule_spec(params, params.critic_lr),
     }
 
 

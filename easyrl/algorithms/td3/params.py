@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from easyrl.algorithms.contract import Flow
-from easyrl.algorithms.learning_rate import positive_rate
+from easyrl.algorithms.learning_rate import LearningRate, group_rate_checks
 from easyrl.errors import check_ranges
 
 FLOW: Flow = "async_replay"
@@ -17,8 +17,12 @@ FLOW: Flow = "async_replay"
 
 
 @dataclass(frozen=True)
-class Params:
-    """Hyper-parameters of TD3 (and of DDPG, which is TD3 with its three tricks off)."""
+class Params(LearningRate):
+    """Hyper-parameters of TD3 (and of DDPG, which is TD3 with its three tricks off); the
+    optimizer and learning-rate keys are `LearningRate`'s, for both groups."""
+
+    lr: float = 1e-3
+    """Learning rate of both groups (the initial one under a step or linear schedule)."""
 
     gamma: float = 0.99
     """Discount factor."""
@@ -26,12 +30,10 @@ class Params:
     """Length of the n-step return computed on the actor."""
     batch_size: int = 256
     """Transitions per learner batch."""
-    actor_lr: float = 1e-3
-    """Learning rate of the actor (`actor/` variables)."""
-    critic_lr: float = 1e-3
-    """Learning rate of the critics (`critic/` variables)."""
-    optimizer: Literal["adam", "rmsprop", "sgd"] = "adam"
-    """Optimizer the PS shards apply gradients with (both groups)."""
+    actor_lr: float | None = None
+    """The actor's own initial learning rate (`actor/` variables; None: `lr`)."""
+    critic_lr: float | None = None
+    """The critics' own initial learning rate (`critic/` variables; None: `lr`)."""
     tau: float = 0.005
     """Polyak rate of the target networks: target = tau * online + (1 - tau) * target."""
     twin_q: bool = True
@@ -76,12 +78,10 @@ def check_params(name: str, params) -> None:
     p = params
     # (holds, valid range); written so that NaN fails every check.
     checks = {
+        **group_rate_checks(p, ("actor_lr", "critic_lr")),
         "gamma": (0.0 <= p.gamma <= 1.0, "in [0, 1]"),
         "n_step": (p.n_step >= 1, ">= 1"),
         "batch_size": (p.batch_size >= 1, ">= 1"),
-        "actor_lr": (positive_rate(p.actor_lr), "finite and > 0"),
-        "critic_lr": (positive_rate(p.critic_lr), "finite and > 0"),
-        "optimizer": (p.optimizer in ("adam", "rmsprop", "sgd"), "adam, rmsprop or sgd"),
         "tau": (0.0 < p.tau <= 1.0, "in (0, 1]"),
         "twin_q": (isinstance(p.twin_q, bool), "a bool"),
         "policy_delay": (p.policy_delay >= 1, ">= 1"),
