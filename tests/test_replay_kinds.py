@@ -5,8 +5,8 @@ package, is registered, loaded from a config and served by a memory shard over r
 import dataclasses
 import os
 from pathlib import Path
-from typing import Any
 
+import docs_code
 import grpc
 import numpy as np
 import pytest
@@ -17,8 +17,8 @@ from easyrl.algorithms import registry
 from easyrl.cluster import k8s
 from easyrl.envs import env_spaces
 from easyrl.errors import ConfigError, ReplayError, TransportError
-from easyrl.replay import AggregateTable, LimitedTable, Sampler, Table, kinds
-from easyrl.replay.kinds import Kind, ShardSetup
+from easyrl.replay import AggregateTable, LimitedTable, kinds
+from easyrl.replay.kinds import Kind
 from easyrl.roles import memory as memory_role
 from easyrl.transport import rpc
 from easyrl.transport.clients import MemoryClient
@@ -26,54 +26,19 @@ from easyrl.transport.clients import MemoryClient
 TOKEN = "kinds-test-token"
 
 
-# --- a replay kind of our own ---------------------------------------------------------------
+# --- a replay kind of our own: docs/architecture.md's ---------------------------------------
 
-
-class Newest(Sampler):
-    """Samples the `batch_size` newest items (no priorities): a kind no built-in one is."""
-
-    def check_priorities(self, priorities: Any, n: int) -> np.ndarray:
-        """Refuses priorities."""
-        if priorities is not None:
-            raise ReplayError("a newest-first table takes no priorities")
-        return np.zeros(0)
-
-    def sample(
-        self, table: Table, batch_size: int, rng: np.random.Generator
-    ) -> tuple[np.ndarray, np.ndarray]:
-        """The newest `batch_size` items (probability 1 each)."""
-        if batch_size > table.size:
-            raise ReplayError(f"batch_size must be in [1, {table.size}] (items stored)")
-        slots = np.arange(table.inserted - batch_size, table.inserted) % table.capacity  # [B]
-        return slots, np.ones(batch_size)
-
-    def update(self, table: Table, keys: Any, priorities: Any) -> int:
-        """No priorities: always raises ReplayError."""
-        raise ReplayError("a newest-first table has no priorities")
-
-
-def build_newest(setup: ShardSetup) -> LimitedTable:
-    """A ring sampled newest first, rate limited as the built-in rings are (samples wait for
-    `min_size_to_sample` items, and `samples_per_insert` when set)."""
-    table = Table(setup.spec, setup.replay.capacity, Newest(), seed=setup.seed)
-    insert_items = setup.send_every * setup.num_envs
-    limiter = kinds.ring_limiter(setup.replay, table, insert_items, setup.batch_size)
-    return LimitedTable(table, limiter, setup.batch_size)
-
-
-def check_newest(replay: config_lib.ReplayConfig) -> None:
-    if replay.min_size_to_sample > replay.capacity:
-        raise ConfigError("replay.min_size_to_sample: must be <= replay.capacity")
-
-
-NEWEST = kinds.register(Kind("newest", build_newest, check=check_newest))
+KIND_DIR = docs_code.importable("newest_kind.py")
+"""Where docs/architecture.md's `newest_kind.py` is written (on sys.path; the fixtures put it
+on the PYTHONPATH of the processes a run starts)."""
+from newest_kind import NEWEST, Newest, build_newest  # noqa: E402
 
 NEWEST_DQN = '''
-"""DQN whose items go to the "newest" replay kind, which importing tests/test_replay_kinds.py
-registers (in every process of a run: each one imports this module)."""
+"""DQN whose items go to the "newest" replay kind, which importing newest_kind registers (in
+every process of a run: each one imports this module)."""
 import dataclasses
 
-import test_replay_kinds  # noqa: F401
+import newest_kind  # noqa: F401
 from easyrl.algorithms import dqn
 
 SPEC = dataclasses.replace(dqn.SPEC, replay_kinds=("newest",), dataset_items=None)
@@ -89,7 +54,7 @@ def newest_dqn(tmp_path, monkeypatch) -> str:
     (modules / "newest_dqn.py").write_text(NEWEST_DQN)
     (modules / "unknown_kind_dqn.py").write_text(NEWEST_DQN.replace('"newest"', '"newst"'))
     monkeypatch.syspath_prepend(str(modules))
-    path = [str(modules), str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")]
+    path = [str(modules), str(KIND_DIR), os.environ.get("PYTHONPATH", "")]
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, path)))
     return "newest_dqn"
 
@@ -188,12 +153,12 @@ def test_the_kinds_own_check_and_unknown_kinds_fail_at_load(newest_dqn):
     with pytest.raises(ConfigError, match="replay.kind: unknown replay kind 'unifrom'; did you "):
         kinds.get("unifrom")
     # A kind of one's own, by config alone: any algorithm whose items it can hold takes it.
-    own = {"kind": "test_replay_kinds:NEWEST"}
+    own = {"kind": "newest_kind:NEWEST"}
     assert newest_config("dqn", **own).replay.kind_spec is NEWEST
     with pytest.raises(ConfigError, match="ppo works with aggregate, .* take whole rounds"):
         config_lib.from_dict({"algorithm": {"name": "ppo"}, "replay": own})
     with pytest.raises(ConfigError, match="is a Kind, not|is a function, not a Kind"):
-        newest_config("dqn", kind="test_replay_kinds:build_newest")
+        newest_config("dqn", kind="newest_kind:build_newest")
     with pytest.raises(ConfigError, match="dqn works with prioritized or uniform, got 'trajec"):
         newest_config("dqn", kind="trajectory")
     with pytest.raises(ReplayError, match="letters, digits"):
@@ -257,7 +222,7 @@ def test_a_kind_of_our_own_trains_cartpole_through_real_role_processes(newest_dq
     budget = 1500
     run = launch(
         "algorithm.name=dqn",
-        "replay.kind=test_replay_kinds:NEWEST",
+        "replay.kind=newest_kind:NEWEST",
         f"stop.max_env_steps={budget}",
         "stop.max_seconds=150",
         *one_each(1),
@@ -272,4 +237,4 @@ def test_a_kind_of_our_own_trains_cartpole_through_real_role_processes(newest_dq
     assert memory["memory/0/inserts"] > 0 and memory["memory/0/samples"] > 0
     assert memory["memory/0/sample_batches"] > 0
     assert "memory/0/priority_updates" not in memory  # the kind has no priorities
-    assert config_lib.load(run.config_path).replay.kind == "test_replay_kinds:NEWEST"
+    assert config_lib.load(run.config_path).replay.kind == "newest_kind:NEWEST"

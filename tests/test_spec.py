@@ -8,8 +8,8 @@ import io
 import os
 import subprocess
 import sys
-from pathlib import Path
 
+import docs_code
 import numpy as np
 import pytest
 from rollouts import collect, joined
@@ -20,144 +20,17 @@ from easyrl.algorithms import dqn, ppo, registry
 from easyrl.algorithms.contract import AlgorithmSpec
 from easyrl.errors import ConfigError
 
-TOY_SPEC = '''
-"""A toy algorithm outside easyrl: one-step Q-learning with a linear Q function (no target
-network) on uniform replay. This module is what loading a config reads; `agent` is the
-TensorFlow side."""
-from dataclasses import dataclass
-
-import numpy as np
-
-from easyrl.algorithms.contract import AlgorithmSpec
-
-
-@dataclass(frozen=True)
-class Params:
-    """The config's `algorithm` keys."""
-
-    gamma: float = 0.99
-    """Discount factor."""
-    lr: float = 0.01
-    """SGD learning rate."""
-    epsilon: float = 0.2
-    """Exploration rate."""
-    batch_size: int = 32
-    """Transitions per learner batch (read by the runtime)."""
-    max_staleness: int = 100
-    """PS shards drop older gradients (read by the runtime)."""
-
-
-def optimizer(params):
-    from easyrl.algorithms.optimizers import OptimizerSpec
-
-    return OptimizerSpec(kind="sgd", lr=params.lr)
-
-
-def replay_spec(params, obs_space, action_space):
-    obs, scalar = (tuple(obs_space.shape), np.dtype(np.float32)), ((), np.dtype(np.float32))
-    columns = {"obs": obs, "action": ((), np.dtype(np.int64)), "reward": scalar}
-    return {**columns, "next_obs": obs, "discount": scalar}
-
-
-def build(params, obs_space, action_space, model, seed=0, learner=False):
-    from toy_q.agent import LinearQ
-
-    return LinearQ(params, int(obs_space.shape[0]), int(action_space.n), seed)
-
-
-SPEC = AlgorithmSpec(
-    flow="async_replay",
-    replay_kinds=("uniform",),
-    params_class=Params,
-    build=build,
-    optimizer=optimizer,
-    replay_spec=replay_spec,
-)
-'''
-
-TOY_AGENT = '''
-"""The toy's agent: Q(s, .) = s W + b; loss 0.5 * mean((y - Q(s, a))^2),
-y = r + discount * max_a' Q(s', a')."""
-import numpy as np
-import tensorflow as tf
-
-from easyrl.algorithms.contract import LearnStep
-from toy_q import SPEC
-
-
-class LinearQ:
-    flow = SPEC.flow
-    target_update_period = 0  # no target network
-
-    def __init__(self, params, obs_dim, num_actions, seed):
-        self.params, self.num_actions = params, num_actions
-        w = np.random.default_rng(seed).normal(0.0, 0.1, (obs_dim, num_actions))
-        self.variables = {
-            "q/w": tf.Variable(w.astype(np.float32)),
-            "q/b": tf.Variable(np.zeros(num_actions, np.float32)),
-        }
-        obs_spec = tf.TensorSpec([None, obs_dim], tf.float32)
-        self.greedy_fn = tf.function(  # what easyrl.load, rollout and export run
-            lambda obs: tf.argmax(self.q(obs), axis=1), input_signature=[obs_spec]
-        )
-
-    def q(self, obs):
-        w, b = self.variables["q/w"], self.variables["q/b"]
-        return tf.matmul(tf.cast(obs, tf.float32), w) + b
-
-    def greedy(self, obs):
-        return np.argmax(self.q(obs).numpy(), axis=1)
-
-    def learn(self, batch, weights):
-        y = batch["reward"] + batch["discount"] * self.q(batch["next_obs"]).numpy().max(axis=1)
-        with tf.GradientTape() as tape:
-            q_sa = tf.gather(self.q(batch["obs"]), batch["action"], axis=1, batch_dims=1)
-            loss = 0.5 * tf.reduce_mean((y - q_sa) ** 2)
-        grads = tape.gradient(loss, list(self.variables.values()))
-        return LearnStep([g.numpy() for g in grads], {"loss": float(loss)})
-
-    def sync_target(self):
-        pass
-
-    def collector(self, num_envs, seed, actor_index, num_actors):
-        return EpsilonGreedy(self)
-
-
-class EpsilonGreedy:
-    last_action_logp = None
-
-    def __init__(self, agent):
-        self.agent = agent
-
-    def act(self, obs, rng):
-        explore = rng.random(len(obs)) < self.agent.params.epsilon
-        random = rng.integers(self.agent.num_actions, size=len(obs))
-        self._obs = np.asarray(obs, np.float32)
-        self._actions = np.where(explore, random, self.agent.greedy(obs)).astype(np.int64)
-        return self._actions
-
-    def observe(self, rewards, next_obs, real_next_obs, terminated, truncated):
-        gamma = np.float32(self.agent.params.gamma)
-        return {
-            "obs": self._obs,
-            "action": self._actions,
-            "reward": np.asarray(rewards, np.float32),
-            "next_obs": np.asarray(real_next_obs, np.float32),
-            "discount": np.where(terminated, 0.0, gamma).astype(np.float32),
-        }
-
-    def stats(self):
-        return {"epsilon": self.agent.params.epsilon}
-'''
+TOY = ("toy_q/__init__.py", "toy_q/agent.py")
+"""The toy algorithm's files: docs/architecture.md's walkthrough code (`docs_code`)."""
 
 CARTPOLE = {"algorithm": {"name": "toy_q", "lr": 0.05}, "env": {"id": "CartPole-v1"}}
 
 TOY_ON_A_TOY_KIND = '''
 """The toy algorithm on the toy replay kind "newest" (a sampler of the newest items), which
-tests/test_replay_kinds.py registers when it is imported: in every process of a run."""
+importing newest_kind (docs/architecture.md's) registers: in every process of a run."""
 import dataclasses
 
-import test_replay_kinds  # noqa: F401
+import newest_kind  # noqa: F401
 import toy_q
 
 SPEC = dataclasses.replace(toy_q.SPEC, replay_kinds=("newest",))
@@ -168,13 +41,11 @@ SPEC = dataclasses.replace(toy_q.SPEC, replay_kinds=("newest",))
 def toy_on_path(tmp_path, monkeypatch):
     """The toy algorithm as package `toy_q` in tmp_path, importable (as a user's own module
     is: the launcher hands its import path to the processes it starts)."""
-    (tmp_path / "toy_q").mkdir()
-    (tmp_path / "toy_q" / "__init__.py").write_text(TOY_SPEC)
-    (tmp_path / "toy_q" / "agent.py").write_text(TOY_AGENT)
+    docs_code.write(tmp_path, *TOY, "newest_kind.py")
     (tmp_path / "toy_q_newest.py").write_text(TOY_ON_A_TOY_KIND)
     monkeypatch.syspath_prepend(str(tmp_path))
-    # The processes a run starts import the toys and tests/test_replay_kinds.py (the kind).
-    path = [str(tmp_path), str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")]
+    # The processes a run starts import the toys and the toy kind.
+    path = [str(tmp_path), os.environ.get("PYTHONPATH", "")]
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, path)))
     return tmp_path
 
