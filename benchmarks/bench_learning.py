@@ -31,18 +31,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from bench_solve import SMOKE_OVERRIDES  # noqa: E402  (`--smoke`: CartPole PPO, bench_solve's)
 from common import load_average, markdown_table, parse_args, section_text, write_section  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
-SMOKE_OVERRIDES = (
-    "stop.episode_return_mean=15",
-    "stop.window=10",
-    "stop.max_env_steps=20000",
-    "env.num_envs=2",
-    "cluster.actor=1",
-    "run.log_interval_s=0.5",
-)
-"""`--smoke`: CartPole PPO to a target any policy reaches (as bench_solve's smoke)."""
 SMOKE_LINE = r"^\| CartPole-v1 ppo \|"
 """The line a `--smoke` run must print (tests/test_benchmarks.py)."""
 PUBLISHED = {

@@ -238,6 +238,16 @@ def inserter(address: str, token: str, batch: dict, layout, actor: int, n: int, 
     return insert, local
 
 
+def measure_clients(calls: list[tuple], duration_s: float) -> common.Rate:
+    """The rate of (call, client) pairs, each call on a thread of its own; closes the
+    clients."""
+    try:
+        return common.measure_threads([call for call, _ in calls], duration_s)
+    finally:
+        for _, local in calls:
+            local.close()
+
+
 def bench_items(cluster: common.Cluster, items: str, wal: str, args) -> dict:
     """Starts a shard for `items` with write-ahead log `wal` (`replay.wal`), measures
     inserts and sample+update rounds, stops it."""
@@ -300,13 +310,13 @@ def bench_items(cluster: common.Cluster, items: str, wal: str, args) -> dict:
     result["concurrent"] = {}
     for threads in args.insert_threads:
         n = args.concurrent_batch
-        inserters = [
-            inserter(address, cluster.token, make_batch(spec, n, rng), layout, actor, n, per_item)
-            for actor in range(threads)
-        ]
-        rate = common.measure_threads([fn for fn, _ in inserters], args.duration)
-        for _, local in inserters:
-            local.close()
+        rate = measure_clients(
+            [
+                inserter(address, cluster.token, make_batch(spec, n, rng), layout, a, n, per_item)
+                for a in range(threads)
+            ],
+            args.duration,
+        )
         result["concurrent"][threads] = rate
         print(
             f"  {items} log {wal} insert batch {n:>4}, {threads} inserters: "
@@ -346,10 +356,7 @@ def bench_items(cluster: common.Cluster, items: str, wal: str, args) -> dict:
         )
 
     for threads in args.sample_threads:
-        pairs = [sampler(seed) for seed in range(threads)]
-        rate = common.measure_threads([p[0] for p in pairs], args.duration)
-        for _, local in pairs:
-            local.close()
+        rate = measure_clients([sampler(seed) for seed in range(threads)], args.duration)
         result["rounds"][threads] = rate
         print(
             f"  {items} sample({args.sample_batch})+update, {threads} thread(s): "

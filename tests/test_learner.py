@@ -94,23 +94,9 @@ def test_a_learner_keeps_computing_while_its_pushes_wait_for_the_ps(role_servers
     took before it was held), then waits. Once the
     shard goes on, every push it accepted is applied, each drop is counted on both sides,
     and the staleness the shard counts includes the pushes queued ahead of each."""
-    cfg = config_lib.load(
-        CONFIG,
-        [
-            "env.num_envs=1",
-            "algorithm.batch_size=32",
-            "replay.min_size_to_sample=64",
-            "replay.samples_per_insert=null",
-            "replay.error_buffer=null",
-            "learner.publish_every=0",  # push every update (what several learners do)
-        ],
-    )
-    shards = role_servers.start(cfg, token="learner-test-token")
-    ps, stop = shards.ps, StopSignal()
-    learner = Learner(shards.ctx, shards.ctx.build_algorithm(learner=True), stop)
-    items = RoleServers.items(shards.memory.table.spec, 0, 128)
-    items["action"] %= 2  # CartPole's actions
-    assert learner.memories[0].insert(items)
+    # push every update (what several learners do)
+    cfg, shards, learner = learner_with_items(role_servers, publish_every=0)
+    ps, stop = shards.ps, learner.stop
     thread = threading.Thread(target=learner.run, daemon=True)
     thread.start()
     try:
@@ -154,24 +140,9 @@ def test_a_lone_learner_applies_its_updates_and_publishes_them_to_the_ps(role_se
     """One learner: no push per update. It applies its updates itself, publishes values every
     `publish_every` updates and its optimizer state when it stops; a learner started after it
     (a restart) begins from exactly those values and that state."""
-    cfg = config_lib.load(
-        CONFIG,
-        [
-            "env.num_envs=1",
-            "algorithm.batch_size=32",
-            "replay.min_size_to_sample=64",
-            "replay.samples_per_insert=null",
-            "replay.error_buffer=null",
-            "learner.publish_every=3",
-        ],
-    )
-    shards = role_servers.start(cfg, token="learner-test-token")
-    ps, stop = shards.ps, StopSignal()
-    learner = Learner(shards.ctx, shards.ctx.build_algorithm(learner=True), stop)
+    _, shards, learner = learner_with_items(role_servers, publish_every=3)
+    ps, stop = shards.ps, learner.stop
     assert learner.publisher is not None and learner.publisher.every == 3
-    items = RoleServers.items(shards.memory.table.spec, 0, 128)
-    items["action"] %= 2  # CartPole's actions
-    assert learner.memories[0].insert(items)
     thread = threading.Thread(target=learner.run, daemon=True)
     thread.start()
     try:
@@ -194,6 +165,28 @@ def test_a_lone_learner_applies_its_updates_and_publishes_them_to_the_ps(role_se
     (mine,) = learner.publisher.optimizer.optimizers.values()
     for got, expected in zip(optimizer.slots[0], mine.slots[0], strict=True):
         np.testing.assert_array_equal(got.numpy(), expected.numpy())
+
+
+def learner_with_items(role_servers, publish_every: int):
+    """(config, servers, learner) of a DQN CartPole learner (not started) with
+    `learner.publish_every` and 128 items in its memory shard."""
+    cfg = config_lib.load(
+        CONFIG,
+        [
+            "env.num_envs=1",
+            "algorithm.batch_size=32",
+            "replay.min_size_to_sample=64",
+            "replay.samples_per_insert=null",
+            "replay.error_buffer=null",
+            f"learner.publish_every={publish_every}",
+        ],
+    )
+    shards = role_servers.start(cfg, token="learner-test-token")
+    learner = Learner(shards.ctx, shards.ctx.build_algorithm(learner=True), StopSignal())
+    items = RoleServers.items(shards.memory.table.spec, 0, 128)
+    items["action"] %= 2  # CartPole's actions
+    assert learner.memories[0].insert(items)
+    return cfg, shards, learner
 
 
 def wait_until(condition, stop: StopSignal, timeout_s: float = 30.0) -> None:

@@ -446,3 +446,19 @@ def test_load_state_checks_the_whole_state_before_changing_anything():
         groups.load_state(missing)
     for key, value in groups.state().items():
         np.testing.assert_array_equal(value, before[key], err_msg=key)
+
+
+def test_a_learners_load_state_checks_the_whole_state_before_changing_anything():
+    specs = {"actor/": OptimizerSpec(kind="adam"), "critic/": OptimizerSpec(kind="adam")}
+    names = ["actor/w", "critic/w"]
+    variables = {n: tf.Variable(np.ones((3, 2), np.float32)) for n in names}
+    local = LocalOptimizer(specs, variables)
+    local.apply({n: np.ones((3, 2), np.float32) for n in names})
+    before = local.state(names)
+    broken = {**before, "critic/slot1/0": np.zeros((7,), np.float32)}  # after good actor/ keys
+    with pytest.raises(ValueError, match="critic/slot1/0: shape"):
+        local.load_state(names, {**broken, "actor/step": np.int64(99)})
+    with pytest.raises(ValueError, match="lacks 'critic/step'"):
+        local.load_state(names, {k: v for k, v in before.items() if k != "critic/step"})
+    for key, value in local.state(names).items():
+        np.testing.assert_array_equal(value, before[key], err_msg=key)

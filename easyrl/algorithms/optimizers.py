@@ -248,15 +248,10 @@ class OptimizerGroups:
         for p, opt in self.optimizers.items():
             steps[p] = int(np.asarray(state_entry(state, f"{p}step")))
             for k in range(len(opt.slots)):
-                parts = []
-                for i, shape in enumerate(self.layouts[p].shapes):
-                    part = state_entry(state, f"{p}slot{k}/{i}")
-                    if tuple(np.shape(part)) != tuple(shape):
-                        raise ValueError(
-                            f"optimizer state {p}slot{k}/{i}: shape {np.shape(part)}, "
-                            f"expected {tuple(shape)}"
-                        )
-                    parts.append(np.asarray(part, np.float32))
+                parts = [
+                    slot_entry(state, f"{p}slot{k}/{i}", shape)
+                    for i, shape in enumerate(self.layouts[p].shapes)
+                ]
                 slots[p, k] = self.layouts[p].concat(parts)
         for p, opt in self.optimizers.items():
             opt.step.assign(steps[p])
@@ -269,6 +264,14 @@ def state_entry(state: dict[str, np.ndarray], key: str) -> np.ndarray:
     if key not in state:
         raise ValueError(f"optimizer state lacks {key!r}")
     return state[key]
+
+
+def slot_entry(state: dict[str, np.ndarray], key: str, shape) -> np.ndarray:
+    """`state[key]` as float32, or ValueError naming the missing key or the wrong shape."""
+    part = state_entry(state, key)
+    if tuple(np.shape(part)) != tuple(shape):
+        raise ValueError(f"optimizer state {key}: shape {np.shape(part)}, expected {tuple(shape)}")
+    return np.asarray(part, np.float32)
 
 
 def as_groups(specs) -> dict[str, OptimizerSpec]:
@@ -327,12 +330,12 @@ class LocalOptimizer:
     """
 
     def __init__(self, specs, variables: dict[str, tf.Variable]):
-        self.names = list(variables)
-        self.members = group_members(as_groups(specs), self.names)
-        self.group_of = {name: p for p, names in self.members.items() for name in names}
         from easyrl.models import Compiled, FlatVariables
 
         specs = as_groups(specs)
+        self.names = list(variables)
+        self.members = group_members(specs, self.names)
+        self.group_of = {name: p for p, names in self.members.items() for name in names}
         self.optimizers: dict[str, Optimizer] = {}
         self.layouts: dict[str, FlatVariables] = {}
         self._steps: dict[str, Compiled] = {}
@@ -385,12 +388,20 @@ class LocalOptimizer:
         return state
 
     def load_state(self, names, state: dict[str, np.ndarray]) -> None:
-        """Loads what a shard holding the variables `names` sent (`state`'s format). A
-        group several shards hold takes the step of the last shard loaded (they agree: one
-        learner published them all)."""
+        """Loads what a shard holding the variables `names` sent (`state`'s format), checked
+        whole before anything changes. A group several shards hold takes the step of the
+        last shard loaded (they agree: one learner published them all).
+
+        Raises:
+            ValueError: `state` lacks a key, or a slot's shape is not its variable's.
+        """
+        loads = []  # (variable, value)
         for p, group in self._shard_groups(names).items():
             opt = self.optimizers[p]
-            opt.step.assign(int(np.asarray(state_entry(state, f"{p}step"))))
+            loads.append((opt.step, int(np.asarray(state_entry(state, f"{p}step")))))
             for k, slot in enumerate(opt.slots):
                 for i, n in enumerate(group):
-                    slot[self._index[n]].assign(state_entry(state, f"{p}slot{k}/{i}"))
+                    target = slot[self._index[n]]
+                    loads.append((target, slot_entry(state, f"{p}slot{k}/{i}", target.shape)))
+        for variable, value in loads:
+            variable.assign(value)
