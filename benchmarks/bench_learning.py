@@ -43,6 +43,8 @@ PUBLISHED = {
         "SB3 zoo SAC 260 +- 65 (v2, deterministic eval); TD3 207 at 300k",
     ),
     "pong_impala_2core": ("10M agent steps", "CleanRL PPO 20.4 (v4)"),
+    "halfcheetah_sac": ("300k steps", "Tianshou SAC 9,059 +- 1,051 (10 seeds, v3); TD3 7,546"),
+    "hopper_sac": ("300k steps", "Tianshou SAC 3,388 +- 115 (10 seeds, v3); TD3 1,583"),
 }
 """Config stem -> (the peers' budget, their published figure)."""
 HEADERS = ["workload", "budget", "easyrl", "published", "wall time (2 cores)", "curve"]
