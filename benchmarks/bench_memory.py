@@ -75,9 +75,9 @@ import time
 import common
 import numpy as np
 
-from easyrl.replay import item_bytes
+from easyrl.replay import Sampled, item_bytes
 from easyrl.replay.frames import layout_for
-from easyrl.transport.clients import MemoryClient, SampledBatch
+from easyrl.transport.clients import MemoryClient
 
 SMOKE_LINE = r"^\| cartpole \| group \| Sample\(64\) \+ UpdatePriorities, 1 thread\(s\) \| \d"
 """The line a `--smoke` run must print (tests/test_benchmarks.py)."""
@@ -217,7 +217,7 @@ def atari_bytes(args) -> dict:
     return {"bytes_per_transition": per_item, "size": table.size, "inserted": table.inserted}
 
 
-def sampled(client: MemoryClient, batch_size: int) -> SampledBatch:
+def sampled(client: MemoryClient, batch_size: int) -> Sampled:
     """One Sample through the client the learners use."""
     taken = client.sample(batch_size, timeout_s=5.0)
     if taken is None:

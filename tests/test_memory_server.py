@@ -9,11 +9,18 @@ import pytest
 from conftest import Served
 
 from easyrl.errors import ReplayError, TransportError
-from easyrl.replay import BetaSchedule, LimitedTable, PrioritizedTable, RateLimiter, UniformTable
+from easyrl.replay import (
+    BetaSchedule,
+    LimitedTable,
+    PrioritizedTable,
+    RateLimiter,
+    Sampled,
+    UniformTable,
+)
 from easyrl.roles.memory import MemoryServer, Op
 from easyrl.transport import codec, rpc
 from easyrl.transport import easyrl_pb2 as pb
-from easyrl.transport.clients import MemoryClient, SampledBatch
+from easyrl.transport.clients import MemoryClient
 
 TOKEN = "memory-test-token"
 SPEC = {"obs": ((4,), np.float32), "action": ((), np.int64), "reward": ((), np.float32)}
@@ -77,7 +84,7 @@ def sample(client, batch_size, timeout_s=2.0):
     taken = MemoryClient(client).sample(batch_size, timeout_s)
     if taken is None:
         return False, None, None, None
-    assert isinstance(taken, SampledBatch)
+    assert isinstance(taken, Sampled)
     return True, taken.data, taken.keys, taken.weights
 
 

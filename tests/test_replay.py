@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from easyrl.errors import ReplayError
-from easyrl.replay import PrioritizedTable, SampleBatch, UniformTable, item_bytes, validate_batch
+from easyrl.replay import PrioritizedTable, Sampled, UniformTable, item_bytes, validate_batch
 from easyrl.replay.tables import TableSpec
 
 SPEC: TableSpec = {
@@ -32,7 +32,7 @@ def make_batch(n: int, start: int = 0) -> dict[str, np.ndarray]:
     }
 
 
-def assert_data_matches_keys(sample: SampleBatch) -> None:
+def assert_data_matches_keys(sample: Sampled) -> None:
     """Every sampled row must be the item that was inserted under its key."""
     expected = make_batch(1)  # shape reference only
     for name in expected:

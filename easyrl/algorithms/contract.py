@@ -30,6 +30,7 @@ import numpy as np
 
 from easyrl.errors import ConfigError
 from easyrl.replay import kinds as replay_kinds
+from easyrl.replay.sampled import Batch
 
 Flow = Literal["async_replay", "sync_rounds", "actor_gradients"]
 """The loop an algorithm's actor and learner run."""
@@ -39,8 +40,6 @@ ReplayKind = str
 """The name of a replay kind an algorithm's items can go to: one registered in
 `easyrl.replay.kinds` (built in: uniform, prioritized, trajectory, aggregate)."""
 
-Batch = dict[str, np.ndarray]
-"""Named columns, batch-major: the items of a replay table, or what a collector ships."""
 ReplaySpec = dict[str, tuple[tuple[int, ...], np.dtype]]
 """Replay columns: {name: (per-item shape, numpy dtype)}."""
 

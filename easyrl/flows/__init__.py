@@ -14,8 +14,9 @@ from typing import Any, NamedTuple, Protocol
 import numpy as np
 
 from easyrl.algorithms.contract import Agent, Batch, Collector
+from easyrl.replay.sampled import Sampled
 from easyrl.roles.common import RoleContext, ShardedWeights, StopSignal
-from easyrl.transport.clients import MemoryClient, SampledBatch
+from easyrl.transport.clients import MemoryClient
 
 
 class Prefetched(NamedTuple):
@@ -23,7 +24,7 @@ class Prefetched(NamedTuple):
     shard its new priorities go back to)."""
 
     shard: int
-    sample: SampledBatch
+    sample: Sampled
 
 
 class ActorPlumbing(Protocol):

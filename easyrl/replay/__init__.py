@@ -23,11 +23,10 @@ from easyrl.replay.aggregate import AggregateTable
 from easyrl.replay.checks import validate_batch, validate_spec
 from easyrl.replay.frames import FrameLayout, FrameStore, layout_for
 from easyrl.replay.rate_limiter import RateLimiter
+from easyrl.replay.sampled import Batch, NotReady, Sampled
 from easyrl.replay.served import (
     BetaSchedule,
     LimitedTable,
-    NotReady,
-    Sampled,
     ServedTable,
 )
 from easyrl.replay.storage import Columns, FrameColumns, Storage
@@ -36,7 +35,6 @@ from easyrl.replay.tables import (
     Fifo,
     Prioritized,
     PrioritizedTable,
-    SampleBatch,
     Sampler,
     Table,
     TableSpec,
@@ -46,6 +44,7 @@ from easyrl.replay.tables import (
 )
 
 __all__ = [
+    "Batch",
     "AggregateTable",
     "BetaSchedule",
     "Columns",
@@ -58,7 +57,6 @@ __all__ = [
     "Prioritized",
     "PrioritizedTable",
     "RateLimiter",
-    "SampleBatch",
     "Sampled",
     "Sampler",
     "ServedTable",

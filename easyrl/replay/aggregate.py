@@ -21,7 +21,7 @@ import numpy as np
 
 from easyrl.errors import ReplayError
 from easyrl.replay.checks import TableSpec, validate_batch, validate_spec
-from easyrl.replay.served import Batch, NotReady, Sampled
+from easyrl.replay.sampled import Batch, NotReady, Sampled
 
 
 class AggregateTable:

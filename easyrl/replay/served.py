@@ -15,38 +15,14 @@ server turns them into replies. Two implementations ship:
 A replay kind (`easyrl.replay.kinds`) builds one of these, or a table of its own.
 """
 
-from typing import Any, NamedTuple, Protocol
+from typing import Any, Protocol
 
 import numpy as np
 
 from easyrl.errors import ReplayError
 from easyrl.replay.rate_limiter import RateLimiter
+from easyrl.replay.sampled import Batch, NotReady, Sampled
 from easyrl.replay.tables import Table, TableSpec
-
-Batch = dict[str, np.ndarray]
-"""Named columns, batch-major."""
-
-
-class Sampled(NamedTuple):
-    """Items a sample returns."""
-
-    data: Batch
-    """Column name -> ``[B, *shape]`` items."""
-    keys: np.ndarray | None = None
-    """``[B]`` int64 keys for priority updates (None: the table has none)."""
-    weights: np.ndarray | None = None
-    """``[B]`` float32 importance weights (None: the table has none)."""
-    round: int = 0
-    """The round the items belong to (tables of rounds)."""
-
-
-class NotReady(NamedTuple):
-    """A sample that cannot be served, now or ever: the caller asks again as it says."""
-
-    round: int
-    """The round being collected (the caller is behind when it asked for an older one)."""
-    incomplete: bool = False
-    """The round asked for cannot be completed (a restarted shard lost part of it)."""
 
 
 class BetaSchedule:
@@ -248,7 +224,7 @@ class LimitedTable:
         sample = self.table.sample(batch_size, self.beta(self.batches))
         self.limiter.on_sample(batch_size)
         self.batches += 1
-        return Sampled(sample.data, sample.keys, sample.weights)
+        return sample
 
     def update_priorities(self, keys: np.ndarray, priorities: Any) -> int:
         """See `Table.update_priorities`."""

@@ -22,7 +22,7 @@ loop runs per item.
 """
 
 from collections.abc import Mapping, Sequence
-from typing import Any, NamedTuple, Protocol
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -35,6 +35,7 @@ from easyrl.replay.checks import (
     validate_spec,
 )
 from easyrl.replay.frames import FrameStore
+from easyrl.replay.sampled import Sampled
 from easyrl.replay.storage import Storage, live_slots, storage_for
 from easyrl.replay.sumtree import SumTree
 
@@ -69,19 +70,6 @@ def check_priorities(priorities: Any, n: int) -> np.ndarray:
         bad = values[~(np.isfinite(values) & (values >= 0))]
         raise ReplayError(f"priorities must be finite and >= 0, got {bad[:5]}")
     return values
-
-
-class SampleBatch(NamedTuple):
-    """A sampled batch of items."""
-
-    keys: np.ndarray
-    """``[B]`` int64 keys of the sampled items (for ``update_priorities``)."""
-    weights: np.ndarray
-    """``[B]`` float32 importance weights, normalised by the batch max (ones if uniform)."""
-    probabilities: np.ndarray
-    """``[B]`` float64 probability with which each item was drawn."""
-    data: dict[str, np.ndarray]
-    """Column name -> ``[B, *shape]`` copies of the sampled items."""
 
 
 class Sampler(Protocol):
@@ -459,7 +447,7 @@ class Table:
         self.sampler.on_insert(slots, recorded, first)
         return keys
 
-    def sample(self, batch_size: int, beta: float | None = None) -> SampleBatch:
+    def sample(self, batch_size: int, beta: float | None = None) -> Sampled:
         """Draws ``batch_size`` items (a queue removes them).
 
         Importance weights are ``w_i = (size * P(i)) ** -beta`` divided by the batch max.
@@ -482,7 +470,7 @@ class Table:
         slots, probabilities = self.sampler.sample(self, batch_size, self._rng)  # [B], [B]
         weights = (self.size * probabilities) ** -beta  # [B]
         oldest = self.inserted - self.size
-        batch = SampleBatch(
+        batch = Sampled(
             keys=(oldest + (slots - oldest) % self.capacity).astype(np.int64),
             weights=(weights / weights.max()).astype(np.float32),
             probabilities=probabilities,

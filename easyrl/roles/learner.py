@@ -19,6 +19,7 @@ import tensorflow as tf
 from easyrl.algorithms.contract import Agent, concat
 from easyrl.errors import TransportError
 from easyrl.flows import Prefetched, async_replay, sync_rounds
+from easyrl.replay.sampled import NotReady
 from easyrl.roles.common import (
     RoleContext,
     ShardedWeights,
@@ -218,10 +219,11 @@ class Learner:
             for shard, reply in zip(missing, replies, strict=True):
                 if reply.round > round_:
                     return None, reply.round
-                if reply.incomplete:
-                    return None, -1
-                if reply.batch is not None:
-                    parts[shard] = reply.batch
+                if isinstance(reply, NotReady):
+                    if reply.incomplete:
+                        return None, -1
+                else:
+                    parts[shard] = reply.data
             if time.monotonic() - self._last_report > 2.0:
                 self.report({"round": float(round_)})
         if len(parts) < len(self.memories):

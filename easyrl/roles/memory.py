@@ -262,10 +262,10 @@ class MemoryServer(pb_grpc.ReplayMemoryServicer):
         """A Sample reply of sampled items, encoded once, on this thread."""
         self.counters["samples"] += len(next(iter(sampled.data.values())))
         body = codec.Body()
-        extra = {}  # keys and weights of a table that has them
-        if sampled.keys is not None:
+        extra = {}  # keys and weights of a sample that has them (not a whole round)
+        if len(sampled.keys):
             extra["keys"] = body.tensor("keys", sampled.keys)
-        if sampled.weights is not None:
+        if len(sampled.weights):
             extra["weights"] = body.tensor("weights", sampled.weights)
         tensors = body.batch(sampled.data)
         return body.frame(

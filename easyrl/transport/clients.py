@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, NamedTuple, TypedDict, Unpack
 import numpy as np
 
 from easyrl.metrics import StopKind
+from easyrl.replay.sampled import NotReady, Sampled
 from easyrl.transport import codec, rpc
 from easyrl.transport import easyrl_pb2 as pb
 
@@ -57,27 +58,6 @@ class Pushed(NamedTuple):
     def accepted(self) -> bool:
         """Whether the shard applied the push or will apply it."""
         return self.applied or self.queued
-
-
-class RoundTaken(NamedTuple):
-    """Aggregate tables: all of a round (`batch`; None until it is complete), the round the
-    table collects (newer: the caller is behind) and whether a restart lost part of it."""
-
-    batch: dict | None
-    round: int
-    incomplete: bool
-
-
-class SampledBatch(NamedTuple):
-    """A batch a memory shard sampled, as it arrives: the table's `SampleBatch` less the
-    draw probabilities (which stay in the shard)."""
-
-    data: dict[str, np.ndarray]
-    """Column name -> ``[B, *shape]`` items."""
-    keys: np.ndarray
-    """``[B]`` int64 keys of the items (for `MemoryClient.update_priorities`)."""
-    weights: np.ndarray
-    """``[B]`` importance weights, normalised by the batch max (ones if uniform)."""
 
 
 class Counts(TypedDict, total=False):
@@ -218,24 +198,27 @@ class MemoryClient(ShardClient):
             request.priorities.CopyFrom(body.tensor("priorities", priorities))
         return not self.call("Insert", body.frame(request)).refused
 
-    def sample(self, batch_size: int, timeout_s: float) -> SampledBatch | None:
+    def sample(self, batch_size: int, timeout_s: float) -> Sampled | None:
         """A sampled batch (items, keys, importance weights), or None when the rate limiter
         did not allow a sample within `timeout_s`."""
         reply = self.call("Sample", pb.SampleRequest(batch_size=batch_size, timeout_s=timeout_s))
         if not reply.ready:
             return None
         body = reply.body
-        return SampledBatch(
+        return Sampled(
             data=codec.decode_batch(reply.tensors, body),
             keys=codec.decode_array(reply.keys, body),
             weights=codec.decode_array(reply.weights, body),
         )
 
-    def take_round(self, round_: int, timeout_s: float) -> RoundTaken:
-        """Takes all of round `round_` once it is complete, waiting up to `timeout_s`."""
+    def take_round(self, round_: int, timeout_s: float) -> Sampled | NotReady:
+        """All of round `round_` once it is complete (waiting up to `timeout_s`), or what the
+        shard says instead: the round it collects (newer: the caller is behind) and whether a
+        restart lost part of the one asked for."""
         reply = self.call("Sample", pb.SampleRequest(round=round_, timeout_s=timeout_s))
-        batch = codec.decode_batch(reply.tensors, reply.body) if reply.ready else None
-        return RoundTaken(batch, reply.round, reply.incomplete)
+        if not reply.ready:
+            return NotReady(reply.round, reply.incomplete)
+        return Sampled(codec.decode_batch(reply.tensors, reply.body), round=reply.round)
 
     def update_priorities(self, keys: np.ndarray, priorities: np.ndarray) -> int:
         """Sets the priorities of sampled keys; returns how many were still in the table."""
