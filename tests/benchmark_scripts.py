@@ -1,5 +1,6 @@
 """The benchmark scripts as modules, for tests that call their functions (benchmarks/ is no
-package: each script imports its neighbour `common` from its own directory)."""
+package: each script imports its neighbours `report`, `timing`, `procs` and `servers` from
+its own directory)."""
 
 import importlib.util
 from pathlib import Path

@@ -504,7 +504,7 @@ def test_parser_of_a_message_without_body_is_protobufs():
 def test_flat_vector_of_decoded_tensors_is_a_view_of_the_message():
     import tensorflow as tf
 
-    from easyrl.models import FlatVariables
+    from easyrl.models.flat import FlatVariables
 
     arrays = {"a": np.arange(6, dtype=np.float32).reshape(2, 3), "b": np.ones(4, np.float32)}
     flat = FlatVariables([tf.Variable(v) for v in arrays.values()])

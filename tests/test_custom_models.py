@@ -36,7 +36,8 @@ from easyrl.algorithms import (
 from easyrl.config import ModelConfig
 from easyrl.envs import make_vector_env
 from easyrl.errors import ConfigError
-from easyrl.models import FlatVariables, KerasTorso, build_torso, named_variables
+from easyrl.models import KerasTorso, build_torso, named_variables
+from easyrl.models.flat import FlatVariables
 
 TORSOS = {"module": "custom_torsos:Residual", "keras": "custom_torsos:Gated"}
 """The example torsos by form: a plain tf.Module and a Keras model subclass."""
@@ -293,7 +294,7 @@ def test_compiled_call_converts_checks_and_matches_the_function():
     """`Compiled` calls the concrete function's flat entry point: numpy inputs of another
     dtype are converted to the signature's, a shape outside the signature is refused, the
     result equals the tf.function's, and nothing retraces."""
-    from easyrl.models import Compiled
+    from easyrl.models.flat import Compiled
 
     v = tf.Variable([[1.0, 2.0], [3.0, 4.0]])
 

@@ -16,7 +16,8 @@ from easyrl.algorithms import registry
 from easyrl.algorithms.agent_parts import greedy_policy
 from easyrl.algorithms.masking import ILLEGAL
 from easyrl.config import EncoderConfig, ModelConfig
-from easyrl.envs import Stateless, env_spaces, final_observations, make_vector_env, play_episodes
+from easyrl.envs import env_spaces, final_observations, make_vector_env
+from easyrl.envs.evaluation import Stateless, play_episodes
 from easyrl.envs.flat import FlatBox, FlatObservation, action_mask_size, observation_parts
 from easyrl.envs.masked import ENV_ID, EPISODE_STEPS, MaskedChoice
 from easyrl.errors import ConfigError, EasyRLError

@@ -10,7 +10,8 @@ import pytest
 import tensorflow as tf
 
 from easyrl.config import OutputConfig, StopConfig
-from easyrl.envs import Stateless, make_vector_env, play_episodes
+from easyrl.envs import make_vector_env
+from easyrl.envs.evaluation import Stateless, play_episodes
 from easyrl.metrics import RunStats, Stop, StopKind, reached_goal, stop_reason
 from easyrl.roles.evaluator import BestCheckpoint
 

@@ -19,7 +19,8 @@ from easyrl.algorithms.agent_parts import RecurrentGreedy, greedy_policy
 from easyrl.algorithms.impala import Params, agent_params
 from easyrl.algorithms.impala.agent import IMPALA
 from easyrl.config import ModelConfig
-from easyrl.envs import final_observations, make_vector_env, play_episodes
+from easyrl.envs import final_observations, make_vector_env
+from easyrl.envs.evaluation import play_episodes
 from easyrl.envs.stateless import ENV_ID
 from easyrl.errors import ConfigError, EasyRLError
 from easyrl.models.lstm import LSTMCore

@@ -683,7 +683,7 @@ MULTI_DEVICE = textwrap.dedent(
     from easyrl.algorithms.ppo import Params
     from easyrl.algorithms.ppo.agent import PPO
     from easyrl.config import ModelConfig
-    from easyrl.models import FlatVariables
+    from easyrl.models.flat import FlatVariables
     obs_space = gym.spaces.Box(-10, 10, (3,))
     for space in (gym.spaces.Discrete(3), gym.spaces.Box(-1, 1, (2,))):
         params = Params(value_clip=0.3, ent_coef=0.01, grad_clip=0.0, rollout_length=1,

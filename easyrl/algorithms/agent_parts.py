@@ -15,13 +15,13 @@ import numpy as np
 import tensorflow as tf
 
 from easyrl.algorithms.contract import Agent, RecurrentAgent
-from easyrl.envs import EpisodicPolicy, Stateless
+from easyrl.envs.evaluation import EpisodicPolicy, Stateless
 from easyrl.errors import EasyRLError
-from easyrl.models import Compiled
+from easyrl.models.flat import Compiled
 
 
 def compiled(fn: Callable, *signature: tf.TensorSpec) -> Compiled:
-    """`fn` compiled with a fixed input signature (`easyrl.models.Compiled`)."""
+    """`fn` compiled with a fixed input signature (`easyrl.models.flat.Compiled`)."""
     return Compiled(fn, *signature)
 
 

@@ -164,7 +164,7 @@ class OptimizerGroups:
     """
 
     def __init__(self, specs, values: dict[str, np.ndarray]):
-        from easyrl.models import Compiled, FlatLayout
+        from easyrl.models.flat import Compiled, FlatLayout
 
         specs = as_groups(specs)
         self.names = list(values)
@@ -330,7 +330,7 @@ class LocalOptimizer:
     """
 
     def __init__(self, specs, variables: dict[str, tf.Variable]):
-        from easyrl.models import Compiled, FlatVariables
+        from easyrl.models.flat import Compiled, FlatVariables
 
         specs = as_groups(specs)
         self.names = list(variables)

@@ -271,7 +271,7 @@ class ShardedWeights:
             sorted(n for n, s in self.assignment.items() if s == shard)
             for shard in range(len(clients))
         ]
-        from easyrl.models import FlatVariables
+        from easyrl.models.flat import FlatVariables
 
         self._flat = [FlatVariables([variables[n] for n in names]) for names in self.shard_names]
         self.fetched_versions = [-1] * len(clients)

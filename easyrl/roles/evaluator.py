@@ -23,7 +23,8 @@ from pathlib import Path
 import numpy as np
 
 from easyrl.atomic import save_npz
-from easyrl.envs import evaluation_options, make_vector_env, play_episodes
+from easyrl.envs import evaluation_options, make_vector_env
+from easyrl.envs.evaluation import play_episodes
 from easyrl.offline.ope import OffPolicyEvaluator
 from easyrl.roles.common import RoleContext, ShardedWeights, stop_event_on_signals
 from easyrl.seeds import derive_seed

@@ -15,7 +15,8 @@ from typing import NamedTuple
 import gymnasium
 import numpy as np
 
-from easyrl.envs import evaluation_options, make_vector_env, play_episodes
+from easyrl.envs import evaluation_options, make_vector_env
+from easyrl.envs.evaluation import play_episodes
 from easyrl.errors import EasyRLError
 from easyrl.policy import EpisodePlayer, load_run
 from easyrl.seeds import derive_seed

@@ -18,7 +18,8 @@ import tensorflow as tf
 from easyrl.algorithms.bcq.params import Params
 from easyrl.algorithms.dqn.agent import DQN
 from easyrl.errors import ConfigError
-from easyrl.models import Dense, FlatVariables, build_torso, named_variables
+from easyrl.models import Dense, build_torso, named_variables
+from easyrl.models.flat import FlatVariables
 
 STAT_NAMES = ("loss", "q_loss", "bc_loss", "q_mean", "allowed_fraction")
 """Keys of the stats `BCQ.learn` returns, in order."""

@@ -15,7 +15,8 @@ from easyrl.algorithms.agent_parts import compiled
 from easyrl.algorithms.continuous import check_spaces, scale_actions
 from easyrl.algorithms.nstep import NStepAccumulator
 from easyrl.errors import EasyRLError
-from easyrl.models import Compiled, Dense, build_torso
+from easyrl.models import Dense, build_torso
+from easyrl.models.flat import Compiled
 
 
 def transition_columns(batch: dict) -> tuple[np.ndarray, ...]:

@@ -25,7 +25,8 @@ from easyrl.algorithms.masking import features, masked
 from easyrl.algorithms.nstep import NStepAccumulator
 from easyrl.envs.flat import action_mask_size, legal_actions, observation_parts
 from easyrl.errors import ConfigError, EasyRLError
-from easyrl.models import Dense, FlatVariables, build_torso, named_variables
+from easyrl.models import Dense, build_torso, named_variables
+from easyrl.models.flat import FlatVariables
 from easyrl.models.lstm import LSTMCore
 
 

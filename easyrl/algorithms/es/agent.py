@@ -19,7 +19,8 @@ from easyrl.algorithms.contract import Flow, LearnStep
 from easyrl.algorithms.es.params import FLOW, MODEL_KINDS, Params, es_gradient, noise
 from easyrl.algorithms.registry import check_model_kind
 from easyrl.errors import ConfigError
-from easyrl.models import ACTIVATIONS, Dense, FlatVariables, build_torso, named_variables
+from easyrl.models import ACTIVATIONS, Dense, build_torso, named_variables
+from easyrl.models.flat import FlatVariables
 
 _SEED_HIGH = 2**31
 """Perturbation seeds are drawn uniformly from [0, _SEED_HIGH)."""

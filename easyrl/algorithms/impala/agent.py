@@ -35,7 +35,8 @@ from easyrl.algorithms.sampling import gumbel_max, gumbel_noise
 from easyrl.algorithms.unrolls import UnrollAccumulator
 from easyrl.envs.flat import action_mask_size, legal_actions, observation_parts
 from easyrl.errors import EasyRLError
-from easyrl.models import Dense, FlatVariables, build_torso, named_variables
+from easyrl.models import Dense, build_torso, named_variables
+from easyrl.models.flat import FlatVariables
 from easyrl.models.lstm import LSTMCore, recurrent_step, recurrent_unroll
 
 STAT_NAMES: tuple[str, ...] = ("policy_loss", "baseline_loss", "entropy", "rho_mean", "value_mean")

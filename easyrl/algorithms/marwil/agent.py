@@ -17,7 +17,8 @@ from easyrl.algorithms.contract import Flow, LearnStep
 from easyrl.algorithms.marwil.params import FLOW, Params
 from easyrl.algorithms.policy_nets import ObsNorm, PolicyNet, ValueNet
 from easyrl.errors import ConfigError
-from easyrl.models import FlatVariables, named_variables
+from easyrl.models import named_variables
+from easyrl.models.flat import FlatVariables
 
 STAT_NAMES: tuple[str, ...] = ("loss", "policy_loss", "value_loss", "adv_sq_mean")
 """Keys of the stats `loss` returns (`learn` adds `adv_norm`, the moving average)."""

@@ -30,7 +30,8 @@ from easyrl.algorithms.sampling import gumbel_max, gumbel_noise
 from easyrl.algorithms.unrolls import UnrollAccumulator
 from easyrl.envs.flat import action_mask_size, legal_actions, observation_parts
 from easyrl.errors import ConfigError, EasyRLError
-from easyrl.models import FlatVariables, named_variables
+from easyrl.models import named_variables
+from easyrl.models.flat import FlatVariables
 
 STAT_NAMES: tuple[str, ...] = ("policy_loss", "value_loss", "entropy", "approx_kl", "clip_frac")
 """Keys of the stats `learn_round` yields with every minibatch gradient."""

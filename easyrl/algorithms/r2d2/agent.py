@@ -13,7 +13,8 @@ from easyrl.algorithms.r2d2.params import FLOW, Params, replay_spec
 from easyrl.algorithms.unrolls import UnrollAccumulator
 from easyrl.envs.flat import observation_parts
 from easyrl.errors import ConfigError, EasyRLError
-from easyrl.models import FlatVariables, named_variables
+from easyrl.models import named_variables
+from easyrl.models.flat import FlatVariables
 from easyrl.models.lstm import recurrent_step
 
 STAT_NAMES: tuple[str, ...] = ("q_mean", "td_abs_mean")

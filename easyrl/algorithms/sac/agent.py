@@ -34,7 +34,8 @@ from easyrl.algorithms.continuous.actor_critic import (
 from easyrl.algorithms.contract import Flow, LearnStep
 from easyrl.algorithms.sac.params import FLOW, Params
 from easyrl.errors import ConfigError
-from easyrl.models import Dense, FlatVariables, build_torso, named_variables
+from easyrl.models import Dense, build_torso, named_variables
+from easyrl.models.flat import FlatVariables
 
 LOG_STD_MIN = -5.0
 """Lower end of the policy's log standard deviation."""

@@ -27,7 +27,8 @@ from easyrl.algorithms.continuous.actor_critic import (
 from easyrl.algorithms.contract import Flow, LearnStep
 from easyrl.algorithms.td3.params import FLOW, actor_noise_scale
 from easyrl.errors import ConfigError
-from easyrl.models import Dense, FlatVariables, build_torso, named_variables
+from easyrl.models import Dense, build_torso, named_variables
+from easyrl.models.flat import FlatVariables
 
 
 class DeterministicActor(tf.Module):

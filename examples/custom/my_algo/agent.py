@@ -5,7 +5,8 @@ import tensorflow as tf
 
 from easyrl.algorithms.agent_parts import flat_gradients
 from easyrl.algorithms.contract import Batch, LearnStep
-from easyrl.models import Dense, FlatVariables, build_torso, named_variables
+from easyrl.models import Dense, build_torso, named_variables
+from easyrl.models.flat import FlatVariables
 from my_algo.params import FLOW, Params
 
 
