@@ -370,8 +370,8 @@ def _load_export(path: Path) -> Policy:
 
 
 class EpisodePlayer:
-    """`policy.predict` over a vector of envs, for `easyrl.envs.evaluation.play_episodes`: it carries a
-    recurrent policy's state per env and restarts it where `end_episodes` says an episode
+    """`policy.predict` over a vector of envs, for `easyrl.envs.evaluation.play_episodes`: it
+    carries a recurrent policy's state per env and restarts it where `end_episodes` says an episode
     ended (same-step autoreset: the next observation starts a new one). `easyrl rollout`
     plays with it."""
 

@@ -1,4 +1,15 @@
-"""Actor-side unroll collection shared by the IMPALA, PPO and R2D2 collectors (numpy only).
+"""Actor-side unroll collection shared by the IMPALA, PPO and R2D2 collectors (numpy only):
+the one `SequenceCollector` they derive from, and the `UnrollAccumulator` it keeps its steps
+in.
+
+A `SequenceCollector` does what every sequence agent's collector does: checks the inputs,
+carries the recurrent state per env (empty for a feed-forward policy), records the columns of
+each step and hands out the batch when an unroll completes. An agent gives three hooks:
+`step(obs, state, first, rng) -> (env actions, columns to record, next state or None)` (its
+policy's step), `outcome(...)` (the columns of a step's result; default reward and
+discount = gamma * (1 - done)) and `finish(next_obs, real_next_obs)` (the batch; default
+every column batch-major, the observations with the bootstrap one, and the recurrent
+columns).
 
 An `UnrollAccumulator` keeps, for N envs stepping together:
 - the recurrent state per env (`state` `[N, S]`, S = 0 for a feed-forward policy) and the
@@ -20,7 +31,11 @@ from collections.abc import Mapping
 
 import numpy as np
 
+from easyrl.envs.flat import legal_actions
 from easyrl.errors import EasyRLError
+
+Columns = Mapping[str, tuple[tuple[int, ...], np.dtype | type]]
+"""Per-step columns: name -> (shape of one env's value, dtype)."""
 
 
 class UnrollAccumulator:
@@ -42,7 +57,7 @@ class UnrollAccumulator:
         self,
         num_envs: int,
         length: int,
-        columns: Mapping[str, tuple[tuple[int, ...], np.dtype | type]],
+        columns: Columns,
         state_size: int = 0,
         period: int | None = None,
     ):
@@ -58,6 +73,8 @@ class UnrollAccumulator:
         self._buffers = {
             name: np.zeros((length, n, *shape), dtype) for name, (shape, dtype) in columns.items()
         }
+        self.columns = list(columns)
+        """The column names, in the order given."""
         self._firsts = np.zeros((length, n), np.float32)
         self._states = np.zeros((length, n, state_size), np.float32)  # at unroll starts
         self.state = np.zeros((n, state_size), np.float32)
@@ -162,3 +179,153 @@ def _batch_major(buffer: np.ndarray, start: int, bootstrap: np.ndarray | None) -
     if bootstrap is not None:
         out[:, length] = bootstrap
     return out
+
+
+class SequenceCollector:
+    """An actor's collector for a sequence agent (module docstring): `act(obs, rng)`, then
+    `observe(...)`, repeated; the `observe` that completes an unroll returns its batch.
+    Episodes continue across unrolls (`resets_envs = False`); each unroll carries the state
+    before its step 0 and its episode-start flags (`UnrollAccumulator`).
+
+    Args:
+        num_envs: envs in the vector env.
+        length: T, steps per unroll.
+        columns: the columns `step` and `outcome` record besides "obs".
+        obs_shape: one env's observation shape; obs_dtype: its dtype.
+        gamma: the discount of the default `outcome`.
+        state_size: width of the policy's recurrent state per env (0: feed-forward).
+        period: steps between the starts of two unrolls (default T: back to back).
+        mask_size: trailing action-mask features of an observation (0: none); `act`
+            refuses an observation whose mask allows no action.
+
+    Raises:
+        EasyRLError: `num_envs`, `length` or `period` out of range.
+    """
+
+    resets_envs = False
+    """Episodes continue across unrolls: the runtime never resets the envs for a new one."""
+    last_action_logp: np.ndarray | None = None
+    """Behaviour log-probabilities `[N]` of the last `act` (None: the unrolls carry what
+    replaces them, e.g. IMPALA's logits)."""
+
+    def __init__(
+        self,
+        num_envs: int,
+        length: int,
+        columns: Columns,
+        obs_shape: tuple[int, ...],
+        obs_dtype,
+        gamma: float = 1.0,
+        state_size: int = 0,
+        period: int | None = None,
+        mask_size: int = 0,
+    ):
+        self.num_envs = num_envs
+        self.obs_shape, self.obs_dtype = tuple(obs_shape), obs_dtype
+        self.gamma, self.state_size, self.mask_size = gamma, state_size, mask_size
+        every = {"obs": (self.obs_shape, obs_dtype), **columns}
+        self.steps = UnrollAccumulator(num_envs, length, every, state_size, period)
+
+    # --- the protocol ---------------------------------------------------------------
+
+    def act(self, obs: np.ndarray, rng: np.random.Generator | None = None) -> np.ndarray:
+        """The env actions for `obs` `[N, *obs_shape]`, drawn with `rng` (None: the
+        collector's own, where it has one); records the step.
+
+        Raises:
+            EasyRLError: `act` was already called for this step, `obs` has a wrong shape, or
+                an observation's action mask has no legal action.
+        """
+        steps = self.steps
+        steps.expect_act()
+        obs = self.checked_obs("obs", obs)
+        if self.mask_size:
+            legal_actions(obs, self.mask_size)  # raises when a row has none
+        state = steps.state if self.state_size else None
+        actions, columns, next_state = self.step(obs, state, steps.first, rng)
+        steps.record_act(next_state, obs=obs, **columns)
+        return actions
+
+    def observe(
+        self,
+        rewards: np.ndarray,
+        next_obs: np.ndarray,
+        real_next_obs: np.ndarray,
+        terminated: np.ndarray,
+        truncated: np.ndarray,
+    ) -> dict[str, np.ndarray] | None:
+        """Records the outcome of the step `act` chose; returns the batch (`finish`) when an
+        unroll ends with it, else None.
+
+        Args:
+            rewards: `[N]`.
+            next_obs: what the vector env returned (reset rows for done envs): the next
+                step's observation, and the bootstrap one after an unroll's last step.
+            real_next_obs: the true successors (final observation for done envs).
+            terminated: `[N]` bool.
+            truncated: `[N]` bool.
+
+        Raises:
+            EasyRLError: no `act` preceded this call, or an argument has a wrong shape.
+        """
+        steps = self.steps
+        steps.expect_observe()
+        n = self.num_envs
+        rewards = np.asarray(rewards, np.float32).reshape(-1)
+        terminated = np.asarray(terminated, bool).reshape(-1)
+        truncated = np.asarray(truncated, bool).reshape(-1)
+        if any(len(x) != n for x in (rewards, terminated, truncated)):
+            raise EasyRLError(f"observe needs {n} rows per argument")
+        next_obs = self.checked_obs("next_obs", next_obs)
+        outcome = self.outcome(rewards, terminated, truncated, real_next_obs)
+        if not steps.record_outcome(terminated | truncated, **outcome):
+            return None
+        return self.finish(next_obs, real_next_obs)
+
+    def checked_obs(self, name: str, obs) -> np.ndarray:
+        """`obs` as `[N, *obs_shape]` in the observations' dtype, or EasyRLError."""
+        obs = np.asarray(obs, self.obs_dtype)
+        if obs.shape != (self.num_envs, *self.obs_shape):
+            expected = [self.num_envs, *self.obs_shape]
+            raise EasyRLError(f"{name} must be {expected}, got {list(obs.shape)}")
+        return obs
+
+    # --- the agent's hooks ----------------------------------------------------------
+
+    def step(
+        self,
+        obs: np.ndarray,
+        state: np.ndarray | None,
+        first: np.ndarray,
+        rng: np.random.Generator | None,
+    ) -> tuple[np.ndarray, dict[str, np.ndarray], np.ndarray | None]:
+        """The policy's step: (env actions, the columns to record `[N, ...]` each, the
+        state after the step `[N, S]` or None without one), from observations `obs`, the
+        state before the step `state` (None: feed-forward) and the episode-start flags
+        `first` `[N]` (the policy resets its state where they are 1)."""
+        raise NotImplementedError
+
+    def outcome(
+        self,
+        reward: np.ndarray,
+        terminated: np.ndarray,
+        truncated: np.ndarray,
+        real_next_obs: np.ndarray,
+    ) -> dict[str, np.ndarray]:
+        """The columns of a step's result: reward, and discount = gamma * (1 - done) (an
+        episode end of either kind is not bootstrapped)."""
+        done = terminated | truncated
+        return {"reward": reward, "discount": (self.gamma * (1.0 - done)).astype(np.float32)}
+
+    def finish(self, next_obs: np.ndarray, real_next_obs: np.ndarray) -> dict[str, np.ndarray]:
+        """The batch of the unroll that just ended: every column batch-major `[N, T, ...]`,
+        "obs" `[N, T + 1, ...]` with `next_obs` as the bootstrap step, and with a recurrent
+        state "state" `[N, S]` and "first" `[N, T + 1]`."""
+        steps = self.steps
+        batch = {
+            name: steps.batch_major(name, bootstrap=next_obs if name == "obs" else None)
+            for name in steps.columns
+        }
+        if self.state_size:
+            batch.update(steps.recurrent(bootstrap=True))
+        return batch

@@ -66,14 +66,23 @@ class LSTMCore(tf.Module):
         hs, states = tf.scan(body, (xs, firsts), initializer=initial)
         return hs, states[-1]
 
-    def unroll_batch_major(self, xs: tf.Tensor, state: tf.Tensor, firsts: tf.Tensor) -> tf.Tensor:
+    def unroll_batch_major(
+        self, xs: tf.Tensor, state: tf.Tensor, firsts: tf.Tensor, burn_in: int = 0
+    ) -> tf.Tensor:
         """`unroll` for B sequences of T steps laid out batch-major and flat: `xs`
         `[B * T, in_dim]` (row b * T + t), `state` `[B, 2U]`, `firsts` `[B, T]`. Returns h
-        `[B * T, U]` in the same row order."""
+        `[B * T, U]` in the same row order. With `burn_in` > 0 the core first runs the
+        sequences' first `burn_in` steps without a gradient, only to warm its state up (R2D2),
+        and returns the outputs of the rest, `[B * (T - burn_in), U]`."""
         b, t = tf.shape(firsts)[0], tf.shape(firsts)[1]
         xs = tf.transpose(tf.reshape(xs, [b, t, self.in_dim]), [1, 0, 2])  # [T, B, in]
-        hs = self.unroll(xs, state, tf.transpose(firsts))  # [T, B, U]
-        return tf.reshape(tf.transpose(hs, [1, 0, 2]), [b * t, self.units])  # [B * T, U]
+        firsts = tf.transpose(firsts)  # [T, B]
+        if burn_in:
+            _, state = self.run(xs[:burn_in], state, firsts[:burn_in])
+            state = tf.stop_gradient(state)  # [B, 2U]
+            xs, firsts = xs[burn_in:], firsts[burn_in:]
+        hs = self.unroll(xs, state, firsts)  # [T - burn_in, B, U]
+        return tf.reshape(tf.transpose(hs, [1, 0, 2]), [-1, self.units])  # [B * (T - b), U]
 
 
 def recurrent_step(
@@ -90,9 +99,12 @@ def recurrent_step(
 
 
 def recurrent_unroll(
-    torso: Callable, core: LSTMCore, heads: Callable[[tf.Tensor], Any], x, state, first
-):
+    torso: Callable, core: LSTMCore, heads: Callable[[tf.Tensor], Any], x, state, first,
+    burn_in: int = 0,
+):  # fmt: skip
     """B sequences of T steps through torso -> `core` -> heads, batch-major and flat: `x` the
     torso's inputs `[B * T, ...]` (row b * T + t), `state` `[B, 2U]` before step 0, `first`
-    `[B, T]`. Returns heads(hs) of the core's outputs hs `[B * T, U]` (same row order)."""
-    return heads(core.unroll_batch_major(torso(x), state, first))
+    `[B, T]`. Returns heads(hs) of the core's outputs hs `[B * T, U]` (same row order); with
+    `burn_in`, of the steps after the first `burn_in`, which only warm the state up without
+    a gradient (`LSTMCore.unroll_batch_major`): `[B * (T - burn_in), U]`."""
+    return heads(core.unroll_batch_major(torso(x), state, first, burn_in))

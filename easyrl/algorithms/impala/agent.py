@@ -32,9 +32,8 @@ from easyrl.algorithms.contract import Flow, LearnStep
 from easyrl.algorithms.impala.params import FLOW, AgentParams, check_spaces, unroll_spec
 from easyrl.algorithms.masking import features, masked
 from easyrl.algorithms.sampling import gumbel_max, gumbel_noise
-from easyrl.algorithms.unrolls import UnrollAccumulator
-from easyrl.envs.flat import action_mask_size, legal_actions, observation_parts
-from easyrl.errors import EasyRLError
+from easyrl.algorithms.unrolls import SequenceCollector
+from easyrl.envs.flat import action_mask_size, observation_parts
 from easyrl.models import Dense, build_torso, named_variables
 from easyrl.models.flat import FlatVariables
 from easyrl.models.lstm import LSTMCore, recurrent_step, recurrent_unroll
@@ -314,15 +313,18 @@ class IMPALA(CompiledGreedy, NoTargetNetwork):
         )
 
 
-class UnrollCollector:
-    """Cuts the experience of `num_envs` envs into unrolls of T steps, one per env.
+class UnrollCollector(SequenceCollector):
+    """Cuts the experience of `num_envs` envs into unrolls of T steps, one per env
+    (`SequenceCollector`): every T-th `observe` returns the N unrolls. Unrolls continue
+    episodes across their boundaries: the bootstrap observation obs[:, T] of one unroll is
+    the first observation obs[:, 0] of the next one. A recurrent policy's state is carried
+    per env from zeros and reset where an episode starts.
 
-    Protocol: `act(obs, rng)`, then `observe(...)`, repeated; every T-th `observe` returns
-    the N unrolls. Unrolls continue episodes across their boundaries (`resets_envs = False`):
-    the bootstrap observation obs[:, T] of one unroll is the first observation obs[:, 0] of
-    the next one. A recurrent policy's state is carried per env from zeros (every env starts
-    an episode at the first step) and reset where an episode starts; each unroll carries its
-    state before step 0 and its episode-start flags.
+    The batch: the `replay_spec` columns batch-major: obs `[N, T + 1, ...]` (the space's
+    dtype), action `[N, T]` int64, logits `[N, T, A]`, reward and discount `[N, T]` float32,
+    discount = gamma * (1 - (terminated | truncated)) (an episode end of either kind is not
+    bootstrapped, see `easyrl.algorithms.impala`); a recurrent policy's also state `[N, 2U]`
+    and first `[N, T + 1]` float32.
 
     Args:
         algo: the actor's IMPALA (its variables hold the current weights).
@@ -333,112 +335,47 @@ class UnrollCollector:
         EasyRLError: `num_envs` is not positive.
     """
 
-    resets_envs = False
-    """Episodes continue across unrolls: the runtime never resets the envs for a new one."""
-
     def __init__(self, algo: IMPALA, num_envs: int, seed: int = 0):
         self.algo = algo
-        self.num_envs = num_envs
         self.unroll_length = algo.params.unroll_length
         self._rng = np.random.default_rng(seed)
         columns = {
-            "obs": (algo.obs_shape, algo.obs_dtype),
             "action": ((), np.int64),
             "logits": ((algo.num_actions,), np.float32),
             "reward": ((), np.float32),
             "discount": ((), np.float32),
         }
-        self._steps = UnrollAccumulator(num_envs, self.unroll_length, columns, algo.state_size)
+        super().__init__(
+            num_envs,
+            self.unroll_length,
+            columns,
+            algo.obs_shape,
+            algo.obs_dtype,
+            gamma=algo.params.gamma,
+            state_size=algo.state_size,
+            mask_size=algo.net.mask_size,
+        )
         self._unrolls = 0
-        # None: the unrolls carry the behaviour logits instead.
-        self.last_action_logp: np.ndarray | None = None
 
-    def act(self, obs: np.ndarray, rng: np.random.Generator | None = None) -> np.ndarray:
-        """Samples actions for `obs` `[N, *obs_shape]` and remembers obs, action and logits.
-
-        One compiled call gives the logits and the sample, Gumbel-max
+    def step(self, obs, state, first, rng):
+        """One compiled call gives the logits and the sample, Gumbel-max
         (`easyrl.algorithms.sampling`) with the noise drawn from `rng` (the collector's own
-        when None) and summed in float64.
-
-        Returns:
-            Actions `[N]` int64.
-
-        Raises:
-            EasyRLError: `act` was already called for this step, `obs` has a wrong shape, or
-                an observation's action mask has no legal action.
-        """
-        steps = self._steps
-        steps.expect_act()
-        obs = np.asarray(obs, self.algo.obs_dtype)
-        if obs.shape != (self.num_envs, *self.algo.obs_shape):
-            raise EasyRLError(
-                f"obs must be {[self.num_envs, *self.algo.obs_shape]}, got {list(obs.shape)}"
-            )
-        if self.algo.net.mask_size:
-            legal_actions(obs, self.algo.net.mask_size)  # raises when a row has none
+        when None) and summed in float64; actions `[N]` int64."""
         rng = self._rng if rng is None else rng
         noise = gumbel_noise(rng, (self.num_envs, self.algo.num_actions), np.float64)
-        state = None
-        if self.algo.state_size:
-            action, logits, state = self.algo._act(obs, noise, steps.state, steps.first)
-            state = state.numpy()
+        if state is not None:
+            action, logits, next_state = self.algo._act(obs, noise, state, first)
+            next_state = next_state.numpy()
         else:
             action, logits = self.algo._act(obs, noise)
+            next_state = None
         action = action.numpy()  # [N]
-        steps.record_act(state, obs=obs, action=action, logits=logits.numpy())
-        return action
+        return action, {"action": action, "logits": logits.numpy()}, next_state
 
-    def observe(
-        self,
-        rewards: np.ndarray,
-        next_obs: np.ndarray,
-        real_next_obs: np.ndarray,
-        terminated: np.ndarray,
-        truncated: np.ndarray,
-    ) -> dict[str, np.ndarray] | None:
-        """Stores the outcome of the step `act` chose; returns the N unrolls after T steps,
-        else None.
-
-        Args:
-            rewards: `[N]`.
-            next_obs: what the vector env returned, `[N, *obs_shape]` (reset rows for done
-                envs): the next step's observation, and the bootstrap one after step T.
-            real_next_obs: the true successors; unused, since an episode end of either kind
-                is not bootstrapped (see the module docstring of `easyrl.algorithms.impala`).
-            terminated: `[N]` bool.
-            truncated: `[N]` bool.
-
-        Returns:
-            None, or the `replay_spec` columns batch-major: obs `[N, T + 1, ...]` (the
-            space's dtype), action `[N, T]` int64, logits `[N, T, A]`, reward and discount
-            `[N, T]` float32, discount = gamma * (1 - (terminated | truncated)); a
-            recurrent policy's also state `[N, 2U]` and first `[N, T + 1]` float32.
-
-        Raises:
-            EasyRLError: no `act` preceded this call, or an argument has a wrong shape.
-        """
-        steps = self._steps
-        steps.expect_observe()
-        n = self.num_envs
-        rewards = np.asarray(rewards, np.float32).reshape(-1)
-        done = np.asarray(terminated, bool).reshape(-1) | np.asarray(truncated, bool).reshape(-1)
-        if len(rewards) != n or len(done) != n:
-            raise EasyRLError(f"observe needs {n} rows per argument")
-        next_obs = np.asarray(next_obs, self.algo.obs_dtype)
-        if next_obs.shape != (n, *self.algo.obs_shape):
-            raise EasyRLError(
-                f"next_obs must be {[n, *self.algo.obs_shape]}, got {list(next_obs.shape)}"
-            )
-        discount = self.algo.params.gamma * (1.0 - done.astype(np.float32))
-        if not steps.record_outcome(done, reward=rewards, discount=discount):
-            return None
-        batch = {"obs": steps.batch_major("obs", bootstrap=next_obs)}  # [N, T+1, ...]
-        for name in ("action", "logits", "reward", "discount"):
-            batch[name] = steps.batch_major(name)  # [N, T, ...]
-        if self.algo.state_size:
-            batch.update(steps.recurrent(bootstrap=True))  # state [N, 2U], first [N, T+1]
+    def finish(self, next_obs, real_next_obs):
+        """The N unrolls (class docstring); `real_next_obs` is unused (not bootstrapped)."""
         self._unrolls += 1
-        return batch
+        return super().finish(next_obs, real_next_obs)
 
     def stats(self) -> dict[str, float]:
         """Collector metrics for the actor's reports: `unrolls`, the unrolls completed."""

@@ -27,8 +27,8 @@ from easyrl.algorithms.contract import Flow, LearnStep
 from easyrl.algorithms.policy_nets import ObsNorm, PolicyNet, ValueNet
 from easyrl.algorithms.ppo.params import FLOW, Params, check_spaces, gae
 from easyrl.algorithms.sampling import gumbel_max, gumbel_noise
-from easyrl.algorithms.unrolls import UnrollAccumulator
-from easyrl.envs.flat import action_mask_size, legal_actions, observation_parts
+from easyrl.algorithms.unrolls import SequenceCollector
+from easyrl.envs.flat import action_mask_size, observation_parts
 from easyrl.errors import ConfigError, EasyRLError
 from easyrl.models import named_variables
 from easyrl.models.flat import FlatVariables
@@ -315,13 +315,19 @@ class PPO(CompiledGreedy):
         return flatten(grads, self.params.grad_clip), stats
 
 
-class RolloutCollector:
+class RolloutCollector(SequenceCollector):
     """Collects one round of `rollout_length` vector steps on an actor and turns it into the
-    round batch (GAE advantages and value targets).
+    round batch (GAE advantages and value targets): `SequenceCollector`'s protocol per round,
+    `start_round()`, then `rollout_length` times `act(obs, rng)` and `observe(...)`; the last
+    `observe` returns the batch. The envs are not reset between rounds: the next round
+    continues the same episodes.
 
-    Protocol per round: `start_round()`, then `rollout_length` times `act(obs, rng)` and
-    `observe(...)`; the last `observe` returns the batch. The envs are not reset between
-    rounds (`resets_envs = False`): the next round continues the same episodes.
+    The batch: the `replay_spec` columns flattened time-major to
+    `[rollout_length * num_envs, ...]` (item `t * N + i` is step t of env i), or per-env
+    sequences `[N, T, ...]` with a recurrent policy. Bootstraps: V(next state) is the next
+    `act`'s value, except V(real_next_obs) for truncated rows and for the round's last step;
+    0 for terminated rows. The env action is `[N]` int64, or `[N, A]` float32 clipped to the
+    bounds (the stored action and its log-prob are the unclipped sample).
 
     Args:
         algo: the actor's PPO (its variables hold the round's weights).
@@ -329,16 +335,12 @@ class RolloutCollector:
         seed: seed of the collector's own rng, used when `act` gets no rng.
     """
 
-    resets_envs = False
-
     def __init__(self, algo: PPO, num_envs: int, seed: int = 0):
         self.algo = algo
-        self.num_envs = num_envs
         self.rollout_length = algo.params.rollout_length
         self._rng = np.random.default_rng(seed)
         action = ((), np.int64) if algo.discrete else ((algo.action_dim,), np.float32)
         columns = {
-            "obs": ((algo.obs_dim,), np.float32),
             "action": action,
             "logp": ((), np.float32),
             "value": ((), np.float32),
@@ -347,9 +349,15 @@ class RolloutCollector:
             "truncated": ((), bool),
             "truncated_value": ((), np.float32),  # V(final obs) of truncated rows
         }
-        self._steps = UnrollAccumulator(num_envs, self.rollout_length, columns, algo.state_size)
-        # Behaviour log-probs of the last `act`, for recording.
-        self.last_action_logp: np.ndarray | None = None
+        super().__init__(
+            num_envs,
+            self.rollout_length,
+            columns,
+            (algo.obs_dim,),
+            np.float32,
+            state_size=algo.state_size,
+            mask_size=algo.mask_size,
+        )
         self.start_round()
 
     def start_round(self, share: int | None = None) -> None:
@@ -360,104 +368,59 @@ class RolloutCollector:
         expected = self.num_envs if self.algo.state_size else steps  # sequences, or steps
         if share is not None and share != expected:
             raise EasyRLError(f"PPO collects {expected} items per round, asked for {share}")
-        self._steps.clear()
+        self.steps.clear()
 
-    def act(self, obs: np.ndarray, rng: np.random.Generator | None = None) -> np.ndarray:
-        """Samples actions for `obs` `[N, obs]` with one compiled call and remembers them.
-
-        The sampling noise is drawn from `rng` (the collector's own when None), so acting
-        is reproducible. Returns the env action: `[N]` int64, or `[N, A]` float32 clipped to
-        the bounds (the stored action and its log-prob are the unclipped sample).
-
-        Raises:
-            EasyRLError: `act` was already called for this step, `obs` has a wrong shape, or
-                an observation's action mask has no legal action.
-        """
-        steps = self._steps
-        steps.expect_act()
-        obs = np.asarray(obs, np.float32)
-        if obs.shape != (self.num_envs, self.algo.obs_dim):
-            raise EasyRLError(
-                f"obs must be [{self.num_envs}, {self.algo.obs_dim}], got {obs.shape}"
-            )
-        if self.algo.mask_size:
-            legal_actions(obs, self.algo.mask_size)  # raises when a row has none
+    def step(self, obs, state, first, rng):
+        """Samples actions with one compiled call, the noise drawn from `rng` (the
+        collector's own when None), so acting is reproducible."""
         rng = self._rng if rng is None else rng
         shape = (self.num_envs, self.algo.action_dim)
         if self.algo.discrete:
             noise = gumbel_noise(rng, shape, np.float32)
         else:
             noise = rng.standard_normal(shape).astype(np.float32)
-        state = None
-        if self.algo.state_size:
-            action, logp, value, state = self.algo._act(obs, noise, steps.state, steps.first)
-            state = state.numpy()
+        next_state = None
+        if state is not None:
+            action, logp, value, next_state = self.algo._act(obs, noise, state, first)
+            next_state = next_state.numpy()
         else:
             action, logp, value = self.algo._act(obs, noise)
         action, self.last_action_logp = action.numpy(), logp.numpy()
-        columns = {"obs": obs, "action": action, "logp": self.last_action_logp}
-        steps.record_act(state, **columns, value=value.numpy())
-        if self.algo.discrete:
-            return action
-        space = self.algo.action_space
-        return np.clip(action, space.low, space.high).astype(np.float32)
+        columns = {"action": action, "logp": self.last_action_logp, "value": value.numpy()}
+        if not self.algo.discrete:
+            space = self.algo.action_space
+            action = np.clip(action, space.low, space.high).astype(np.float32)
+        return action, columns, next_state
 
-    def observe(
-        self,
-        rewards: np.ndarray,
-        next_obs: np.ndarray,
-        real_next_obs: np.ndarray,
-        terminated: np.ndarray,
-        truncated: np.ndarray,
-    ) -> dict[str, np.ndarray] | None:
-        """Stores the outcome of the step `act` chose; returns the round batch after
-        `rollout_length` steps, else None.
-
-        Args:
-            rewards: `[N]`.
-            next_obs: what the vector env returned, `[N, obs]` (reset rows for done envs).
-            real_next_obs: the true successors, `[N, obs]` (final observation for done envs).
-            terminated: `[N]` bool.
-            truncated: `[N]` bool.
-
-        Returns:
-            None, or the `replay_spec` columns flattened time-major to
-            `[rollout_length * num_envs, ...]` (item `t * N + i` is step t of env i).
-            Bootstraps: V(next state) is the next `act`'s value, except V(real_next_obs) for
-            truncated rows and for the round's last step; 0 for terminated rows.
-
-        Raises:
-            EasyRLError: no `act` preceded this call, or an argument has a wrong shape.
-        """
-        steps = self._steps
-        steps.expect_observe()
-        n = self.num_envs
-        rewards = np.asarray(rewards, np.float32).reshape(-1)
-        terminated = np.asarray(terminated, bool).reshape(-1)
-        truncated = np.asarray(truncated, bool).reshape(-1)
+    def outcome(self, reward, terminated, truncated, real_next_obs):
+        """reward, terminated, truncated and V(real_next_obs) of the truncated rows (0
+        elsewhere, and on the round's last step, which `finish` bootstraps whole)."""
+        n, steps = self.num_envs, self.steps
         real_next_obs = np.asarray(real_next_obs, np.float32)
-        if any(len(x) != n for x in (rewards, terminated, truncated, real_next_obs)):
-            raise EasyRLError(f"observe needs {n} rows per argument")
-        if real_next_obs.shape != (n, self.algo.obs_dim) or np.shape(next_obs)[0] != n:
+        if real_next_obs.shape != (n, self.algo.obs_dim):
             raise EasyRLError(f"observations must be [{n}, {self.algo.obs_dim}]")
-        state = steps.state if self.algo.state_size else None  # after this step, not reset
         truncated_value = np.zeros(n, np.float32)
         if steps.row < self.rollout_length - 1:  # the last step bootstraps all rows below
             rows = np.flatnonzero(truncated & ~terminated)
             if rows.size:
-                rows_state = state[rows] if state is not None else None
-                truncated_value[rows] = self.algo.value(real_next_obs[rows], rows_state)
-        outcome = {"reward": rewards, "terminated": terminated, "truncated": truncated}
-        if not steps.record_outcome(
-            terminated | truncated, **outcome, truncated_value=truncated_value
-        ):
-            return None
-        return self._round_batch(self.algo.value(real_next_obs, state))
+                state = steps.state[rows] if self.algo.state_size else None  # not reset
+                truncated_value[rows] = self.algo.value(real_next_obs[rows], state)
+        return {
+            "reward": reward,
+            "terminated": terminated,
+            "truncated": truncated,
+            "truncated_value": truncated_value,
+        }
+
+    def finish(self, next_obs, real_next_obs):
+        """The round batch (class docstring)."""
+        state = self.steps.state if self.algo.state_size else None  # after the step, not reset
+        return self._round_batch(self.algo.value(np.asarray(real_next_obs, np.float32), state))
 
     def _round_batch(self, last_value: np.ndarray) -> dict[str, np.ndarray]:
-        """The round batch (see `observe`) of the completed round, whose last step's
+        """The round batch (class docstring) of the completed round, whose last step's
         successors have the values `last_value` `[N]`."""
-        steps = self._steps
+        steps = self.steps
         value = steps.time_major("value")  # [T, N]
         terminated, truncated = steps.time_major("terminated"), steps.time_major("truncated")
         # Last step: real_next_obs equals next_obs except on done rows, where it is the

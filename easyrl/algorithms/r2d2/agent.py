@@ -5,17 +5,17 @@ import gymnasium as gym
 import numpy as np
 import tensorflow as tf
 
+from easyrl.algorithms import unrolls
 from easyrl.algorithms.agent_parts import CompiledGreedy, checked_columns, compiled, flat_gradients
 from easyrl.algorithms.contract import Flow, LearnStep
 from easyrl.algorithms.dqn.agent import QNetwork, epsilon_greedy
 from easyrl.algorithms.dqn.params import actor_epsilon
 from easyrl.algorithms.r2d2.params import FLOW, Params, replay_spec
-from easyrl.algorithms.unrolls import UnrollAccumulator
 from easyrl.envs.flat import observation_parts
-from easyrl.errors import ConfigError, EasyRLError
+from easyrl.errors import ConfigError
 from easyrl.models import named_variables
 from easyrl.models.flat import FlatVariables
-from easyrl.models.lstm import recurrent_step
+from easyrl.models.lstm import recurrent_step, recurrent_unroll
 
 STAT_NAMES: tuple[str, ...] = ("q_mean", "td_abs_mean")
 """Keys of the stats `R2D2.learn` returns beside `loss`."""
@@ -160,20 +160,16 @@ class R2D2(CompiledGreedy):
 
     def _unroll(self, net: QNetwork, obs, state, first):
         """Q values of the learning steps x_burn..x_T of B sequences, time-major
-        `[L + 1, B, A]`: the core runs from the stored `state` over the burn-in without a
-        gradient, then over the rest."""
+        `[L + 1, B, A]`: the shared unroll (`recurrent_unroll`) runs the core from the stored
+        `state` over the burn-in without a gradient, then over the rest."""
         core, burn = net.core, self.params.burn_in
         assert core is not None
-        steps = self.params.sequence_length + 1
-        h = net.torso(tf.reshape(obs, [-1, *self.obs_shape]))  # [B * (T+1), H]
-        h = tf.transpose(tf.reshape(h, [-1, steps, h.shape[-1]]), [1, 0, 2])  # [T+1, B, H]
-        firsts = tf.transpose(first)  # [T+1, B]
-        if burn:
-            _, state = core.run(h[:burn], state, firsts[:burn])
-            state = tf.stop_gradient(state)  # [B, 2U]
-        hs, _ = core.run(h[burn:], state, firsts[burn:])  # [L+1, B, U]
-        q = net.heads(tf.reshape(hs, [-1, core.units]))[:, :, 0]  # [(L+1) * B, A]
-        return tf.reshape(q, [steps - burn, -1, self.num_actions])  # [L+1, B, A]
+        x = tf.reshape(obs, [-1, *self.obs_shape])  # [B * (T+1), ...]
+        q = recurrent_unroll(
+            net.torso, core, lambda h: net.heads(h)[:, :, 0], x, state, first, burn
+        )  # [B * (L+1), A]
+        steps = self.params.sequence_length + 1 - burn
+        return tf.transpose(tf.reshape(q, [-1, steps, self.num_actions]), [1, 0, 2])
 
     def _td(self, target: QNetwork, obs, action, reward, discount, state, first):
         """(td `[L, B]` of the learning steps, Q(x_t, a_t) `[L, B]`), bootstrapping from
@@ -220,82 +216,57 @@ class R2D2(CompiledGreedy):
         )
 
 
-class SequenceCollector:
-    """An actor's side of R2D2 for `num_envs` envs: Ape-X epsilon-greedy acting (actor
-    `actor_index` of `num_actors`) with the LSTM state carried per env, and overlapping
-    sequences of T steps, one per env every `period` steps once T steps are in.
-
-    Each sequence carries the state the actor held before its first step (before the reset
-    of `first[0]`) and its episode-start flags, as IMPALA's unrolls do. Protocol per vector
-    step: `act(obs, rng)`, then `observe(...)`.
+class SequenceCollector(unrolls.SequenceCollector):
+    """An actor's side of R2D2 for `num_envs` envs (`unrolls.SequenceCollector`): Ape-X
+    epsilon-greedy acting (actor `actor_index` of `num_actors`) with the LSTM state carried
+    per env, and overlapping sequences of T steps, one per env every `period` steps once T
+    steps are in: obs `[N, T + 1, ...]`, action `[N, T]`, reward and discount `[N, T]`
+    (discount = gamma * (1 - done): an episode end is not bootstrapped, see
+    `easyrl.algorithms.r2d2`), state `[N, 2U]` and first `[N, T + 1]`.
     """
 
     def __init__(self, agent: R2D2, num_envs: int, actor_index: int = 0, num_actors: int = 1):
-        self.agent, self.num_envs = agent, num_envs
+        self.agent = agent
         self.actor_index, self.num_actors = actor_index, num_actors
         p = agent.params
         self.length = p.sequence_length
         columns = {
-            "obs": (agent.obs_shape, agent.obs_dtype),
             "action": ((), np.int64),
             "reward": ((), np.float32),
             "discount": ((), np.float32),
         }
-        self._steps = UnrollAccumulator(
-            num_envs, self.length, columns, agent.state_size, period=p.period
+        super().__init__(
+            num_envs,
+            self.length,
+            columns,
+            agent.obs_shape,
+            agent.obs_dtype,
+            gamma=p.gamma,
+            state_size=agent.state_size,
+            period=p.period,
         )
         self.env_steps = 0
         self.sequences = 0
         self.epsilon = actor_epsilon(p, actor_index, num_actors, 0)
-        self.last_action_logp: np.ndarray | None = None
 
-    def act(self, obs: np.ndarray, rng: np.random.Generator) -> np.ndarray:
-        """Epsilon-greedy actions `[N]` for `obs` `[N, ...]`; remembers the step.
-
-        Raises:
-            EasyRLError: `act` was already called for this step, or `obs` has a wrong shape.
-        """
-        steps = self._steps
-        steps.expect_act()
-        obs = np.asarray(obs, self.agent.obs_dtype)
-        if obs.shape != (self.num_envs, *self.agent.obs_shape):
-            raise EasyRLError(
-                f"obs must be {[self.num_envs, *self.agent.obs_shape]}, got {list(obs.shape)}"
-            )
+    def step(self, obs, state, first, rng):
+        """Epsilon-greedy actions `[N]` at this actor's current epsilon."""
         p = self.agent.params
         self.epsilon = actor_epsilon(p, self.actor_index, self.num_actors, self.env_steps)
-        greedy, state = self.agent.greedy_step(obs, steps.state, steps.first)
-        actions, self.last_action_logp = epsilon_greedy(
-            greedy, self.epsilon, self.agent.num_actions, rng
-        )
-        steps.record_act(state, obs=obs, action=actions)
-        return actions
+        greedy, next_state = self.agent.greedy_step(obs, self.steps.state, first)  # recurrent
+        actions, logp = epsilon_greedy(greedy, self.epsilon, self.agent.num_actions, rng)
+        self.last_action_logp: np.ndarray | None = logp
+        return actions, {"action": actions}, next_state
 
-    def observe(self, rewards, next_obs, real_next_obs, terminated, truncated) -> dict | None:
-        """Stores the step's outcome; returns the N sequences that end with it (every
-        `period` steps once T are in), else None. `real_next_obs` is unused: an episode end
-        is not bootstrapped (see `easyrl.algorithms.r2d2`).
-
-        Raises:
-            EasyRLError: called without a preceding `act`.
-        """
-        steps = self._steps
-        steps.expect_observe()
-        done = np.asarray(terminated, bool).reshape(-1) | np.asarray(truncated, bool).reshape(-1)
-        reward = np.asarray(rewards, np.float32).reshape(-1)
-        discount = self.agent.params.gamma * (1.0 - done)
+    def outcome(self, reward, terminated, truncated, real_next_obs):
+        """Counts the env steps (epsilon's clock), then the default reward and discount."""
         self.env_steps += self.num_envs
-        if not steps.record_outcome(done, reward=reward, discount=discount):
-            return None
+        return super().outcome(reward, terminated, truncated, real_next_obs)
+
+    def finish(self, next_obs, real_next_obs):
+        """The N sequences that end with this step (class docstring)."""
         self.sequences += self.num_envs
-        next_obs = np.asarray(next_obs, self.agent.obs_dtype)
-        return {
-            "obs": steps.batch_major("obs", bootstrap=next_obs),  # [N, T+1, ...]
-            "action": steps.batch_major("action"),  # [N, T]
-            "reward": steps.batch_major("reward"),
-            "discount": steps.batch_major("discount"),
-            **steps.recurrent(bootstrap=True),  # state [N, 2U], first [N, T+1]
-        }
+        return super().finish(next_obs, real_next_obs)
 
     def stats(self) -> dict[str, float]:
         """The current exploration rate and the sequences shipped."""
