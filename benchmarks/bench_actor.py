@@ -53,9 +53,12 @@ from pathlib import Path
 os.environ["TF_CPP_MIN_LOG_LEVEL"] = "2"
 os.environ["CUDA_VISIBLE_DEVICES"] = "-1"
 
-import common  # noqa: E402
 import numpy as np  # noqa: E402
+import procs  # noqa: E402
+import report  # noqa: E402
+import timing  # noqa: E402
 import yaml  # noqa: E402
+from servers import Cluster, client, write_config  # noqa: E402
 
 from easyrl.algorithms.nstep import PRIORITY  # noqa: E402
 from easyrl.transport import codec  # noqa: E402
@@ -64,7 +67,7 @@ from easyrl.transport import easyrl_pb2 as pb  # noqa: E402
 SMOKE_LINE = r"^min actor/plain: \d"
 """The line a `--smoke` run must print (tests/test_benchmarks.py)."""
 
-CONFIG = common.REPO / "configs" / "cartpole_apex.yaml"
+CONFIG = report.REPO / "configs" / "cartpole_apex.yaml"
 VECTORS = ("sync", "async", "envpool")
 """`--vector` kinds; "async/N" is async with `env.envs_per_worker` N."""
 
@@ -104,7 +107,7 @@ def raw_config(config: Path, num_envs: int, capacity: int | None, vector: str | 
     return raw
 
 
-def plain_loop(cfg, algo, duration_s: float, post: bool) -> common.Rate:
+def plain_loop(cfg, algo, duration_s: float, post: bool) -> timing.Rate:
     """Steps `cfg.env.num_envs` envs for `duration_s` (after a warm-up): with `post`, through
     the algorithm's collector and the encoding of each shipment, as an actor does (without
     gRPC); without, greedy actions from one inference call per vector step and env.step only.
@@ -156,21 +159,21 @@ def plain_loop(cfg, algo, duration_s: float, post: bool) -> common.Rate:
         return n, 0
 
     try:
-        return common.measure(vector_step, duration_s, warmup_s=0.5, cpu_label="bench")
+        return timing.measure(vector_step, duration_s, warmup_s=0.5, cpu_label="bench")
     finally:
         env.close()
 
 
-def merge(a: common.Rate, b: common.Rate) -> common.Rate:
+def merge(a: timing.Rate, b: timing.Rate) -> timing.Rate:
     """Two measurements of the same thing as one."""
     cpu = None if a.cpu_seconds is None or b.cpu_seconds is None else a.cpu_seconds + b.cpu_seconds
-    return common.Rate(
+    return timing.Rate(
         a.calls + b.calls, a.seconds + b.seconds, a.units + b.units, 0, a.windows + b.windows, cpu
     )
 
 
 class StepsWatcher:
-    """Polls PS shard 0's Status; records (time, env_steps, `common.cpu_by_process()`)
+    """Polls PS shard 0's Status; records (time, env_steps, `procs.cpu_by_process()`)
     whenever env_steps changes."""
 
     def __init__(self, client, poll_s: float = 0.02):
@@ -188,7 +191,7 @@ class StepsWatcher:
             now = time.perf_counter()
             steps = reply.counters.get("env_steps", 0.0)
             if steps != self._last:
-                self.changes.append((now, steps, common.cpu_by_process()))
+                self.changes.append((now, steps, procs.cpu_by_process()))
                 self._last = steps
                 self.stats = dict(reply.counters)
             self._stop.wait(self.poll_s)
@@ -219,8 +222,8 @@ def run_actor(cluster, local, cfg_path: Path, num_envs: int, vector: str, algo, 
     from easyrl.roles.common import RoleContext, StopSignal
 
     spec = local.spec
-    ps0 = common.client("ps", spec.ps[0], cluster.token)
-    memory = common.client("memory", spec.memory[0], cluster.token)
+    ps0 = client("ps", spec.ps[0], cluster.token)
+    memory = client("memory", spec.memory[0], cluster.token)
     inserts_before = memory.call("Status", pb.StatusRequest()).counters.get("memory/0/inserts", 0.0)
     watcher = StepsWatcher(ps0).start()
     kind, per_worker = vector_kind(vector)
@@ -276,11 +279,11 @@ def run_actor(cluster, local, cfg_path: Path, num_envs: int, vector: str, algo, 
     ]
     # The actor's CPU: its process and the env subprocesses it started (in-process: this
     # process, whose other threads only wait or poll Status), not the PS and memory shard.
-    used = common.cpu_used(cpu0, cpu1)
+    used = procs.cpu_used(cpu0, cpu1)
     cpu = used.get("actor-0" if args.actor_process else "bench", 0.0)
     servers = sum(v for k, v in used.items() if k.startswith(("ps-", "memory-")))
     return {
-        "rate": common.Rate(steps, t1 - t0, steps, 0, intervals, cpu),
+        "rate": timing.Rate(steps, t1 - t0, steps, 0, intervals, cpu),
         "servers_cores": servers / (t1 - t0),
         "inserted": inserts_after - inserts_before,
         "rate_limited": stats.get("actor/rate_limited", 0.0),
@@ -313,7 +316,7 @@ def main() -> None:
         action="store_true",
         help="run the actor as an `easyrl run --role actor` process (default: in-process)",
     )
-    args = common.parse_args(parser, tuned_malloc=False)
+    args = report.parse_args(parser, tuned_malloc=False)
     if args.smoke:  # seconds, tiny sizes, same processes (tests/test_benchmarks.py)
         args.num_envs, args.duration = "2", 0.3
     sizes = [int(x) for x in args.num_envs.split(",")]
@@ -325,12 +328,12 @@ def main() -> None:
             except ValueError as err:
                 parser.error(f"--vector: {err}")
 
-    started, load_before = time.monotonic(), common.load_average()
+    started, load_before = time.monotonic(), report.load_average()
     from easyrl import config as config_lib
 
-    with common.Cluster() as cluster:
+    with Cluster() as cluster:
         raw = raw_config(args.config.resolve(), sizes[0], args.capacity, vectors[0])
-        cfg_path = common.write_config(raw, cluster.run_dir, "actor.yaml")
+        cfg_path = write_config(raw, cluster.run_dir, "actor.yaml")
         local = cluster.start_cli(cfg_path, num_ps=1, num_memory=1, wait=False)
         import tensorflow as tf
 
@@ -412,7 +415,7 @@ def main() -> None:
                 int(actor["inserted"]),
             ]
         )
-    table = common.markdown_table(
+    table = report.markdown_table(
         [
             "num_envs",
             "vector",
@@ -441,7 +444,7 @@ def main() -> None:
     notes = [
         f"Env {cfg.env.id}"
         + (f" (Atari preprocessing {raw['env']['atari']})" if cfg.env.atari else "")
-        + f", network and `act` from `{config.relative_to(common.REPO)}` "
+        + f", network and `act` from `{config.relative_to(report.REPO)}` "
         f"({cfg.algorithm.name}, model {raw['model']})"
         + (f", epsilon {epsilon} (actor 0 of 1)" if epsilon is not None else "")
         + ", seed 0.",
@@ -494,8 +497,8 @@ def main() -> None:
         if args.vector:
             suffix += "-" + args.vector.replace(",", "-").replace("/", "x")
             title += f" ({args.vector.replace(',', ' vs ')})"
-        common.write_section(
-            f"bench_actor{suffix}", common.section_text(title, started, load_before, text)
+        report.write_section(
+            f"bench_actor{suffix}", report.section_text(title, started, load_before, text)
         )
     print(f"min actor/plain: {min(a / p for _, _, p, _, a, _, _ in results):.2f}")
 

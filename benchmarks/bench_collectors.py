@@ -18,7 +18,7 @@ import subprocess
 import sys
 import time
 
-import common
+import report
 
 SMOKE_LINE = r"^r2d2-lstm \d"
 """The line a `--smoke` run must print (tests/test_benchmarks.py): the last case's figure."""
@@ -92,7 +92,7 @@ def main() -> None:
     parser.add_argument("--trees", default="", help="comma list of checkouts to alternate")
     parser.add_argument("--rounds", type=int, default=3, help="runs per tree (with --trees)")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
-    common.add_smoke(parser)
+    report.add_smoke(parser)
     args = parser.parse_args()
     if args.smoke:  # every case, one block of 200 vector steps of 2 envs, this checkout
         args.num_envs, args.blocks, args.trees = 2, 1, ""

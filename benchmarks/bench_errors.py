@@ -36,9 +36,9 @@ import time
 from pathlib import Path
 from typing import NamedTuple
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # also when imported by a test
 
-from benchmarks.common import (  # noqa: E402
+from report import (  # noqa: E402
     REPO,
     load_average,
     markdown_table,

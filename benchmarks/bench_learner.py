@@ -42,8 +42,11 @@ import time
 from pathlib import Path
 from typing import NamedTuple
 
-import common
 import numpy as np
+import procs
+import report
+import timing
+from servers import NO_STOP, READY_TIMEOUT_S, Cluster
 
 from easyrl.errors import TransportError
 
@@ -141,11 +144,11 @@ def fill(memory, batch: dict, capacity: int) -> None:
             return
 
 
-def compute_rate(algo, batch: dict, weights, duration_s: float) -> common.Rate:
+def compute_rate(algo, batch: dict, weights, duration_s: float) -> timing.Rate:
     """The agent's `learn` on one held batch, called for `duration_s` after a first call
     (tracing) and a warm-up: a Rate of calls (updates) with this process's CPU."""
     algo.learn(batch, weights)
-    return common.measure(
+    return timing.measure(
         lambda: (algo.learn(batch, weights), None)[1],
         duration_s,
         warmup_s=min(2.0, duration_s),
@@ -160,7 +163,7 @@ def report_boundary(ps, since: float | None, timeout_s: float) -> Window:
     while True:
         updates = ps.status().counters.get("updates", 0.0)
         if since is None or updates > since:
-            return Window(time.monotonic(), updates, common.cpu_by_process())
+            return Window(time.monotonic(), updates, procs.cpu_by_process())
         if time.monotonic() > deadline:
             raise TimeoutError(f"no learner report within {timeout_s:.0f} s")
         time.sleep(0.02)
@@ -169,7 +172,7 @@ def report_boundary(ps, since: float | None, timeout_s: float) -> Window:
 def learner_window(learner_child, ps, feeder: Feeder, args) -> dict:
     """Measures the learner role's updates/s and each process's cores over `--duration`
     seconds after its first update plus `--warmup`."""
-    report_boundary(ps, 0.0, common.READY_TIMEOUT_S)  # the first update
+    report_boundary(ps, 0.0, READY_TIMEOUT_S)  # the first update
     time.sleep(args.warmup)
     start = report_boundary(ps, None, 1.0)
     start = report_boundary(ps, start.updates, 30.0)
@@ -181,12 +184,12 @@ def learner_window(learner_child, ps, feeder: Feeder, args) -> dict:
         time.sleep(0.2)
     end = report_boundary(ps, ps.status().counters.get("updates", 0.0), 30.0)
     seconds = end.time - start.time
-    per_process = common.cores_used(start.cpu, end.cpu, seconds)
+    per_process = procs.cores_used(start.cpu, end.cpu, seconds)
     return {
         "updates": (end.updates - start.updates) / seconds,
         "seconds": seconds,
         "per_process": per_process,
-        "cores": common.by_role(per_process),
+        "cores": procs.by_role(per_process),
     }
 
 
@@ -199,8 +202,8 @@ def run(args) -> dict:
     from easyrl.roles.common import RoleContext, limit_tf_threads
     from easyrl.roles.learner import pick_device
 
-    overrides = [*common.NO_STOP, *args.overrides]
-    with common.Cluster() as bench:
+    overrides = [*NO_STOP, *args.overrides]
+    with Cluster() as bench:
         servers = bench.start_cli(args.config_path, 1, 1, overrides, actors=1)
         cfg = servers.cfg
         # Both sides compute on the thread budget the launcher gives the learner role
@@ -277,25 +280,25 @@ def lines(result: dict) -> list[str]:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
-    parser.add_argument("--config", default=str(common.REPO / "configs" / "pong_impala_2core.yaml"))
+    parser.add_argument("--config", default=str(report.REPO / "configs" / "pong_impala_2core.yaml"))
     parser.add_argument("--set", dest="overrides", action="append", default=[])
     parser.add_argument("--duration", type=float, default=20.0, help="seconds of each rate")
     parser.add_argument("--warmup", type=float, default=5.0, help="seconds after the 1st update")
-    args = common.parse_args(parser, tuned_malloc=False)
-    common.reexec_with_malloc_env()  # compute alone runs with the learner process's allocator
+    args = report.parse_args(parser, tuned_malloc=False)
+    procs.reexec_with_malloc_env()  # compute alone runs with the learner process's allocator
     if args.smoke:
         args.duration, args.warmup = 0.5, 0.0
         args.overrides = [*SMOKE_OVERRIDES, *args.overrides]
     args.config_path = Path(args.config).resolve()
     if not args.config_path.is_file():
         parser.error(f"--config {args.config}: no such file")
-    started, load_before = time.monotonic(), common.load_average()
+    started, load_before = time.monotonic(), report.load_average()
     out = lines(run(args))
     print("\n".join(out), flush=True)
     if args.write:
         body = "\n".join(f"- {line}" for line in out[:-1]) + f"\n\n`{out[-1]}`\n"
-        section = common.section_text("Learner role vs its train step", started, load_before, body)
-        common.write_section("bench_learner", section)
+        section = report.section_text("Learner role vs its train step", started, load_before, body)
+        report.write_section("bench_learner", section)
     return 0
 
 

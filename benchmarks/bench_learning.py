@@ -32,7 +32,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from bench_solve import SMOKE_OVERRIDES  # noqa: E402  (`--smoke`: CartPole PPO, bench_solve's)
-from common import load_average, markdown_table, parse_args, section_text, write_section  # noqa: E402
+from report import load_average, markdown_table, parse_args, section_text, write_section  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 SMOKE_LINE = r"^\| CartPole-v1 ppo \|"

@@ -3,7 +3,7 @@
 One memory shard in its own process (prioritized table, alpha 0.6, capacity 100k by
 default; CartPole-size items from a real `python -m easyrl.cli run --role memory`
 process, or with `--items atari` 42x42x4 uint8 frames from the spawned server of
-`common.Cluster.spawn_memory_server`, as in bench_memory.py) and `--clients` (32)
+`servers.Cluster.spawn_memory_server`, as in bench_memory.py) and `--clients` (32)
 inserting clients, each its own process (threads of one Python process would measure
 the client's GIL, not the server). Each client loops Insert of one `--batch`-item batch
 (default 256 = `actor.send_every` 8 x `env.num_envs` 32 of configs/cartpole_apex.yaml,
@@ -41,9 +41,11 @@ import queue
 import time
 from collections import Counter
 
-import common
 import numpy as np
+import servers
 from bench_memory import ITEM_SPECS, random_batch
+from procs import cpu_seconds, memory_kib
+from report import load_average, markdown_table, parse_args, section_text, write_section
 
 from easyrl.cluster.launcher import Child, die_with_parent, tail
 from easyrl.errors import TransportError
@@ -84,7 +86,7 @@ def _inserter_main(index, address, token, args, ready, go, results) -> None:
     """Body of one inserting client process: Insert until `args.duration` has passed."""
     die_with_parent()
     requests = insert_requests(args.items, args.batch, index)
-    client = common.client("memory", address, token, timeout_s=args.rpc_timeout)
+    client = servers.client("memory", address, token, timeout_s=args.rpc_timeout)
     client.call("Status", pb.StatusRequest(), timeout_s=60.0)  # connect before the run
     latencies, failures, examples = [], Counter(), {}
     acked = failed_items = last_inserted = 0
@@ -120,7 +122,7 @@ def _inserter_main(index, address, token, args, ready, go, results) -> None:
 def _sampler_main(index, address, token, args, ready, go, results) -> None:
     """Body of one learner-like process: Sample(512) + UpdatePriorities in a loop."""
     die_with_parent()
-    client = common.client("memory", address, token, timeout_s=args.rpc_timeout)
+    client = servers.client("memory", address, token, timeout_s=args.rpc_timeout)
     rng = np.random.default_rng(1000 + index)
     request = pb.SampleRequest(batch_size=SAMPLE_BATCH, timeout_s=1.0)
     client.call("Status", pb.StatusRequest(), timeout_s=60.0)
@@ -179,11 +181,11 @@ def raw_config(args) -> dict:
     }
 
 
-def start_shard(cluster: common.Cluster, args) -> Child:
+def start_shard(cluster: servers.Cluster, args) -> Child:
     """The memory shard: `easyrl run --role memory` for CartPole items, spawned for Atari."""
     raw = raw_config(args)
     if args.items == "cartpole":
-        config = common.write_config(raw, cluster.run_dir, "memory-load.yaml")
+        config = servers.write_config(raw, cluster.run_dir, "memory-load.yaml")
         # The cluster the shard is told about has one actor per inserting client (it sizes
         # its handler threads from it, as in a real run).
         cluster.start_cli(config, num_memory=1, actors=args.clients)
@@ -194,7 +196,7 @@ def start_shard(cluster: common.Cluster, args) -> Child:
 def run_load(args) -> dict:
     """Starts the shard and the client processes, runs them, returns the figures."""
     ctx = multiprocessing.get_context("spawn")
-    with common.Cluster() as cluster:
+    with servers.Cluster() as cluster:
         server = start_shard(cluster, args)
         pid = server.process.pid
         ready, go, results = ctx.Queue(), ctx.Event(), ctx.Queue()
@@ -217,26 +219,26 @@ def run_load(args) -> dict:
             proc.start()
         try:
             for _ in procs:
-                ready.get(timeout=common.READY_TIMEOUT_S)
+                ready.get(timeout=servers.READY_TIMEOUT_S)
         except queue.Empty:
             raise RuntimeError("a client process did not connect (see its traceback)") from None
-        status = common.client("memory", server.address, cluster.token)
-        rss_before = common.memory_kib(pid).get("VmRSS", 0)
-        cpu_before = common.cpu_seconds(pid)
-        clients_cpu_before = sum(common.cpu_seconds(p.pid) or 0.0 for p in procs)
+        status = servers.client("memory", server.address, cluster.token)
+        rss_before = memory_kib(pid).get("VmRSS", 0)
+        cpu_before = cpu_seconds(pid)
+        clients_cpu_before = sum(cpu_seconds(p.pid) or 0.0 for p in procs)
         go.set()
         start = time.monotonic()
         rss = []  # (seconds since start, VmRSS KiB)
         while time.monotonic() - start < args.duration:
             time.sleep(RSS_POLL_S)
-            rss.append((time.monotonic() - start, common.memory_kib(pid).get("VmRSS", 0)))
+            rss.append((time.monotonic() - start, memory_kib(pid).get("VmRSS", 0)))
             if server.process.poll() is not None:
                 raise RuntimeError(f"the memory shard died during the run:\n{tail(server)}")
         window = time.monotonic() - start
-        cpu_after = common.cpu_seconds(pid)
+        cpu_after = cpu_seconds(pid)
         if cpu_before is None or cpu_after is None:
             raise RuntimeError(f"the memory shard exited during the run:\n{tail(server)}")
-        clients_cpu = sum(common.cpu_seconds(p.pid) or 0.0 for p in procs) - clients_cpu_before
+        clients_cpu = sum(cpu_seconds(p.pid) or 0.0 for p in procs) - clients_cpu_before
         outs = []
         for _ in procs:
             try:
@@ -247,7 +249,7 @@ def run_load(args) -> dict:
             proc.join(10)
         counters = status.call("Status", pb.StatusRequest()).counters
         status.close()
-        memory = common.memory_kib(pid)
+        memory = memory_kib(pid)
     inserters = [o for o in outs if o["kind"] == "insert"]
     samplers = [o for o in outs if o["kind"] == "sample"]
     latencies = np.concatenate([o["latencies"] for o in inserters]) * 1e3
@@ -338,7 +340,7 @@ def report(r: dict, args) -> str:
         ["shard CPU (cores)", r["server_cores"]],
         [f"{args.clients + args.samplers} client processes' CPU (cores)", r["client_cores"]],
     ]
-    table = common.markdown_table(["measure", "value"], rows)
+    table = markdown_table(["measure", "value"], rows)
     limiter = (
         f"rate limiter samples_per_insert {args.samples_per_insert:g}, error_buffer "
         f"{args.error_buffer:g}"
@@ -380,7 +382,7 @@ def main() -> None:
     parser.add_argument("--samples-per-insert", type=float, default=None)
     parser.add_argument("--error-buffer", type=float, default=None)
     parser.add_argument("--rpc-timeout", type=float, default=10.0, help="per-call deadline, s")
-    args = common.parse_args(parser, tuned_malloc=False)
+    args = parse_args(parser, tuned_malloc=False)
     if args.smoke:  # seconds, tiny sizes, same processes (tests/test_benchmarks.py)
         args.clients, args.samplers, args.duration, args.batch = 2, 1, 1.0, 16
         args.capacity, args.min_size = 2000, 100
@@ -389,15 +391,15 @@ def main() -> None:
     if (args.samples_per_insert is None) != (args.error_buffer is None):
         parser.error("--samples-per-insert and --error-buffer go together")
 
-    started, load_before = time.monotonic(), common.load_average()
+    started, load_before = time.monotonic(), load_average()
     result = run_load(args)
     text = report(result, args)
     print(text)
     if args.write:
         suffix = f"-spi{args.samples_per_insert:g}" if args.samples_per_insert else ""
         title = f"Load: {args.clients} inserting clients, one memory shard ({args.items}{suffix})"
-        section = common.section_text(title, started, load_before, text)
-        common.write_section(f"bench_load-{args.items}{suffix}", section)
+        section = section_text(title, started, load_before, text)
+        write_section(f"bench_load-{args.items}{suffix}", section)
 
 
 if __name__ == "__main__":

@@ -72,8 +72,10 @@ import signal
 import subprocess
 import time
 
-import common
 import numpy as np
+import servers
+import timing
+from report import REPO, load_average, markdown_table, parse_args, section_text, write_section
 
 from easyrl.replay import Sampled, item_bytes
 from easyrl.replay.frames import layout_for
@@ -228,7 +230,7 @@ def sampled(client: MemoryClient, batch_size: int) -> Sampled:
 def inserter(address: str, token: str, batch: dict, layout, actor: int, n: int, per_item: int):
     """(an insert call for a measuring thread, its client): `batch` as actor `actor` ships it
     (frame stacks packed against its own previous shipment)."""
-    local = MemoryClient(common.client("memory", address, token))
+    local = MemoryClient(servers.client("memory", address, token))
     shipped = batch if layout is None else layout.pack(batch)
 
     def insert():
@@ -238,17 +240,17 @@ def inserter(address: str, token: str, batch: dict, layout, actor: int, n: int, 
     return insert, local
 
 
-def measure_clients(calls: list[tuple], duration_s: float) -> common.Rate:
+def measure_clients(calls: list[tuple], duration_s: float) -> timing.Rate:
     """The rate of (call, client) pairs, each call on a thread of its own; closes the
     clients."""
     try:
-        return common.measure_threads([call for call, _ in calls], duration_s)
+        return timing.measure_threads([call for call, _ in calls], duration_s)
     finally:
         for _, local in calls:
             local.close()
 
 
-def bench_items(cluster: common.Cluster, items: str, wal: str, args) -> dict:
+def bench_items(cluster: servers.Cluster, items: str, wal: str, args) -> dict:
     """Starts a shard for `items` with write-ahead log `wal` (`replay.wal`), measures
     inserts and sample+update rounds, stops it."""
     spec = ITEM_SPECS[items]
@@ -256,7 +258,7 @@ def bench_items(cluster: common.Cluster, items: str, wal: str, args) -> dict:
     make_batch = stack_batch if items == "atari" else random_batch
     layout = layout_for(common_config(raw), table_spec(spec)) if items == "atari" else None
     if items == "cartpole" and args.server == "cli":
-        config = common.write_config(raw, cluster.run_dir, f"memory-{items}.yaml")
+        config = servers.write_config(raw, cluster.run_dir, f"memory-{items}.yaml")
         cluster.start_cli(config, num_memory=1)
         how = "`easyrl run --role memory`"
     else:  # a run.dir: the shard's snapshot path, beside which its log is written
@@ -266,7 +268,7 @@ def bench_items(cluster: common.Cluster, items: str, wal: str, args) -> dict:
     server = cluster.servers[-1]
     address = server.address
     assert address is not None  # the server is serving
-    client = MemoryClient(common.client("memory", address, cluster.token))
+    client = MemoryClient(servers.client("memory", address, cluster.token))
     rng = np.random.default_rng(0)
     per_item = item_bytes(spec)
     prioritized = args.kind == "prioritized"
@@ -297,7 +299,7 @@ def bench_items(cluster: common.Cluster, items: str, wal: str, args) -> dict:
             client.insert(batch, priorities if prioritized else None)
             return n, n * per_item
 
-        rate = common.measure(insert, args.duration)
+        rate = timing.measure(insert, args.duration)
         result["inserts"][n] = rate
         print(
             f"  {items} log {wal} insert batch {n:>4}: {rate.units_per_s:>10,.0f} items/s "
@@ -325,7 +327,7 @@ def bench_items(cluster: common.Cluster, items: str, wal: str, args) -> dict:
         )
 
     def sampler(seed: int):
-        local = MemoryClient(common.client("memory", address, cluster.token))
+        local = MemoryClient(servers.client("memory", address, cluster.token))
         local_rng = np.random.default_rng(seed)
 
         def round_trip():
@@ -347,7 +349,7 @@ def bench_items(cluster: common.Cluster, items: str, wal: str, args) -> dict:
             sample = sampled(client, size)
             return len(sample.keys), sum(a.nbytes for a in sample.data.values())
 
-        rate = common.measure(sample_only, args.duration)
+        rate = timing.measure(sample_only, args.duration)
         result["sample_only"][size] = rate
         print(
             f"  {items} sample({size}) only: {rate.per_s:>8,.1f} calls/s "
@@ -370,7 +372,7 @@ def bench_items(cluster: common.Cluster, items: str, wal: str, args) -> dict:
     return result
 
 
-def restart_time(cluster: common.Cluster, args) -> tuple[float, float, int]:
+def restart_time(cluster: servers.Cluster, args) -> tuple[float, float, int]:
     """Seconds until an Atari shard answers again after a SIGKILL, holding `--restart-items`
     items in its write-ahead log only (the spawned shard never snapshots), and the same for
     an empty one (process start and imports); and the items the restarted shard holds."""
@@ -386,7 +388,7 @@ def restart_time(cluster: common.Cluster, args) -> tuple[float, float, int]:
     for fill in (0, n):
         server = cluster.spawn_memory_server(raw, spec)
         assert server.address is not None  # the server is serving
-        client = MemoryClient(common.client("memory", server.address, cluster.token))
+        client = MemoryClient(servers.client("memory", server.address, cluster.token))
         inserted = 0
         while inserted < fill:
             client.insert(batches[(inserted // 512) % len(batches)], actor=0)
@@ -399,7 +401,7 @@ def restart_time(cluster: common.Cluster, args) -> tuple[float, float, int]:
         again = cluster.spawn_memory_server(raw, spec)
         seconds.append(time.monotonic() - started)
         assert again.address is not None
-        client = MemoryClient(common.client("memory", again.address, cluster.token))
+        client = MemoryClient(servers.client("memory", again.address, cluster.token))
         held = int(client.status().counters["memory/0/size"])
         client.close()
         cluster.stop([again])
@@ -410,7 +412,7 @@ def restart_time(cluster: common.Cluster, args) -> tuple[float, float, int]:
 def bench_reverb(items: list[str], args) -> dict:
     """Reverb 0.14 measured by `peers/reverb_memory.py` in `--reverb-python`: its JSON line
     ({items: {"insert_items_per_s": {batch: items/s}, "sample_rounds_per_s": ...}})."""
-    command = [args.reverb_python, str(common.REPO / "benchmarks" / "peers" / "reverb_memory.py")]
+    command = [args.reverb_python, str(REPO / "benchmarks" / "peers" / "reverb_memory.py")]
     specs = {kind: ITEM_SPECS[kind] for kind in items}  # the peer script imports no easyrl
     command += ["--specs", json.dumps(specs), "--duration", str(args.duration)]
     command += ["--capacity", str(args.capacity), "--min-size", str(args.min_size)]
@@ -478,7 +480,7 @@ def report(results: list[dict], args, reverb: dict | None = None) -> str:
                     f"{rate.per_s / rounds:.2f}x of {rounds:,.0f} rounds/s",
                 ]
             )
-    table = common.markdown_table(
+    table = markdown_table(
         [
             "items",
             "replay.wal",
@@ -635,7 +637,7 @@ def main() -> None:
         "--reverb-python",
         help="Python of the venv with dm-reverb 0.14: measure Reverb side by side (docstring)",
     )
-    args = common.parse_args(parser)
+    args = parse_args(parser)
     if args.smoke:  # seconds, tiny sizes, same processes (tests/test_benchmarks.py)
         args.items, args.duration, args.insert_batches = "cartpole", 0.2, "1,64"
         args.sample_batch, args.sample_threads, args.capacity, args.min_size = 64, "1", 5000, 100
@@ -649,13 +651,13 @@ def main() -> None:
         if name not in ITEM_SPECS:
             parser.error(f"unknown --items {name!r}; known: {', '.join(ITEM_SPECS)}")
 
-    started, load_before = time.monotonic(), common.load_average()
+    started, load_before = time.monotonic(), load_average()
     if "atari" in items:
         atari_bytes(args)
         if args.bytes_only:
             return
     results = []
-    with common.Cluster() as cluster:
+    with servers.Cluster() as cluster:
         for name in items:
             for wal in args.wal.split(","):
                 print(f"{name}, replay.wal {wal}:", flush=True)
@@ -673,9 +675,9 @@ def main() -> None:
     print(text)
     if args.write:
         title = f"Memory shard ({args.kind}" + (", tuned malloc)" if args.tuned_malloc else ")")
-        section = common.section_text(title, started, load_before, text)
+        section = section_text(title, started, load_before, text)
         suffix = "-tuned-malloc" if args.tuned_malloc else ""
-        common.write_section(f"bench_memory-{args.kind}{suffix}", section)
+        write_section(f"bench_memory-{args.kind}{suffix}", section)
 
 
 if __name__ == "__main__":

@@ -31,7 +31,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from bench_solve import solve_once  # noqa: E402
-from common import (  # noqa: E402
+from report import (  # noqa: E402
     REPO,
     load_average,
     markdown_table,

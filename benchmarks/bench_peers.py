@@ -35,7 +35,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import (  # noqa: E402
+from report import (  # noqa: E402
     REPO,
     load_average,
     markdown_table,

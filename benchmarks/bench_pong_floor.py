@@ -27,8 +27,8 @@ from typing import Any
 os.environ["TF_CPP_MIN_LOG_LEVEL"] = "2"
 os.environ["CUDA_VISIBLE_DEVICES"] = "-1"
 
-import common  # noqa: E402
 import numpy as np  # noqa: E402
+import report  # noqa: E402
 
 SMOKE_LINE = r"^floor: \d"
 """The line a `--smoke` run must print (tests/test_benchmarks.py)."""
@@ -62,14 +62,14 @@ def random_unrolls(algo, batch_size: int, rng) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
-    parser.add_argument("--config", default=str(common.REPO / "configs" / "pong_impala_2core.yaml"))
+    parser.add_argument("--config", default=str(report.REPO / "configs" / "pong_impala_2core.yaml"))
     parser.add_argument("--set", action="append", default=[], help="config override")
     parser.add_argument("--num-envs", type=int, default=None, help="default: env.num_envs")
     parser.add_argument("--duration", type=float, default=5.0, help="seconds per piece")
-    args = common.parse_args(parser, tuned_malloc=False)
+    args = report.parse_args(parser, tuned_malloc=False)
     if args.smoke:  # seconds, tiny sizes, same processes (tests/test_benchmarks.py)
         args.duration, args.num_envs = 0.2, 2
-    started, load_before = time.monotonic(), common.load_average()
+    started, load_before = time.monotonic(), report.load_average()
 
     import tensorflow as tf
 
@@ -79,7 +79,7 @@ def main() -> None:
     from easyrl.envs.multiagent import run_spaces
 
     cfg = config_lib.load(args.config, args.set)
-    config_name = os.path.relpath(args.config, common.REPO)
+    config_name = os.path.relpath(args.config, report.REPO)
     n = args.num_envs or cfg.env.num_envs
     obs_space, action_space = run_spaces(cfg)
     rng = np.random.default_rng(0)
@@ -124,7 +124,7 @@ def main() -> None:
     )
     print(last)
     if args.write:
-        table = common.markdown_table(
+        table = report.markdown_table(
             ["piece", "what", "CPU ms per agent step", "agent steps/s alone (wall)"], rows
         )
         body = (
@@ -134,7 +134,7 @@ def main() -> None:
             f"calls.\n\n`{last}`\n"
         )
         title = "Pong compute floor per agent step"
-        common.write_section("pong-floor", common.section_text(title, started, load_before, body))
+        report.write_section("pong-floor", report.section_text(title, started, load_before, body))
 
 
 if __name__ == "__main__":

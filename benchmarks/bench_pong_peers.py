@@ -46,7 +46,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import REPO, load_average, markdown_table, parse_args, section_text, write_section  # noqa: E402
+from report import REPO, load_average, markdown_table, parse_args, section_text, write_section  # noqa: E402
 
 NATURE_84 = (
     "env.atari.screen_size=84",

@@ -32,8 +32,10 @@ from concurrent.futures import ThreadPoolExecutor
 os.environ["TF_CPP_MIN_LOG_LEVEL"] = "2"
 os.environ["CUDA_VISIBLE_DEVICES"] = "-1"
 
-import common  # noqa: E402
 import numpy as np  # noqa: E402
+import servers  # noqa: E402
+import timing  # noqa: E402
+from report import load_average, markdown_table, parse_args, section_text, write_section  # noqa: E402
 
 from easyrl.transport.clients import ParameterClient, Pushed  # noqa: E402
 
@@ -76,7 +78,9 @@ class Bench:
     def __init__(self, spec, token, variables, rng):
         from easyrl.roles.common import ShardedWeights
 
-        self.clients = [ParameterClient(common.client("ps", address, token)) for address in spec.ps]
+        self.clients = [
+            ParameterClient(servers.client("ps", address, token)) for address in spec.ps
+        ]
         self.weights = ShardedWeights(self.clients, variables)
         self.pool = ThreadPoolExecutor(max_workers=len(self.clients))
         self.grads = {
@@ -128,15 +132,15 @@ class Bench:
             c.close()
 
 
-def start_model(cluster: common.Cluster, name: str, args) -> dict:
+def start_model(cluster: servers.Cluster, name: str, args) -> dict:
     """Starts the PS processes for `name` (one set per shard count) without waiting."""
-    config = common.write_config(raw_config(MODELS[name]), cluster.run_dir, f"ps-{name}.yaml")
+    config = servers.write_config(raw_config(MODELS[name]), cluster.run_dir, f"ps-{name}.yaml")
     before = len(cluster.servers)
     specs = {n: cluster.start_cli(config, num_ps=n, wait=False).spec for n in args.shards}
     return {"specs": specs, "servers": cluster.servers[before:]}
 
 
-def bench_model(cluster: common.Cluster, name: str, started: dict, args, rng) -> list[dict]:
+def bench_model(cluster: servers.Cluster, name: str, started: dict, args, rng) -> list[dict]:
     variables = build_variables(MODELS[name])
     specs = started["specs"]
     rows = []
@@ -150,7 +154,7 @@ def bench_model(cluster: common.Cluster, name: str, started: dict, args, rng) ->
             "Learner round (push + fetch)": bench.learner_round,
         }
         for op, fn in ops.items():
-            rate = common.measure(fn, args.duration)
+            rate = timing.measure(fn, args.duration)
             rows.append(
                 {
                     "model": name,
@@ -196,7 +200,7 @@ def report(rows: list[dict], args) -> str:
                 f"{ratio:.2f}x" if ratio is not None else "",
             ]
         )
-    table = common.markdown_table(
+    table = markdown_table(
         ["model", "MB", "shards", "operation", "calls/s", "ms/call", "MB/s", "vs 1 shard"],
         table_rows,
     )
@@ -221,7 +225,7 @@ def main() -> None:
     parser.add_argument("--models", default=",".join(MODELS), help="comma list of models")
     parser.add_argument("--shards", default="1,2", help="comma list of PS shard counts")
     parser.add_argument("--duration", type=float, default=1.0, help="seconds per measurement")
-    args = common.parse_args(parser)
+    args = parse_args(parser)
     if args.smoke:  # seconds, tiny sizes, same processes (tests/test_benchmarks.py)
         args.models, args.shards, args.duration = "cartpole", "1", 0.2
     args.models = [m for m in args.models.split(",") if m]
@@ -230,10 +234,10 @@ def main() -> None:
         if m not in MODELS:
             parser.error(f"unknown model {m!r}; known: {', '.join(MODELS)}")
 
-    started, load_before = time.monotonic(), common.load_average()
+    started, load_before = time.monotonic(), load_average()
     rng = np.random.default_rng(0)
     rows = []
-    with common.Cluster() as cluster:
+    with servers.Cluster() as cluster:
         # Start every PS process first (their TensorFlow start-up overlaps), measure only
         # once all of them are idle, and stop each model's processes when it is done.
         t0 = time.monotonic()
@@ -253,9 +257,7 @@ def main() -> None:
     if args.write:
         title = "Parameter server" + (" (tuned malloc)" if args.tuned_malloc else "")
         suffix = "-tuned-malloc" if args.tuned_malloc else ""
-        common.write_section(
-            f"bench_ps{suffix}", common.section_text(title, started, load_before, text)
-        )
+        write_section(f"bench_ps{suffix}", section_text(title, started, load_before, text))
 
 
 if __name__ == "__main__":

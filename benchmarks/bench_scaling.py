@@ -36,7 +36,16 @@ import time
 from pathlib import Path
 from typing import NamedTuple
 
-import common
+import procs
+import servers
+from report import (
+    load_average,
+    machine_info,
+    markdown_table,
+    parse_args,
+    section_text,
+    write_section,
+)
 
 from easyrl import config as config_lib
 from easyrl.cluster.launcher import LocalCluster
@@ -85,7 +94,7 @@ def snapshot(cluster: LocalCluster) -> Snapshot:
             name = key.split("/", 2)[-1]
             memory[name] = memory.get(name, 0.0) + value
     ps = counters(cluster, "ps", 0)
-    return Snapshot(time.monotonic(), ps, memory, common.cpu_by_process())
+    return Snapshot(time.monotonic(), ps, memory, procs.cpu_by_process())
 
 
 def wait(cluster: LocalCluster, seconds: float, until=None) -> None:
@@ -107,7 +116,7 @@ def measure_point(args, counts: dict[str, int], run_dir: Path) -> dict:
     """Runs one cluster; returns rates and CPU cores per role over the measured window."""
     overrides = [
         *(f"cluster.{role}={n}" for role, n in counts.items()),
-        *common.NO_STOP,
+        *servers.NO_STOP,
         f"run.dir={run_dir}",
         *args.overrides,
     ]
@@ -117,7 +126,7 @@ def measure_point(args, counts: dict[str, int], run_dir: Path) -> dict:
         cluster.start()
         wait(
             cluster,
-            common.READY_TIMEOUT_S + args.warmup,
+            servers.READY_TIMEOUT_S + args.warmup,
             until=lambda: first_update(cluster),
         )
         first_update_s = time.monotonic() - started
@@ -134,8 +143,8 @@ def measure_point(args, counts: dict[str, int], run_dir: Path) -> dict:
     def rate(new: dict[str, float], old: dict[str, float], key: str) -> float:
         return (new.get(key, 0.0) - old.get(key, 0.0)) / seconds
 
-    per_process = common.cores_used(before.cpu, after.cpu, seconds)
-    cores = common.by_role(per_process)
+    per_process = procs.cores_used(before.cpu, after.cpu, seconds)
+    cores = procs.by_role(per_process)
     return {
         "counts": counts,
         "seconds": seconds,
@@ -199,7 +208,7 @@ def projection(best: dict) -> str:
         + f" cores for {steps:,.0f} agent steps/s ({1000 * total:.3f} cores per 1,000 agent "
         "steps/s). If each role's CPU cost per agent step stayed as measured and processes "
         f"were added in proportion, N cores would sustain N / {total:.2e} agent steps/s:\n\n"
-        + common.markdown_table(headers, rows)
+        + markdown_table(headers, rows)
         + "\n\nCPU only: a process below one core can still be the limit when it waits on "
         "round trips (the learner's sample, step, push chain; an actor held back by "
         "back-pressure uses no CPU while it waits).\n"
@@ -236,7 +245,7 @@ def report(results: list[dict], args) -> str:
         f"{args.warmup:g} s after the learners' first update (start-up excluded); first update "
         "after " + ", ".join(f"{r['first_update_s']:.0f}" for r in results) + " s; restarts "
         "in the windows: " + ", ".join(str(r["restarts"]) for r in results) + ".",
-        f"Cores are CPU seconds / wall seconds on this {common.machine_info()['nproc']}-core "
+        f"Cores are CPU seconds / wall seconds on this {machine_info()['nproc']}-core "
         "machine (`bench cores`: the benchmark polling Status, not counted in the cluster's). "
         f"Linear projection: the cheapest point ({name(cheapest)}, "
         f"{cheapest['cluster_cores']:.2f} cores) scaled by cores; efficiency = measured / "
@@ -248,7 +257,7 @@ def report(results: list[dict], args) -> str:
         )
         + ".",
     ]
-    text = common.markdown_table(headers, rows) + "\n\n"
+    text = markdown_table(headers, rows) + "\n\n"
     text += "\n".join(f"- {n}" for n in notes) + "\n"
     best = max(results, key=lambda r: r["steps"])
     if best["steps"] > 0:
@@ -293,7 +302,7 @@ def main() -> int:
     parser.add_argument("--duration", type=float, default=30.0, help="measured seconds per point")
     parser.add_argument("--warmup", type=float, default=5.0, help="seconds after the 1st update")
     parser.add_argument("--set", dest="overrides", action="append", default=[])
-    args = common.parse_args(parser, tuned_malloc=False)
+    args = parse_args(parser, tuned_malloc=False)
     if args.smoke:
         args.config, args.actors, args.duration, args.warmup = (
             DEFAULT_CONFIG,
@@ -316,7 +325,7 @@ def main() -> int:
         parse_counts(parser, args.ps, own.ps),
     ]
 
-    started, load_before = time.monotonic(), common.load_average()
+    started, load_before = time.monotonic(), load_average()
     results = []
     with tempfile.TemporaryDirectory(prefix="easyrl-scaling-") as tmp:
         for combo in itertools.product(*axes):
@@ -336,8 +345,8 @@ def main() -> int:
         stem = Path(args.config).stem
         own = "" if stem == Path(DEFAULT_CONFIG).stem else f"-{stem}"
         title = "Scaling: whole clusters" + (f", {Path(args.config).name}" if own else "")
-        section = common.section_text(title, started, load_before, text)
-        common.write_section("bench_scaling" + own, section)
+        section = section_text(title, started, load_before, text)
+        write_section("bench_scaling" + own, section)
     return 0
 
 

@@ -25,7 +25,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import (  # noqa: E402
+from report import (  # noqa: E402
     load_average,
     markdown_table,
     parse_args,

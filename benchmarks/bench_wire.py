@@ -38,10 +38,13 @@ os.environ["CUDA_VISIBLE_DEVICES"] = "-1"
 
 import bench_memory  # noqa: E402
 import bench_ps  # noqa: E402
-import common  # noqa: E402
 import grpc  # noqa: E402
 import numpy as np  # noqa: E402
+import servers  # noqa: E402
+import timing  # noqa: E402
+from report import load_average, markdown_table, parse_args, section_text, write_section  # noqa: E402
 
+from easyrl.cluster.launcher import die_with_parent, free_ports  # noqa: E402
 from easyrl.replay import item_bytes  # noqa: E402
 from easyrl.transport import rpc  # noqa: E402
 from easyrl.transport.clients import MemoryClient, ParameterClient  # noqa: E402
@@ -59,7 +62,7 @@ def _raw_server_main(address: str) -> None:
     its 8-byte request asks for, "Up" takes any bytes and answers none."""
     from concurrent import futures
 
-    common.die_with_parent()
+    die_with_parent()
     payloads: dict[int, bytes] = {}
 
     def down(request: bytes, context) -> bytes:
@@ -127,8 +130,8 @@ def pair(name: str, raw_fn, easyrl_fn, args) -> dict:
     """Measures `raw_fn` and `easyrl_fn` alternately; medians of MB/s over the rounds."""
     raw, ours = [], []
     for _ in range(args.rounds):
-        raw.append(common.measure(raw_fn, args.duration).mb_per_s)
-        ours.append(common.measure(easyrl_fn, args.duration).mb_per_s)
+        raw.append(timing.measure(raw_fn, args.duration).mb_per_s)
+        ours.append(timing.measure(easyrl_fn, args.duration).mb_per_s)
     row = {"name": name, "raw": statistics.median(raw), "easyrl": statistics.median(ours)}
     row["ratio"] = row["easyrl"] / row["raw"]
     print(
@@ -139,8 +142,8 @@ def pair(name: str, raw_fn, easyrl_fn, args) -> dict:
     return row
 
 
-def bench_ps_pair(cluster: common.Cluster, raw: RawClient, model: str, args) -> list[dict]:
-    config = common.write_config(
+def bench_ps_pair(cluster: servers.Cluster, raw: RawClient, model: str, args) -> list[dict]:
+    config = servers.write_config(
         bench_ps.raw_config(bench_ps.MODELS[model]), cluster.run_dir, f"wire-{model}.yaml"
     )
     spec = cluster.start_cli(config, num_ps=1).spec
@@ -149,7 +152,7 @@ def bench_ps_pair(cluster: common.Cluster, raw: RawClient, model: str, args) -> 
     rng = np.random.default_rng(0)
     grads = {n: (rng.standard_normal(v.shape) * 1e-6).astype(np.float32) for n, v in values.items()}
     size = sum(v.nbytes for v in values.values())
-    client = ParameterClient(common.client("ps", spec.ps[0], cluster.token))
+    client = ParameterClient(servers.client("ps", spec.ps[0], cluster.token))
     version = client.assign(values)
 
     def pull():
@@ -171,7 +174,7 @@ def bench_ps_pair(cluster: common.Cluster, raw: RawClient, model: str, args) -> 
     return rows
 
 
-def bench_sample_pair(cluster: common.Cluster, raw: RawClient, args) -> dict:
+def bench_sample_pair(cluster: servers.Cluster, raw: RawClient, args) -> dict:
     spec = bench_memory.ITEM_SPECS["atari"]
     config = {
         "algorithm": {"name": "dqn", "batch_size": SAMPLE_BATCH},
@@ -185,7 +188,7 @@ def bench_sample_pair(cluster: common.Cluster, raw: RawClient, args) -> dict:
         "run": {"name": "bench-wire", "checkpoint_interval_s": 3600.0},
     }
     server = cluster.spawn_memory_server(config, spec)
-    client = MemoryClient(common.client("memory", server.address, cluster.token))
+    client = MemoryClient(servers.client("memory", server.address, cluster.token))
     rng = np.random.default_rng(0)
     for _ in range(ATARI_ITEMS // SAMPLE_BATCH):
         batch = bench_memory.random_batch(spec, SAMPLE_BATCH, rng)
@@ -208,7 +211,7 @@ def bench_sample_pair(cluster: common.Cluster, raw: RawClient, args) -> dict:
 
 
 def report(rows: list[dict], args) -> tuple[str, str]:
-    table = common.markdown_table(
+    table = markdown_table(
         ["path", "easyrl MB/s", "raw grpcio MB/s", "easyrl / raw"],
         [[r["name"], r["easyrl"], r["raw"], f"{r['ratio']:.2f}x"] for r in rows],
     )
@@ -236,14 +239,14 @@ def main() -> None:
     parser.add_argument("--duration", type=float, default=1.5, help="seconds per measurement")
     parser.add_argument("--rounds", type=int, default=3, help="alternating rounds per pair")
     parser.add_argument("--models", default="mlp-512x3,mlp-1024x6")
-    args = common.parse_args(parser)
+    args = parse_args(parser)
     if args.smoke:  # seconds, tiny sizes, same processes (tests/test_benchmarks.py)
         args.duration, args.rounds, args.models = 0.2, 1, "cartpole"
-    started, load_before = time.monotonic(), common.load_average()
+    started, load_before = time.monotonic(), load_average()
     rows = []
-    with common.Cluster() as cluster:
-        (port,) = common.free_ports(common.HOST, 1)
-        address = f"{common.HOST}:{port}"
+    with servers.Cluster() as cluster:
+        (port,) = free_ports(servers.HOST, 1)
+        address = f"{servers.HOST}:{port}"
         process = multiprocessing.get_context("spawn").Process(
             target=_raw_server_main, args=(address,), daemon=True
         )
@@ -263,8 +266,8 @@ def main() -> None:
     print(text.removesuffix("`" + line + "`").rstrip())
     if args.write:
         title = "Wire speed vs raw grpcio" + (" (tuned malloc)" if args.tuned_malloc else "")
-        section = common.section_text(title, started, load_before, text)
-        common.write_section("bench_wire" + ("-tuned-malloc" if args.tuned_malloc else ""), section)
+        section = section_text(title, started, load_before, text)
+        write_section("bench_wire" + ("-tuned-malloc" if args.tuned_malloc else ""), section)
     print(line)
 
 

@@ -46,7 +46,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # also when imported by a test
 
-from common import add_smoke  # noqa: E402
+from report import add_smoke  # noqa: E402
 
 from easyrl import config as config_lib  # noqa: E402
 from easyrl.transport import easyrl_pb2 as pb  # noqa: E402

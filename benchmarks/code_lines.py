@@ -11,7 +11,7 @@ import io
 import tokenize
 from pathlib import Path
 
-from common import add_smoke
+from report import add_smoke
 
 SMOKE_LINE = r"^\d+ code lines, \d+ physical lines, \d+ files"
 """The line a `--smoke` run must print (tests/test_benchmarks.py)."""

@@ -91,7 +91,7 @@ def serve(spec: dict, capacity: int, min_size: int, conn) -> None:
 
 def measure(fn, duration_s: float, warmup_s: float = 0.2, min_calls: int = 3) -> dict:
     """Calls `fn` (which returns the items it moved) for `duration_s` after `warmup_s`;
-    `bench_memory.py`'s `common.measure`."""
+    `bench_memory.py`'s `timing.measure`."""
     end = time.perf_counter() + warmup_s
     while time.perf_counter() < end:
         fn()
