@@ -63,5 +63,7 @@ def test_lunarlander_artifact_loads_and_acts_within_its_bounds():
     actions = np.asarray(policy.algo.greedy(obs))
     assert actions.shape == (16, 2) and np.all(np.abs(actions) <= 1.0)
     records = [json.loads(x) for x in (LUNAR / "metrics.jsonl").read_text().splitlines() if x]
-    # The run went to its 3,600 s budget (README: the 200 target was not reached).
-    assert records[-1]["env_steps"] > 300_000 and records[-1]["time_s"] >= 3600
+    # The run reached its target within issue 46's 3,600 s budget on 2 cores (README).
+    last = records[-1]
+    assert last["eval_return_mean"] >= 200 and last["time_s"] < 3600, last
+    assert last["stop"].startswith("target reached")
