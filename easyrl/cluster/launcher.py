@@ -29,7 +29,7 @@ from easyrl.cluster.threads import THREADS_ENV, budgets, host_cores
 from easyrl.errors import EasyRLError, TransportError
 from easyrl.metrics import progress_line, reached_goal
 from easyrl.offline.dataset import check_output_dir
-from easyrl.transport import rpc
+from easyrl.transport import rpc, shm
 from easyrl.transport.clients import ShardClient, Status, connect
 
 if TYPE_CHECKING:
@@ -316,8 +316,12 @@ class LocalCluster:
             client.close()
 
     def shutdown(self, workers_stopping: bool) -> None:
-        """Stops every process (see `stop_children`)."""
+        """Stops every process (see `stop_children`), then unlinks the shared-memory segments
+        a killed one left (`easyrl.transport.shm`)."""
         stop_children(self.children, self.token, self.cfg.security, workers_stopping)
+        removed = shm.remove_run(self.token)
+        if removed:
+            log.info("removed %d shared-memory segment(s) left by stopped processes", removed)
 
 
 def _connect(server: Child, token: str, security: Security, retry_s: float = 0.0) -> ShardClient:

@@ -213,6 +213,10 @@ class ClusterConfig(_Section):
     """Evaluators (0 or 1): run the greedy policy on fresh envs every `eval.interval_s`."""
     host: str = "127.0.0.1"
     """Address the local launcher binds."""
+    shared_memory: bool = True
+    """Sampled batches go from a memory shard to a learner on the same host (a loopback
+    address) through shared memory instead of gRPC's bytes (`easyrl.transport.shm`); false:
+    always gRPC."""
     threads: ThreadsConfig = field(default_factory=ThreadsConfig)
     """Per-process thread budgets of each role."""
 

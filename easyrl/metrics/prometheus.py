@@ -90,6 +90,8 @@ KNOWN: dict[str, tuple[Kind, str]] = {
     "duplicate_inserts": (COUNTER, "Items of resent inserts recognised and not stored again"),
     "samples": (COUNTER, "Items sampled"),
     "sample_batches": (COUNTER, "Batches sampled"),
+    "shm_samples": (COUNTER, "Sampled batches written into a same-host caller's shared memory"),
+    "shm_refused": (COUNTER, "Sampled batches a caller's segment could not take (sent by gRPC)"),
     "priority_updates": (COUNTER, "Priorities updated"),
     "stale_priority_keys": (COUNTER, "Priority updates for items no longer in the table"),
     "refused_stale": (COUNTER, "Refused as of a past round: items (memory), inserts (actor)"),

@@ -59,7 +59,10 @@ class RoleContext:
     def client(self, role, index):
         """A client for server `index` of `role` ("ps" or "memory")."""
         address, timeout_s = getattr(self.cluster, role)[index], self.cfg.run.rpc_timeout_s
-        return connect(role, address, self.token, self.cfg.security, timeout_s=timeout_s)
+        shared = self.cfg.cluster.shared_memory
+        return connect(
+            role, address, self.token, self.cfg.security, shared_memory=shared, timeout_s=timeout_s
+        )
 
     @overload
     def clients(self, role: Literal["ps"]) -> list[ParameterClient]: ...

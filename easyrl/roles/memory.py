@@ -53,7 +53,7 @@ from easyrl.replay.frames import layout_for
 from easyrl.replay.storage import DATA_PREFIX
 from easyrl.roles import wal
 from easyrl.seeds import derive_seed
-from easyrl.transport import codec
+from easyrl.transport import codec, shm
 from easyrl.transport import easyrl_pb2 as pb
 from easyrl.transport import easyrl_pb2_grpc as pb_grpc
 from easyrl.transport.rpc import caller_active, invalid_argument_on_error, within_deadline
@@ -113,6 +113,9 @@ class MemoryServer(pb_grpc.ReplayMemoryServicer):
             (`restore_stored`): their resends are known as duplicates.
         log: the shard's write-ahead log (`easyrl.roles.wal`; None: none): inserts and
             priority updates are answered once their records are durable.
+
+    `shared` (set by the role when it serves, None: none) writes the sampled batches of
+    callers on this host into their shared-memory segments (`easyrl.transport.shm`).
     """
 
     def __init__(
@@ -135,6 +138,7 @@ class MemoryServer(pb_grpc.ReplayMemoryServicer):
         self._stored: dict[int, tuple[int, int]] = dict(stored or {})
         self.stopping = threading.Event()
         self.log = log
+        self.shared: shm.Attached | None = None
         self._removes = log is not None and wal.removes_on_sample(table)
         if log is not None:  # a log that cannot write answers nothing more: stop the shard
             log.on_error = lambda err: self.stopping.set()
@@ -345,12 +349,28 @@ class MemoryServer(pb_grpc.ReplayMemoryServicer):
         # items to a caller that is gone: they would be lost.
         timeout, active = within_deadline(context, request.timeout_s), caller_active(context)
         if table.prefetch and request.batch_size == table.batch_size:
-            return self._prefetched(timeout, active)
+            return self._shared(request.shm_name, self._prefetched(timeout, active))
         op = Op("sample", timeout, n=request.batch_size, round=request.round, active=active)
         try:
-            return self._submit(op)
+            return self._shared(request.shm_name, self._submit(op))
         except RateLimitTimeout:
             return pb.SampleResponse(ready=False, round=table.round)
+
+    def _shared(self, name: str, reply):
+        """`reply` with its body in the caller's segment `name` when the caller shares this
+        host (`easyrl.transport.shm`), else as it is (also when the segment is not this
+        run's, is gone or is too small: the batch is never lost)."""
+        if not name or self.shared is None or not isinstance(reply, codec.Framed):
+            return reply
+        parts, size = reply.body_parts()
+        if not self.shared.write(name, parts, size):
+            self.counters["shm_refused"] += 1
+            return reply
+        self.counters["shm_samples"] += 1
+        message = pb.SampleResponse()
+        message.CopyFrom(reply.message)
+        message.shm_body = size
+        return message
 
     def _prefetched(self, timeout: float, active: Callable[[], bool]):
         """A ready batch from the prefetch queue, waiting up to `timeout` for one."""
@@ -398,9 +418,11 @@ class MemoryServer(pb_grpc.ReplayMemoryServicer):
         return pb.ShutdownResponse()
 
     def close(self) -> None:
-        """Stops the table thread."""
+        """Stops the table thread (and unmaps the callers' segments)."""
         self.stopping.set()
         self._thread.join(timeout=5)
+        if self.shared is not None:
+            self.shared.close()
 
     def _state(self) -> dict:
         """The table's state and the last insert stored from each actor (exactly-once
@@ -623,6 +645,8 @@ def run(ctx) -> int:
     marker.parent.mkdir(parents=True, exist_ok=True)
     marker.touch()
     memory = build(ctx.cfg, spec, ctx.task, ctx.cluster, snapshot=path, restarted=restarted)
+    if ctx.cfg.cluster.shared_memory:
+        memory.shared = shm.Attached(shm.run_prefix(ctx.token))
     snapshots = kinds.get(ctx.cfg.replay.kind).snapshots and ctx.cfg.input.dir is None
     # Every actor keeps one Insert in flight, and one the rate limiter holds back occupies
     # a handler thread: enough threads that learners' Samples never queue behind them.

@@ -4,6 +4,7 @@ an `rpc.Client`, which does the token, deadlines, retries and TLS.
 """
 
 import math
+import threading
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, NamedTuple, TypedDict, Unpack
 
@@ -11,7 +12,7 @@ import numpy as np
 
 from easyrl.metrics import StopKind
 from easyrl.replay.sampled import NotReady, Sampled
-from easyrl.transport import codec, rpc
+from easyrl.transport import codec, rpc, shm
 from easyrl.transport import easyrl_pb2 as pb
 
 if TYPE_CHECKING:
@@ -80,7 +81,11 @@ class ShardClient:
 
     def __init__(self, client: rpc.Client):
         self.rpc, self.address, self.call = client, client.address, client.call
-        self.serving, self.close = client.serving, client.close
+        self.serving = client.serving
+
+    def close(self) -> None:
+        """Closes the channel."""
+        self.rpc.close()
 
     def status(self) -> Status:
         reply = self.call("Status", pb.StatusRequest())
@@ -175,7 +180,22 @@ class ParameterClient(ShardClient):
 
 
 class MemoryClient(ShardClient):
-    """A client of one memory shard."""
+    """A client of one memory shard.
+
+    Args:
+        client: the wrapped `rpc.Client`.
+        shm_prefix: the run's segment prefix (`shm.run_prefix`) when the shard is on this
+            host and may write sampled batches into this client's shared memory
+            (`easyrl.transport.shm`); None: every batch comes over gRPC.
+    """
+
+    def __init__(self, client: rpc.Client, shm_prefix: str | None = None):
+        super().__init__(client)
+        self._prefix = shm_prefix
+        self._segment: shm.Segment | None = None
+        self._segment_lock = threading.Lock()  # one call at a time uses the segment
+        self.shm_samples = 0
+        """Batches that came through shared memory."""
 
     def insert(
         self,
@@ -201,15 +221,52 @@ class MemoryClient(ShardClient):
     def sample(self, batch_size: int, timeout_s: float) -> Sampled | None:
         """A sampled batch (items, keys, importance weights), or None when the rate limiter
         did not allow a sample within `timeout_s`."""
-        reply = self.call("Sample", pb.SampleRequest(batch_size=batch_size, timeout_s=timeout_s))
+        request = pb.SampleRequest(batch_size=batch_size, timeout_s=timeout_s)
+        if self._prefix is None or not self._segment_lock.acquire(blocking=False):
+            reply = self.call("Sample", request)
+            body = reply.body
+        else:
+            try:
+                reply, body = self._sample_shared(request)
+            finally:
+                self._segment_lock.release()
         if not reply.ready:
             return None
-        body = reply.body
         return Sampled(
             data=codec.decode_batch(reply.tensors, body),
             keys=codec.decode_array(reply.keys, body),
             weights=codec.decode_array(reply.weights, body),
         )
+
+    def _sample_shared(self, request) -> tuple:
+        """(reply, body) of a Sample whose body the shard may write into this client's
+        segment (made on first use; a call that fails drops it: the shard may still write)."""
+        if self._segment is None:
+            try:
+                self._segment = shm.Segment(self._prefix or "")
+            except OSError:  # no /dev/shm here: gRPC from now on
+                self._prefix = None
+                return (reply := self.call("Sample", request)), reply.body
+        request.shm_name = self._segment.name
+        try:
+            reply = self.call("Sample", request)
+        except BaseException:
+            self._segment.renew()
+            raise
+        if reply.shm_body:
+            self.shm_samples += 1
+            return reply, self._segment.read(reply.shm_body)
+        if len(reply.body) > self._segment.size:  # the next batch of this size fits
+            self._segment.renew(len(reply.body) + len(reply.body) // 4)
+        return reply, reply.body
+
+    def close(self) -> None:
+        """Closes the channel and unlinks this client's segment."""
+        self.rpc.close()
+        with self._segment_lock:
+            if self._segment is not None:
+                self._segment.close()
+                self._segment = None
 
     def take_round(self, round_: int, timeout_s: float) -> Sampled | NotReady:
         """All of round `round_` once it is complete (waiting up to `timeout_s`), or what the
@@ -229,10 +286,22 @@ class MemoryClient(ShardClient):
         return self.call("UpdatePriorities", body.frame(request)).updated
 
 
-def connect(role: str, address: str, token: str | None, sec: "SecurityConfig", **options):
+def connect(
+    role: str,
+    address: str,
+    token: str | None,
+    sec: "SecurityConfig",
+    shared_memory: bool = False,
+    **options,
+):
     """A client of server `role` ("ps" or "memory") at `address`, over TLS per the config's
     `security` section (servers with `tls_ca` ask for client certificates: ours is shown);
-    `options`: `rpc.Client`'s keyword arguments."""
-    cls = {"ps": ParameterClient, "memory": MemoryClient}[role]
+    a memory client takes sampled batches through shared memory when `shared_memory` and the
+    server is on this host (`easyrl.transport.shm`); `options`: `rpc.Client`'s keyword
+    arguments."""
     tls = dict(tls_ca=sec.tls_ca, tls_cert=sec.tls_cert, tls_key=sec.tls_key)
-    return cls(rpc.Client(rpc.stub_class(role), address, token, **tls, **options))
+    client = rpc.Client(rpc.stub_class(role), address, token, **tls, **options)
+    if role == "ps":
+        return ParameterClient(client)
+    shared = shared_memory and shm.same_host(address)
+    return MemoryClient(client, shm.run_prefix(token) if shared else None)

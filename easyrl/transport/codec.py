@@ -262,6 +262,10 @@ class Framed:
     def body(self) -> bytes:
         return b"".join(self._body.parts)
 
+    def body_parts(self) -> tuple[list[memoryview], int]:
+        """The body's buffers (no copy) and their size in bytes."""
+        return self._body.parts, self._body.size
+
     def __getattr__(self, name: str):
         return getattr(self.message, name)
 

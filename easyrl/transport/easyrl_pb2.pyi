@@ -243,23 +243,26 @@ class InsertResponse(_message.Message):
     def __init__(self, size: _Optional[int] = ..., inserted: _Optional[int] = ..., refused: _Optional[bool] = ..., round: _Optional[int] = ..., duplicate: _Optional[bool] = ...) -> None: ...
 
 class SampleRequest(_message.Message):
-    __slots__ = ("batch_size", "timeout_s", "round")
+    __slots__ = ("batch_size", "timeout_s", "round", "shm_name")
     BATCH_SIZE_FIELD_NUMBER: _ClassVar[int]
     TIMEOUT_S_FIELD_NUMBER: _ClassVar[int]
     ROUND_FIELD_NUMBER: _ClassVar[int]
+    SHM_NAME_FIELD_NUMBER: _ClassVar[int]
     batch_size: int
     timeout_s: float
     round: int
-    def __init__(self, batch_size: _Optional[int] = ..., timeout_s: _Optional[float] = ..., round: _Optional[int] = ...) -> None: ...
+    shm_name: str
+    def __init__(self, batch_size: _Optional[int] = ..., timeout_s: _Optional[float] = ..., round: _Optional[int] = ..., shm_name: _Optional[str] = ...) -> None: ...
 
 class SampleResponse(_message.Message):
-    __slots__ = ("ready", "tensors", "keys", "weights", "round", "incomplete", "body")
+    __slots__ = ("ready", "tensors", "keys", "weights", "round", "incomplete", "shm_body", "body")
     READY_FIELD_NUMBER: _ClassVar[int]
     TENSORS_FIELD_NUMBER: _ClassVar[int]
     KEYS_FIELD_NUMBER: _ClassVar[int]
     WEIGHTS_FIELD_NUMBER: _ClassVar[int]
     ROUND_FIELD_NUMBER: _ClassVar[int]
     INCOMPLETE_FIELD_NUMBER: _ClassVar[int]
+    SHM_BODY_FIELD_NUMBER: _ClassVar[int]
     BODY_FIELD_NUMBER: _ClassVar[int]
     ready: bool
     tensors: _containers.RepeatedCompositeFieldContainer[Tensor]
@@ -267,8 +270,9 @@ class SampleResponse(_message.Message):
     weights: Tensor
     round: int
     incomplete: bool
+    shm_body: int
     body: bytes
-    def __init__(self, ready: _Optional[bool] = ..., tensors: _Optional[_Iterable[_Union[Tensor, _Mapping]]] = ..., keys: _Optional[_Union[Tensor, _Mapping]] = ..., weights: _Optional[_Union[Tensor, _Mapping]] = ..., round: _Optional[int] = ..., incomplete: _Optional[bool] = ..., body: _Optional[bytes] = ...) -> None: ...
+    def __init__(self, ready: _Optional[bool] = ..., tensors: _Optional[_Iterable[_Union[Tensor, _Mapping]]] = ..., keys: _Optional[_Union[Tensor, _Mapping]] = ..., weights: _Optional[_Union[Tensor, _Mapping]] = ..., round: _Optional[int] = ..., incomplete: _Optional[bool] = ..., shm_body: _Optional[int] = ..., body: _Optional[bytes] = ...) -> None: ...
 
 class UpdatePrioritiesRequest(_message.Message):
     __slots__ = ("keys", "priorities", "body")

@@ -1,0 +1,170 @@
+"""Same-host payloads through shared memory (issue 45): when a learner and a memory shard run
+on one host, a sampled batch goes through a shared-memory segment instead of protobuf and
+HTTP/2; the Sample call itself still goes over gRPC and carries only the tensors' metadata.
+
+Which calls use it: a `MemoryClient` whose server address is a loopback one (the local
+launcher's; across hosts and Kubernetes pods nothing changes), unless `cluster.shared_memory`
+is false. The client owns one segment (`Segment`), named from the run's token
+(`run_prefix`: processes of other runs, and a caller without the token, get nothing: the
+server writes only into segments of its own run's prefix, and the RPC needs the token
+anyway). POSIX shared memory is created 0600 by its owner.
+
+No torn batch is ever read: the server writes the body into the segment before it answers,
+the client reads it only from an answer, one call at a time; a call that failed or timed out
+(its server may still be writing) makes the client drop that segment and start a fresh one.
+A batch larger than the segment comes back over gRPC as before, and the client grows its
+segment for the next one. The client unlinks its segment when it closes; `remove_run` unlinks
+what a killed process left (the local launcher calls it when a run ends).
+"""
+
+import hashlib
+import itertools
+import os
+import threading
+from collections import OrderedDict
+from collections.abc import Sequence
+from multiprocessing import resource_tracker, shared_memory
+from pathlib import Path
+
+SHM_DIR = Path("/dev/shm")
+"""Where Linux keeps POSIX shared memory (`remove_run` looks there)."""
+INITIAL_BYTES = 1 << 20
+"""A client's first segment (it grows to what a batch needs)."""
+_LOOPBACK = ("127.0.0.1", "localhost", "::1")
+_counter = itertools.count()
+
+
+def run_prefix(token: str | None) -> str:
+    """The name prefix of the run's segments: from a hash of its token (never the token)."""
+    return f"easyrl-{hashlib.sha256((token or '').encode()).hexdigest()[:12]}-"
+
+
+def same_host(address: str) -> bool:
+    """Whether a server address is a loopback one (the caller and the server share a host)."""
+    host = address.rsplit(":", 1)[0].strip("[]")
+    return host in _LOOPBACK
+
+
+class Segment:
+    """A client's segment: created 0600 with a fresh name of the run's prefix, grown and
+    dropped (unlinked) by its owner only.
+
+    Args:
+        prefix: `run_prefix` of the run.
+        size: bytes.
+
+    Raises:
+        OSError: the segment cannot be created (no /dev/shm, no space).
+    """
+
+    def __init__(self, prefix: str, size: int = INITIAL_BYTES):
+        self.prefix = prefix
+        self._shm = self._create(size)
+
+    def _create(self, size: int) -> shared_memory.SharedMemory:
+        name = f"{self.prefix}{os.getpid()}-{next(_counter)}"
+        return shared_memory.SharedMemory(name=name, create=True, size=max(1, size))
+
+    @property
+    def name(self) -> str:
+        return self._shm.name
+
+    @property
+    def size(self) -> int:
+        return self._shm.size
+
+    def read(self, size: int) -> bytes:
+        """A copy of the segment's first `size` bytes (what the server wrote)."""
+        if not 0 < size <= self._shm.size:
+            raise ValueError(f"a body of {size} bytes does not fit the segment's {self.size}")
+        return bytes(_buffer(self._shm)[:size])
+
+    def renew(self, size: int | None = None) -> None:
+        """Drops the segment for a fresh one (of `size` bytes; default: the same size)."""
+        size = self._shm.size if size is None else size
+        self.close()
+        self._shm = self._create(size)
+
+    def close(self) -> None:
+        """Unlinks the segment (a server that still maps it keeps only its own mapping)."""
+        self._shm.close()
+        try:
+            self._shm.unlink()
+        except FileNotFoundError:
+            pass
+
+
+class Attached:
+    """A server's mappings of its clients' segments, by name (the newest few kept).
+
+    Args:
+        prefix: `run_prefix` of the server's run: a segment of another prefix is refused.
+        keep: how many mappings to keep (a client that renews its segment leaves the old
+            one behind).
+    """
+
+    def __init__(self, prefix: str, keep: int = 16):
+        self.prefix, self.keep = prefix, keep
+        self._open: OrderedDict[str, shared_memory.SharedMemory] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def write(self, name: str, parts: Sequence[memoryview], size: int) -> bool:
+        """Writes `parts` (`size` bytes in all) back to back at the start of segment `name`;
+        False (nothing written) when the name is not of this run, the segment is gone or
+        too small."""
+        if not name.startswith(self.prefix) or "/" in name:
+            return False
+        shm = self._get(name)
+        if shm is None or size > shm.size:
+            return False
+        buffer, offset = _buffer(shm), 0
+        for part in parts:
+            buffer[offset : offset + len(part)] = part
+            offset += len(part)
+        return True
+
+    def _get(self, name: str) -> shared_memory.SharedMemory | None:
+        with self._lock:
+            shm = self._open.get(name)
+            if shm is not None:
+                self._open.move_to_end(name)
+                return shm
+            try:
+                shm = shared_memory.SharedMemory(name=name)
+            except (FileNotFoundError, ValueError, OSError):
+                return None
+            # The owner unlinks it; this process only maps it (Python < 3.13 would have
+            # its resource tracker unlink the client's segment when this process exits).
+            resource_tracker.unregister(shm._name, "shared_memory")  # pyright: ignore[reportAttributeAccessIssue]
+            self._open[name] = shm
+            while len(self._open) > self.keep:
+                _, old = self._open.popitem(last=False)
+                old.close()
+            return shm
+
+    def close(self) -> None:
+        """Unmaps every segment."""
+        with self._lock:
+            for shm in self._open.values():
+                shm.close()
+            self._open.clear()
+
+
+def _buffer(shm: shared_memory.SharedMemory) -> memoryview:
+    """The segment's memory (None only once closed)."""
+    if shm.buf is None:
+        raise ValueError(f"segment {shm.name} is closed")
+    return shm.buf
+
+
+def remove_run(token: str | None) -> int:
+    """Unlinks every segment of the run of `token` left in /dev/shm (by processes that were
+    killed); returns how many."""
+    removed = 0
+    for path in SHM_DIR.glob(f"{run_prefix(token)}*"):
+        try:
+            path.unlink()
+            removed += 1
+        except OSError:
+            pass
+    return removed

@@ -1,0 +1,139 @@
+"""Sampled batches through shared memory between processes of one host
+(easyrl.transport.shm): a real memory server on loopback writes the body into the learner
+client's segment; a foreign or missing segment, a batch too big and a failed call all fall
+back to gRPC's bytes without losing the batch; segments are 0600, named from the run's token,
+and gone once their client closes or the launcher cleans up after a kill."""
+
+import os
+import stat
+from multiprocessing import resource_tracker, shared_memory
+
+import numpy as np
+import pytest
+from test_memory_server import (  # noqa: F401 (serve_memory: the fixture)
+    BATCH,
+    SPEC,
+    check_items,
+    counters,
+    insert,
+    make_batch,
+    serve_memory,
+)
+
+from easyrl import config as config_lib
+from easyrl.errors import TransportError
+from easyrl.replay import LimitedTable, RateLimiter, UniformTable
+from easyrl.roles.memory import MemoryServer
+from easyrl.transport import shm
+from easyrl.transport.clients import MemoryClient
+
+TOKEN = "memory-test-token"
+PREFIX = shm.run_prefix(TOKEN)
+
+
+@pytest.fixture
+def filled(serve_memory):  # noqa: F811 (the imported fixture)
+    """(memory server with shared memory on, its raw client filled with 16 items)."""
+    memory, client = serve_memory()
+    memory.shared = shm.Attached(PREFIX)
+    insert(client, make_batch(0, 16))
+    return memory, client
+
+
+def segment_files() -> set[str]:
+    return {p.name for p in shm.SHM_DIR.glob(f"{PREFIX}*")}
+
+
+def test_a_same_host_sample_comes_through_shared_memory(filled):
+    memory, raw = filled
+    before = segment_files()
+    client = MemoryClient(raw, PREFIX)
+    for batch_size in (BATCH, 7):  # prefetched, then queued
+        taken = client.sample(batch_size, timeout_s=2.0)
+        assert taken is not None and len(taken.keys) == batch_size
+        check_items(taken.data, taken.keys)
+        np.testing.assert_array_equal(taken.weights, 1.0)
+    assert client.shm_samples == 2 and counters(raw)["memory/0/shm_samples"] == 2
+    (name,) = segment_files() - before
+    assert stat.S_IMODE(os.stat(shm.SHM_DIR / name).st_mode) == 0o600
+    client.close()
+    assert segment_files() == before  # unlinked with its client
+
+
+def test_a_segment_of_another_run_is_never_written_and_the_batch_comes_by_grpc(filled):
+    memory, raw = filled
+    other = shm.Segment(shm.run_prefix("another run's token"))
+    try:
+        client = MemoryClient(raw, other.prefix)
+        client._segment = other  # what a client of another run would name
+        taken = client.sample(BATCH, timeout_s=2.0)
+        assert taken is not None and client.shm_samples == 0
+        check_items(taken.data, taken.keys)
+        assert counters(raw)["memory/0/shm_refused"] == 1
+        assert bytes(other.read(8)) == bytes(8)  # untouched
+    finally:
+        other.close()
+
+
+def test_a_batch_too_big_for_the_segment_comes_by_grpc_then_the_segment_grows(filled):
+    memory, raw = filled
+    client = MemoryClient(raw, PREFIX)
+    client._segment = shm.Segment(PREFIX, size=16)
+    first = client.sample(BATCH, timeout_s=2.0)
+    assert first is not None and client.shm_samples == 0
+    check_items(first.data, first.keys)
+    assert client._segment.size > 16
+    second = client.sample(BATCH, timeout_s=2.0)
+    assert second is not None and client.shm_samples == 1
+    check_items(second.data, second.keys)
+    client.close()
+
+
+def test_a_failed_call_drops_the_segment_the_server_may_still_write(filled):
+    memory, raw = filled
+    client = MemoryClient(raw, PREFIX)
+    assert client.sample(BATCH, timeout_s=2.0) is not None
+    used = client._segment.name
+
+    def deadline_passed(*args, **kwargs):  # the server may answer (and write) later
+        raise TransportError("Sample: deadline exceeded")
+
+    client.call = deadline_passed
+    with pytest.raises(TransportError):
+        client.sample(BATCH, timeout_s=0.5)
+    assert client._segment.name != used and used not in segment_files()
+    client.close()
+
+
+def test_without_shared_memory_nothing_is_made(serve_memory):  # noqa: F811
+    memory, raw = serve_memory()
+    memory.shared = shm.Attached(PREFIX)
+    insert(raw, make_batch(0, 16))
+    before = segment_files()
+    client = MemoryClient(raw)  # not on this host, or cluster.shared_memory: false
+    assert client.sample(BATCH, timeout_s=2.0) is not None
+    assert segment_files() == before and counters(raw).get("memory/0/shm_samples", 0) == 0
+
+
+def test_only_loopback_servers_share_memory_and_the_config_can_turn_it_off():
+    assert shm.same_host("127.0.0.1:7000") and shm.same_host("[::1]:7000")
+    assert shm.same_host("localhost:1")
+    assert not shm.same_host("10.0.0.3:7000") and not shm.same_host("memory-0.easyrl:7000")
+    raw = {"algorithm": {"name": "dqn"}, "env": {"id": "CartPole-v1"}}
+    assert config_lib.from_dict(raw).cluster.shared_memory
+    assert not config_lib.from_dict(raw, ["cluster.shared_memory=false"]).cluster.shared_memory
+
+
+def test_the_launcher_removes_what_a_killed_process_left():
+    # What a process killed with its resource tracker leaves: a segment nobody unlinks.
+    left = shared_memory.SharedMemory(name=f"{PREFIX}killed-0", create=True, size=64)
+    resource_tracker.unregister(left._name, "shared_memory")  # pyright: ignore
+    left.close()
+    assert left.name in segment_files()
+    assert shm.remove_run(TOKEN) >= 1
+    assert left.name not in segment_files()
+
+
+def test_a_memory_server_built_without_a_run_writes_nothing():
+    table = LimitedTable(UniformTable(SPEC, 8, seed=0), RateLimiter(1), BATCH)
+    assert MemoryServer(table).shared is None
