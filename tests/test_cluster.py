@@ -112,6 +112,21 @@ def _assert_no_processes_left(run_dir: Path, grace_s: float = 5.0) -> None:
     )
 
 
+def _segments_since(started: float) -> list[str]:
+    """easyrl's shared-memory segments (`easyrl.transport.shm`) made since `started` (a
+    `time.time()`) that are still there."""
+    from easyrl.transport import shm
+
+    found = []
+    for path in shm.SHM_DIR.glob("easyrl-*"):
+        try:
+            if path.stat().st_mtime >= started:
+                found.append(path.name)
+        except FileNotFoundError:
+            pass
+    return found
+
+
 def _free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
@@ -144,6 +159,7 @@ class Run:
         for override in (*base, f"run.dir={self.run_dir}", *overrides):
             command += ["--set", override]
         self.started = time.monotonic()
+        self.started_at = time.time()  # wall clock, for files the run makes
         with self.out_path.open("wb") as out:
             self.process = subprocess.Popen(
                 command,
@@ -301,6 +317,10 @@ def test_train_short_run_moves_every_counter(launch):
     memory = _counters(summary, "memory/0")
     assert memory["memory/0/inserts"] > 0
     assert memory["memory/0/samples"] > 0
+    # The learner shares the shard's host: its batches came through shared memory, and no
+    # segment outlives the run.
+    assert memory["memory/0/shm_samples"] > 0 and not memory.get("memory/0/shm_refused")
+    assert not _segments_since(run.started_at), _segments_since(run.started_at)
 
     metrics = run.metrics()
     assert len(metrics) >= 2
@@ -827,6 +847,7 @@ def test_memory_killed_is_restarted_from_its_snapshot(launch):
     assert run.metrics()[-1]["updates"] > updates_at_kill
     assert snapshot_items() >= held  # the clean shutdown wrote a final snapshot
     _assert_no_processes_left(run.run_dir)
+    assert not _segments_since(run.started_at), _segments_since(run.started_at)
 
 
 def _exited(pid: int) -> bool:
