@@ -13,14 +13,18 @@ same size, measured in one run on the same machine.
 - memory Sample: one prioritized memory shard (spawned `memory.build` + `rpc.make_server`,
   as `bench_memory.py` does) holding 42x42x4 uint8 Atari transitions (obs + next_obs,
   14,128 B per item), sampled with `MemoryClient.sample(512)` (decoded, no priority
-  update): raw is the same number of bytes down.
+  update): raw is the same number of bytes down. Twice: over gRPC (a client on another
+  host), and the same-host path (`easyrl.transport.shm`: the body through the client's
+  shared-memory segment, what a learner beside its shard gets).
 
 Each pair (raw and easyrl at one size) is measured alternately, `--rounds` times, and the
 median MB/s of each side is compared. The last line is
 
     ratios: ps_pull=R ps_push=R memory_sample=R
 
-(easyrl MB/s over raw MB/s; for the PS the smaller ratio of the two model sizes).
+(easyrl MB/s over raw MB/s; for the PS the smaller ratio of the two model sizes), the gRPC
+path's. The line above it, `same-host: memory_sample=R`, is the shared-memory path's (PS
+Pull and Push have no same-host path yet).
 
     python benchmarks/bench_wire.py            # print the table and the ratios
     python benchmarks/bench_wire.py --write    # and update benchmarks/RESULTS.md
@@ -46,7 +50,7 @@ from report import load_average, markdown_table, parse_args, section_text, write
 
 from easyrl.cluster.launcher import die_with_parent, free_ports  # noqa: E402
 from easyrl.replay import item_bytes  # noqa: E402
-from easyrl.transport import rpc  # noqa: E402
+from easyrl.transport import rpc, shm  # noqa: E402
 from easyrl.transport.clients import MemoryClient, ParameterClient  # noqa: E402
 
 SMOKE_LINE = r"^ratios: ps_pull=\d"
@@ -174,7 +178,7 @@ def bench_ps_pair(cluster: servers.Cluster, raw: RawClient, model: str, args) ->
     return rows
 
 
-def bench_sample_pair(cluster: servers.Cluster, raw: RawClient, args) -> dict:
+def bench_sample_pair(cluster: servers.Cluster, raw: RawClient, args) -> list[dict]:
     spec = bench_memory.ITEM_SPECS["atari"]
     config = {
         "algorithm": {"name": "dqn", "batch_size": SAMPLE_BATCH},
@@ -196,18 +200,34 @@ def bench_sample_pair(cluster: servers.Cluster, raw: RawClient, args) -> dict:
     # keys (int64) and importance weights (float32 or float64) travel with the items
     size = SAMPLE_BATCH * item_bytes(spec)
 
-    def sample():
-        taken = client.sample(SAMPLE_BATCH, timeout_s=10.0)
-        if taken is None:
-            raise RuntimeError("the memory shard did not answer a sample")
-        data = sum(v.nbytes for v in taken.data.values())
-        return 1, data + taken.keys.nbytes + taken.weights.nbytes
+    shared = MemoryClient(
+        servers.client("memory", server.address, cluster.token), shm.run_prefix(cluster.token)
+    )
+
+    def sampler(through: MemoryClient):
+        def sample():
+            taken = through.sample(SAMPLE_BATCH, timeout_s=10.0)
+            if taken is None:
+                raise RuntimeError("the memory shard did not answer a sample")
+            data = sum(v.nbytes for v in taken.data.values())
+            return 1, data + taken.keys.nbytes + taken.weights.nbytes
+
+        return sample
 
     name = f"memory Sample({SAMPLE_BATCH}), Atari 42x42x4 items ({size / 1e6:.1f} MB)"
-    row = {**pair(name, raw.down(size), sample, args), "kind": "memory_sample"}
+    rows = [
+        {**pair(name, raw.down(size), sampler(client), args), "kind": "memory_sample"},
+        {
+            **pair(f"{name}, same host", raw.down(size), sampler(shared), args),
+            "kind": "memory_sample_shm",
+        },
+    ]
+    if shared.shm_samples == 0:
+        raise RuntimeError("no sample came through shared memory")
     client.close()
+    shared.close()
     cluster.stop([server])
-    return row
+    return rows
 
 
 def report(rows: list[dict], args) -> tuple[str, str]:
@@ -219,6 +239,7 @@ def report(rows: list[dict], args) -> tuple[str, str]:
     for kind in ("ps_pull", "ps_push", "memory_sample"):
         ratios[kind] = min(r["ratio"] for r in rows if r["kind"] == kind)
     line = "ratios: " + " ".join(f"{k}={v:.2f}" for k, v in ratios.items())
+    same_host = min(r["ratio"] for r in rows if r["kind"] == "memory_sample_shm")
     notes = [
         "",
         f"- medians of {args.rounds} alternating rounds of {args.duration:g} s per side; "
@@ -228,6 +249,8 @@ def report(rows: list[dict], args) -> tuple[str, str]:
         "shard (Sample decoded, no priority update).",
         "- MB/s counts tensor bytes (raw: payload bytes). Goals (issue 15): ps_pull >= 0.7, "
         "memory_sample >= 0.7, ps_push >= 0.5.",
+        "",
+        f"`same-host: memory_sample={same_host:.2f}`",
         "",
         "`" + line + "`",
     ]
@@ -256,7 +279,7 @@ def main() -> None:
         try:
             for model in args.models.split(","):
                 rows += bench_ps_pair(cluster, raw, model, args)
-            rows.append(bench_sample_pair(cluster, raw, args))
+            rows += bench_sample_pair(cluster, raw, args)
         finally:
             raw.channel.close()
             process.terminate()

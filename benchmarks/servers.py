@@ -184,6 +184,7 @@ def _memory_server_main(address: str, token: str, raw_config: dict, spec: dict) 
     # With a run.dir: the shard's snapshot path there, so its write-ahead log is on.
     snapshot = None if cfg.run.dir is None else memory_role.snapshot_path(Path(cfg.run.dir), 0)
     memory = memory_role.build(cfg, table_spec, 0, snapshot=snapshot)
+    memory_role.share_memory(memory, cfg, token)
     # Handler threads as `roles.memory.run` sizes them for a cluster of up to 64 actors.
     server, _ = rpc.make_server(address, token, max_workers=16 + 64 + 4)
     rpc.add_servicer("memory", memory, server)

@@ -561,6 +561,13 @@ def shard_setup(cfg, spec, shard: int, cluster=None, restarted: bool = False) ->
     )
 
 
+def share_memory(memory: MemoryServer, cfg, token: str | None) -> None:
+    """Lets `memory` write the sampled batches of callers on its host into their segments
+    (`easyrl.transport.shm`; the run of `token`), unless `cluster.shared_memory` is false."""
+    if cfg.cluster.shared_memory:
+        memory.shared = shm.Attached(shm.run_prefix(token))
+
+
 def build(
     cfg, spec, shard: int, cluster=None, snapshot: Path | None = None, restarted: bool = False
 ) -> MemoryServer:
@@ -645,8 +652,7 @@ def run(ctx) -> int:
     marker.parent.mkdir(parents=True, exist_ok=True)
     marker.touch()
     memory = build(ctx.cfg, spec, ctx.task, ctx.cluster, snapshot=path, restarted=restarted)
-    if ctx.cfg.cluster.shared_memory:
-        memory.shared = shm.Attached(shm.run_prefix(ctx.token))
+    share_memory(memory, ctx.cfg, ctx.token)
     snapshots = kinds.get(ctx.cfg.replay.kind).snapshots and ctx.cfg.input.dir is None
     # Every actor keeps one Insert in flight, and one the rate limiter holds back occupies
     # a handler thread: enough threads that learners' Samples never queue behind them.
