@@ -23,8 +23,8 @@ median MB/s of each side is compared. The last line is
     ratios: ps_pull=R ps_push=R memory_sample=R
 
 (easyrl MB/s over raw MB/s; for the PS the smaller ratio of the two model sizes), the gRPC
-path's. The line above it, `same-host: memory_sample=R`, is the shared-memory path's (PS
-Pull and Push have no same-host path yet).
+path's. The line above it, `same-host: ps_pull=R memory_sample=R`, is the shared-memory
+path's (`easyrl.transport.shm`; PS Push has no same-host path yet).
 
     python benchmarks/bench_wire.py            # print the table and the ratios
     python benchmarks/bench_wire.py --write    # and update benchmarks/RESULTS.md
@@ -157,11 +157,17 @@ def bench_ps_pair(cluster: servers.Cluster, raw: RawClient, model: str, args) ->
     grads = {n: (rng.standard_normal(v.shape) * 1e-6).astype(np.float32) for n, v in values.items()}
     size = sum(v.nbytes for v in values.values())
     client = ParameterClient(servers.client("ps", spec.ps[0], cluster.token))
+    shared = ParameterClient(
+        servers.client("ps", spec.ps[0], cluster.token), shm.run_prefix(cluster.token)
+    )
     version = client.assign(values)
 
-    def pull():
-        client.pull(known_version=-1)
-        return 1, size
+    def puller(through: ParameterClient):
+        def pull():
+            through.pull(known_version=-1)
+            return 1, size
+
+        return pull
 
     def push():
         nonlocal version
@@ -170,10 +176,20 @@ def bench_ps_pair(cluster: servers.Cluster, raw: RawClient, model: str, args) ->
 
     mb = f"{size / 1e6:.1f} MB"
     rows = [
-        {**pair(f"PS Pull, {model} ({mb})", raw.down(size), pull, args), "kind": "ps_pull"},
+        {
+            **pair(f"PS Pull, {model} ({mb})", raw.down(size), puller(client), args),
+            "kind": "ps_pull",
+        },
+        {
+            **pair(f"PS Pull, {model} ({mb}), same host", raw.down(size), puller(shared), args),
+            "kind": "ps_pull_shm",
+        },
         {**pair(f"PS Push, {model} ({mb})", raw.up(size), push, args), "kind": "ps_push"},
     ]
+    if shared.shm_replies == 0:
+        raise RuntimeError("no pull came through shared memory")
     client.close()
+    shared.close()
     cluster.stop(cluster.servers[-1:])
     return rows
 
@@ -222,7 +238,7 @@ def bench_sample_pair(cluster: servers.Cluster, raw: RawClient, args) -> list[di
             "kind": "memory_sample_shm",
         },
     ]
-    if shared.shm_samples == 0:
+    if shared.shm_replies == 0:
         raise RuntimeError("no sample came through shared memory")
     client.close()
     shared.close()
@@ -239,7 +255,10 @@ def report(rows: list[dict], args) -> tuple[str, str]:
     for kind in ("ps_pull", "ps_push", "memory_sample"):
         ratios[kind] = min(r["ratio"] for r in rows if r["kind"] == kind)
     line = "ratios: " + " ".join(f"{k}={v:.2f}" for k, v in ratios.items())
-    same_host = min(r["ratio"] for r in rows if r["kind"] == "memory_sample_shm")
+    same_host = {
+        kind: min(r["ratio"] for r in rows if r["kind"] == f"{kind}_shm")
+        for kind in ("ps_pull", "memory_sample")
+    }
     notes = [
         "",
         f"- medians of {args.rounds} alternating rounds of {args.duration:g} s per side; "
@@ -250,7 +269,7 @@ def report(rows: list[dict], args) -> tuple[str, str]:
         "- MB/s counts tensor bytes (raw: payload bytes). Goals (issue 15): ps_pull >= 0.7, "
         "memory_sample >= 0.7, ps_push >= 0.5.",
         "",
-        f"`same-host: memory_sample={same_host:.2f}`",
+        "`same-host: " + " ".join(f"{k}={v:.2f}" for k, v in same_host.items()) + "`",
         "",
         "`" + line + "`",
     ]

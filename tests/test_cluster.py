@@ -112,19 +112,11 @@ def _assert_no_processes_left(run_dir: Path, grace_s: float = 5.0) -> None:
     )
 
 
-def _segments_since(started: float) -> list[str]:
-    """easyrl's shared-memory segments (`easyrl.transport.shm`) made since `started` (a
-    `time.time()`) that are still there."""
+def _segments() -> set[str]:
+    """easyrl's shared-memory segments (`easyrl.transport.shm`) now."""
     from easyrl.transport import shm
 
-    found = []
-    for path in shm.SHM_DIR.glob("easyrl-*"):
-        try:
-            if path.stat().st_mtime >= started:
-                found.append(path.name)
-        except FileNotFoundError:
-            pass
-    return found
+    return {path.name for path in shm.SHM_DIR.glob("easyrl-*")}
 
 
 def _free_port() -> int:
@@ -159,7 +151,7 @@ class Run:
         for override in (*base, f"run.dir={self.run_dir}", *overrides):
             command += ["--set", override]
         self.started = time.monotonic()
-        self.started_at = time.time()  # wall clock, for files the run makes
+        self.segments_before = _segments()
         with self.out_path.open("wb") as out:
             self.process = subprocess.Popen(
                 command,
@@ -313,14 +305,15 @@ def test_train_short_run_moves_every_counter(launch):
     # The only learner applies its own updates and publishes them: nothing is pushed.
     assert ps["ps/0/applied"] > 0 and ps["ps/0/pushes"] == 0
     assert ps["ps/0/version"] > 1
+    assert ps["ps/0/shm_replies"] > 0  # weights pulled through shared memory: one host
     assert summary["servers"]["ps/0"]["stopping"] is True
     memory = _counters(summary, "memory/0")
     assert memory["memory/0/inserts"] > 0
     assert memory["memory/0/samples"] > 0
     # The learner shares the shard's host: its batches came through shared memory, and no
     # segment outlives the run.
-    assert memory["memory/0/shm_samples"] > 0 and not memory.get("memory/0/shm_refused")
-    assert not _segments_since(run.started_at), _segments_since(run.started_at)
+    assert memory["memory/0/shm_replies"] > 0 and not memory.get("memory/0/shm_refused")
+    assert not _segments() - run.segments_before, _segments() - run.segments_before
 
     metrics = run.metrics()
     assert len(metrics) >= 2
@@ -847,7 +840,7 @@ def test_memory_killed_is_restarted_from_its_snapshot(launch):
     assert run.metrics()[-1]["updates"] > updates_at_kill
     assert snapshot_items() >= held  # the clean shutdown wrote a final snapshot
     _assert_no_processes_left(run.run_dir)
-    assert not _segments_since(run.started_at), _segments_since(run.started_at)
+    assert not _segments() - run.segments_before, _segments() - run.segments_before
 
 
 def _exited(pid: int) -> bool:

@@ -572,6 +572,8 @@ def test_report_to_other_shard_invalid_and_no_return_counters(serve_ps):
             "version",
             "round",
             "queued",
+            "shm_replies",
+            "shm_refused",
         )
     }
     assert not any("return" in k or "env_steps" in k for k in after.counters)

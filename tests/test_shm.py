@@ -25,7 +25,7 @@ from easyrl.errors import TransportError
 from easyrl.replay import LimitedTable, RateLimiter, UniformTable
 from easyrl.roles.memory import MemoryServer
 from easyrl.transport import shm
-from easyrl.transport.clients import MemoryClient
+from easyrl.transport.clients import MemoryClient, ParameterClient
 
 TOKEN = "memory-test-token"
 PREFIX = shm.run_prefix(TOKEN)
@@ -53,7 +53,7 @@ def test_a_same_host_sample_comes_through_shared_memory(filled):
         assert taken is not None and len(taken.keys) == batch_size
         check_items(taken.data, taken.keys)
         np.testing.assert_array_equal(taken.weights, 1.0)
-    assert client.shm_samples == 2 and counters(raw)["memory/0/shm_samples"] == 2
+    assert client.shm_replies == 2 and counters(raw)["memory/0/shm_replies"] == 2
     (name,) = segment_files() - before
     assert stat.S_IMODE(os.stat(shm.SHM_DIR / name).st_mode) == 0o600
     client.close()
@@ -65,9 +65,9 @@ def test_a_segment_of_another_run_is_never_written_and_the_batch_comes_by_grpc(f
     other = shm.Segment(shm.run_prefix("another run's token"))
     try:
         client = MemoryClient(raw, other.prefix)
-        client._segment = other  # what a client of another run would name
+        client.shared.segment = other  # what a client of another run would name
         taken = client.sample(BATCH, timeout_s=2.0)
-        assert taken is not None and client.shm_samples == 0
+        assert taken is not None and client.shm_replies == 0
         check_items(taken.data, taken.keys)
         assert counters(raw)["memory/0/shm_refused"] == 1
         assert bytes(other.read(8)) == bytes(8)  # untouched
@@ -78,13 +78,13 @@ def test_a_segment_of_another_run_is_never_written_and_the_batch_comes_by_grpc(f
 def test_a_batch_too_big_for_the_segment_comes_by_grpc_then_the_segment_grows(filled):
     memory, raw = filled
     client = MemoryClient(raw, PREFIX)
-    client._segment = shm.Segment(PREFIX, size=16)
+    client.shared.segment = shm.Segment(PREFIX, size=16)
     first = client.sample(BATCH, timeout_s=2.0)
-    assert first is not None and client.shm_samples == 0
+    assert first is not None and client.shm_replies == 0
     check_items(first.data, first.keys)
-    assert client._segment.size > 16
+    assert client.shared.segment.size > 16
     second = client.sample(BATCH, timeout_s=2.0)
-    assert second is not None and client.shm_samples == 1
+    assert second is not None and client.shm_replies == 1
     check_items(second.data, second.keys)
     client.close()
 
@@ -93,7 +93,7 @@ def test_a_failed_call_drops_the_segment_the_server_may_still_write(filled):
     memory, raw = filled
     client = MemoryClient(raw, PREFIX)
     assert client.sample(BATCH, timeout_s=2.0) is not None
-    used = client._segment.name
+    used = client.shared.segment.name
 
     def deadline_passed(*args, **kwargs):  # the server may answer (and write) later
         raise TransportError("Sample: deadline exceeded")
@@ -101,7 +101,7 @@ def test_a_failed_call_drops_the_segment_the_server_may_still_write(filled):
     client.call = deadline_passed
     with pytest.raises(TransportError):
         client.sample(BATCH, timeout_s=0.5)
-    assert client._segment.name != used and used not in segment_files()
+    assert client.shared.segment.name != used and used not in segment_files()
     client.close()
 
 
@@ -112,7 +112,7 @@ def test_without_shared_memory_nothing_is_made(serve_memory):  # noqa: F811
     before = segment_files()
     client = MemoryClient(raw)  # not on this host, or cluster.shared_memory: false
     assert client.sample(BATCH, timeout_s=2.0) is not None
-    assert segment_files() == before and counters(raw).get("memory/0/shm_samples", 0) == 0
+    assert segment_files() == before and counters(raw).get("memory/0/shm_replies", 0) == 0
 
 
 def test_only_loopback_servers_share_memory_and_the_config_can_turn_it_off():
@@ -137,3 +137,20 @@ def test_the_launcher_removes_what_a_killed_process_left():
 def test_a_memory_server_built_without_a_run_writes_nothing():
     table = LimitedTable(UniformTable(SPEC, 8, seed=0), RateLimiter(1), BATCH)
     assert MemoryServer(table).shared is None
+
+
+def test_a_same_host_pull_comes_through_shared_memory(serve_ps):
+    ps, raw = serve_ps()
+    ps.shared = shm.Attached(PREFIX)
+    values = {"w": np.arange(12, dtype=np.float32).reshape(3, 4), "b": np.ones(4, np.float32)}
+    client = ParameterClient(raw, PREFIX)
+    version = client.assign(values)
+    pulled = client.pull()
+    assert pulled.version == version and client.shm_replies == 1
+    for name, value in values.items():
+        np.testing.assert_array_equal(pulled.values[name], value)
+    assert client.pull(known_version=version).values is None  # nothing new: no body at all
+    with_state = client.pull(optimizer_state=True)
+    assert with_state.optimizer_state is not None and client.shm_replies == 2
+    assert ps.counters["shm_replies"] == 2 and ps.counters["shm_refused"] == 0
+    client.close()

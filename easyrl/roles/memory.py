@@ -349,28 +349,14 @@ class MemoryServer(pb_grpc.ReplayMemoryServicer):
         # items to a caller that is gone: they would be lost.
         timeout, active = within_deadline(context, request.timeout_s), caller_active(context)
         if table.prefetch and request.batch_size == table.batch_size:
-            return self._shared(request.shm_name, self._prefetched(timeout, active))
+            return shm.shared_reply(
+                self.shared, request.shm_name, self._prefetched(timeout, active), self.counters
+            )
         op = Op("sample", timeout, n=request.batch_size, round=request.round, active=active)
         try:
-            return self._shared(request.shm_name, self._submit(op))
+            return shm.shared_reply(self.shared, request.shm_name, self._submit(op), self.counters)
         except RateLimitTimeout:
             return pb.SampleResponse(ready=False, round=table.round)
-
-    def _shared(self, name: str, reply):
-        """`reply` with its body in the caller's segment `name` when the caller shares this
-        host (`easyrl.transport.shm`), else as it is (also when the segment is not this
-        run's, is gone or is too small: the batch is never lost)."""
-        if not name or self.shared is None or not isinstance(reply, codec.Framed):
-            return reply
-        parts, size = reply.body_parts()
-        if not self.shared.write(name, parts, size):
-            self.counters["shm_refused"] += 1
-            return reply
-        self.counters["shm_samples"] += 1
-        message = pb.SampleResponse()
-        message.CopyFrom(reply.message)
-        message.shm_body = size
-        return message
 
     def _prefetched(self, timeout: float, active: Callable[[], bool]):
         """A ready batch from the prefetch queue, waiting up to `timeout` for one."""

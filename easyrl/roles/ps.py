@@ -40,7 +40,7 @@ from easyrl.metrics import (
     stop_reason,
 )
 from easyrl.roles.push_queue import QUEUE_WAIT_S, PushQueue, QueuedPush
-from easyrl.transport import codec
+from easyrl.transport import codec, shm
 from easyrl.transport import easyrl_pb2 as pb
 from easyrl.transport import easyrl_pb2_grpc as pb_grpc
 from easyrl.transport.rpc import caller_active, invalid_argument_on_error, within_deadline
@@ -100,7 +100,11 @@ class ParameterServer(pb_grpc.ParameterServerServicer):
         self.version = 0
         self.round = 0
         names = "pushes applied dropped_stale dropped_nonfinite dropped_ahead pulls staleness_sum"
+        names += " shm_replies shm_refused"
         self.counters = dict.fromkeys(names.split(), 0)
+        self.shared: shm.Attached | None = None
+        """Set by the role when it serves: writes Pull replies' values into the segments of
+        callers on this host (`easyrl.transport.shm`)."""
         self._pull_cache: tuple[int, list[pb.Tensor], codec.Body] = (-1, [], codec.Body())
         self._pull_reply: tuple[tuple[int, int], codec.Framed | None] = ((-1, -1), None)
         self.stopping = threading.Event()
@@ -246,16 +250,20 @@ class ParameterServer(pb_grpc.ParameterServerServicer):
                 self._round_published.wait(min(left, 0.1))
             self.counters["pulls"] += 1
             if request.optimizer_state and self._optimizer is not None:
-                return self._with_state(pb.PullResponse(version=self.version, round=self.round))
-            if self.version == 0 or request.known_version == self.version:
+                reply = self._with_state(pb.PullResponse(version=self.version, round=self.round))
+            elif self.version == 0 or request.known_version == self.version:
                 return pb.PullResponse(
                     version=self.version, current=self.version > 0, round=self.round
                 )
-            key = (self.version, self.round)
-            if self._pull_reply[0] != key:  # one reply per version, serialized once
-                reply = self._with_values(pb.PullResponse(version=self.version, round=self.round))
-                self._pull_reply = (key, reply)
-            return self._pull_reply[1]
+            else:
+                key = (self.version, self.round)
+                if self._pull_reply[0] != key:  # one reply per version, serialized once
+                    self._pull_reply = (
+                        key,
+                        self._with_values(pb.PullResponse(version=self.version, round=self.round)),
+                    )
+                reply = self._pull_reply[1]
+            return shm.shared_reply(self.shared, request.shm_name, reply, self.counters)
 
     def _with_values(self, response):
         """`response` with the current values (read and laid out once per version; the
@@ -571,6 +579,8 @@ def run(ctx) -> int:
         tls=ctx.tls(),
         max_message_bytes=limit,
     )
+    if cfg.cluster.shared_memory:
+        ps.shared = shm.Attached(shm.run_prefix(ctx.token))
     add_servicer("ps", ps, server)
     server.start()
     log.info("PS shard %d listening on %s", ctx.task, ctx.cluster.ps[ctx.task])

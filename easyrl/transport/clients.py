@@ -4,7 +4,6 @@ an `rpc.Client`, which does the token, deadlines, retries and TLS.
 """
 
 import math
-import threading
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, NamedTuple, TypedDict, Unpack
 
@@ -77,15 +76,38 @@ class Counts(TypedDict, total=False):
 
 class ShardClient:
     """What both clients share: the wrapped `rpc.Client` (`call` is its raw call, for
-    hand-made messages), `address`, `serving`, `close`, `status` and `shutdown`."""
+    hand-made messages), `address`, `serving`, `close`, `status` and `shutdown`.
 
-    def __init__(self, client: rpc.Client):
+    Args:
+        client: the wrapped `rpc.Client`.
+        shm_prefix: the run's segment prefix (`shm.run_prefix`) when the server is on this
+            host and may write reply bodies (a Sample's batch, a Pull's values) into this
+            client's shared memory (`easyrl.transport.shm`); None: every body comes over
+            gRPC.
+    """
+
+    def __init__(self, client: rpc.Client, shm_prefix: str | None = None):
         self.rpc, self.address, self.call = client, client.address, client.call
         self.serving = client.serving
+        self.shared = None if shm_prefix is None else shm.SharedReplies(shm_prefix)
+
+    def shared_call(self, method: str, request) -> tuple:
+        """(reply, body) of a call whose reply body may come through shared memory."""
+        if self.shared is None:
+            reply = self.call(method, request)
+            return reply, reply.body
+        return self.shared.call(self.call, method, request)
+
+    @property
+    def shm_replies(self) -> int:
+        """Replies whose body came through shared memory."""
+        return 0 if self.shared is None else self.shared.replies
 
     def close(self) -> None:
-        """Closes the channel."""
+        """Closes the channel and unlinks this client's segment."""
         self.rpc.close()
+        if self.shared is not None:
+            self.shared.close()
 
     def status(self) -> Status:
         reply = self.call("Status", pb.StatusRequest())
@@ -121,9 +143,9 @@ class ParameterClient(ShardClient):
             wait_s=wait_s,
             optimizer_state=optimizer_state,
         )
-        reply = self.call("Pull", request)
-        values = None if reply.current else codec.decode_named(reply.tensors, reply.body)
-        state = codec.decode_named(reply.optimizer_state, reply.body) if optimizer_state else None
+        reply, body = self.shared_call("Pull", request)
+        values = None if reply.current else codec.decode_named(reply.tensors, body)
+        state = codec.decode_named(reply.optimizer_state, body) if optimizer_state else None
         return Pulled(reply.version, reply.round, values, state)
 
     def push(
@@ -180,22 +202,11 @@ class ParameterClient(ShardClient):
 
 
 class MemoryClient(ShardClient):
-    """A client of one memory shard.
-
-    Args:
-        client: the wrapped `rpc.Client`.
-        shm_prefix: the run's segment prefix (`shm.run_prefix`) when the shard is on this
-            host and may write sampled batches into this client's shared memory
-            (`easyrl.transport.shm`); None: every batch comes over gRPC.
-    """
+    """A client of one memory shard (sampled batches through shared memory with a
+    `shm_prefix`, see `ShardClient`)."""
 
     def __init__(self, client: rpc.Client, shm_prefix: str | None = None):
-        super().__init__(client)
-        self._prefix = shm_prefix
-        self._segment: shm.Segment | None = None
-        self._segment_lock = threading.Lock()  # one call at a time uses the segment
-        self.shm_samples = 0
-        """Batches that came through shared memory."""
+        super().__init__(client, shm_prefix)
 
     def insert(
         self,
@@ -222,14 +233,7 @@ class MemoryClient(ShardClient):
         """A sampled batch (items, keys, importance weights), or None when the rate limiter
         did not allow a sample within `timeout_s`."""
         request = pb.SampleRequest(batch_size=batch_size, timeout_s=timeout_s)
-        if self._prefix is None or not self._segment_lock.acquire(blocking=False):
-            reply = self.call("Sample", request)
-            body = reply.body
-        else:
-            try:
-                reply, body = self._sample_shared(request)
-            finally:
-                self._segment_lock.release()
+        reply, body = self.shared_call("Sample", request)
         if not reply.ready:
             return None
         return Sampled(
@@ -237,36 +241,6 @@ class MemoryClient(ShardClient):
             keys=codec.decode_array(reply.keys, body),
             weights=codec.decode_array(reply.weights, body),
         )
-
-    def _sample_shared(self, request) -> tuple:
-        """(reply, body) of a Sample whose body the shard may write into this client's
-        segment (made on first use; a call that fails drops it: the shard may still write)."""
-        if self._segment is None:
-            try:
-                self._segment = shm.Segment(self._prefix or "")
-            except OSError:  # no /dev/shm here: gRPC from now on
-                self._prefix = None
-                return (reply := self.call("Sample", request)), reply.body
-        request.shm_name = self._segment.name
-        try:
-            reply = self.call("Sample", request)
-        except BaseException:
-            self._segment.renew()
-            raise
-        if reply.shm_body:
-            self.shm_samples += 1
-            return reply, self._segment.read(reply.shm_body)
-        if len(reply.body) > self._segment.size:  # the next batch of this size fits
-            self._segment.renew(len(reply.body) + len(reply.body) // 4)
-        return reply, reply.body
-
-    def close(self) -> None:
-        """Closes the channel and unlinks this client's segment."""
-        self.rpc.close()
-        with self._segment_lock:
-            if self._segment is not None:
-                self._segment.close()
-                self._segment = None
 
     def take_round(self, round_: int, timeout_s: float) -> Sampled | NotReady:
         """All of round `round_` once it is complete (waiting up to `timeout_s`), or what the
@@ -296,12 +270,10 @@ def connect(
 ):
     """A client of server `role` ("ps" or "memory") at `address`, over TLS per the config's
     `security` section (servers with `tls_ca` ask for client certificates: ours is shown);
-    a memory client takes sampled batches through shared memory when `shared_memory` and the
-    server is on this host (`easyrl.transport.shm`); `options`: `rpc.Client`'s keyword
+    reply bodies come through shared memory when `shared_memory` and the server is on this
+    host (`easyrl.transport.shm`); `options`: `rpc.Client`'s keyword
     arguments."""
     tls = dict(tls_ca=sec.tls_ca, tls_cert=sec.tls_cert, tls_key=sec.tls_key)
     client = rpc.Client(rpc.stub_class(role), address, token, **tls, **options)
-    if role == "ps":
-        return ParameterClient(client)
-    shared = shared_memory and shm.same_host(address)
-    return MemoryClient(client, shm.run_prefix(token) if shared else None)
+    prefix = shm.run_prefix(token) if shared_memory and shm.same_host(address) else None
+    return ParameterClient(client, prefix) if role == "ps" else MemoryClient(client, prefix)

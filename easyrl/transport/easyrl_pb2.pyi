@@ -37,32 +37,36 @@ class Tensor(_message.Message):
     def __init__(self, name: _Optional[str] = ..., dtype: _Optional[str] = ..., shape: _Optional[_Iterable[int]] = ..., data: _Optional[bytes] = ..., offset: _Optional[int] = ...) -> None: ...
 
 class PullRequest(_message.Message):
-    __slots__ = ("known_version", "min_round", "wait_s", "optimizer_state")
+    __slots__ = ("known_version", "min_round", "wait_s", "optimizer_state", "shm_name")
     KNOWN_VERSION_FIELD_NUMBER: _ClassVar[int]
     MIN_ROUND_FIELD_NUMBER: _ClassVar[int]
     WAIT_S_FIELD_NUMBER: _ClassVar[int]
     OPTIMIZER_STATE_FIELD_NUMBER: _ClassVar[int]
+    SHM_NAME_FIELD_NUMBER: _ClassVar[int]
     known_version: int
     min_round: int
     wait_s: float
     optimizer_state: bool
-    def __init__(self, known_version: _Optional[int] = ..., min_round: _Optional[int] = ..., wait_s: _Optional[float] = ..., optimizer_state: _Optional[bool] = ...) -> None: ...
+    shm_name: str
+    def __init__(self, known_version: _Optional[int] = ..., min_round: _Optional[int] = ..., wait_s: _Optional[float] = ..., optimizer_state: _Optional[bool] = ..., shm_name: _Optional[str] = ...) -> None: ...
 
 class PullResponse(_message.Message):
-    __slots__ = ("version", "current", "tensors", "round", "optimizer_state", "body")
+    __slots__ = ("version", "current", "tensors", "round", "optimizer_state", "shm_body", "body")
     VERSION_FIELD_NUMBER: _ClassVar[int]
     CURRENT_FIELD_NUMBER: _ClassVar[int]
     TENSORS_FIELD_NUMBER: _ClassVar[int]
     ROUND_FIELD_NUMBER: _ClassVar[int]
     OPTIMIZER_STATE_FIELD_NUMBER: _ClassVar[int]
+    SHM_BODY_FIELD_NUMBER: _ClassVar[int]
     BODY_FIELD_NUMBER: _ClassVar[int]
     version: int
     current: bool
     tensors: _containers.RepeatedCompositeFieldContainer[Tensor]
     round: int
     optimizer_state: _containers.RepeatedCompositeFieldContainer[Tensor]
+    shm_body: int
     body: bytes
-    def __init__(self, version: _Optional[int] = ..., current: _Optional[bool] = ..., tensors: _Optional[_Iterable[_Union[Tensor, _Mapping]]] = ..., round: _Optional[int] = ..., optimizer_state: _Optional[_Iterable[_Union[Tensor, _Mapping]]] = ..., body: _Optional[bytes] = ...) -> None: ...
+    def __init__(self, version: _Optional[int] = ..., current: _Optional[bool] = ..., tensors: _Optional[_Iterable[_Union[Tensor, _Mapping]]] = ..., round: _Optional[int] = ..., optimizer_state: _Optional[_Iterable[_Union[Tensor, _Mapping]]] = ..., shm_body: _Optional[int] = ..., body: _Optional[bytes] = ...) -> None: ...
 
 class PushRequest(_message.Message):
     __slots__ = ("version", "gradients", "learner", "return_values", "queue", "body")

@@ -1,10 +1,12 @@
-"""Same-host payloads through shared memory (issue 45): when a learner and a memory shard run
-on one host, a sampled batch goes through a shared-memory segment instead of protobuf and
-HTTP/2; the Sample call itself still goes over gRPC and carries only the tensors' metadata.
+"""Same-host payloads through shared memory (issue 45): when a caller and its server run on
+one host, the body of a Sample reply (a learner's batch) or a Pull reply (an actor's or a
+learner's weights) goes through a shared-memory segment instead of protobuf and HTTP/2; the
+call itself still goes over gRPC and carries only the tensors' metadata.
 
-Which calls use it: a `MemoryClient` whose server address is a loopback one (the local
-launcher's; across hosts and Kubernetes pods nothing changes), unless `cluster.shared_memory`
-is false. The client owns one segment (`Segment`), named from the run's token
+Which calls use it: a `MemoryClient` or `ParameterClient` whose server address is a loopback
+one (the local launcher's; across hosts and Kubernetes pods nothing changes), unless
+`cluster.shared_memory` is false. The client owns one segment (`Segment`, through
+`SharedReplies`), named from the run's token
 (`run_prefix`: processes of other runs, and a caller without the token, get nothing: the
 server writes only into segments of its own run's prefix, and the RPC needs the token
 anyway). POSIX shared memory is created 0600 by its owner.
@@ -148,6 +150,80 @@ class Attached:
             for shm in self._open.values():
                 shm.close()
             self._open.clear()
+
+
+class SharedReplies:
+    """A client's side: calls whose reply body the server may write into this client's
+    segment (made on first use), one call at a time (another thread meanwhile gets its
+    reply over gRPC).
+
+    Args:
+        prefix: `run_prefix` of the run.
+    """
+
+    def __init__(self, prefix: str):
+        self.prefix = prefix
+        self.segment: Segment | None = None
+        self.replies = 0
+        """Replies whose body came through the segment."""
+        self._lock = threading.Lock()
+        self._off = False
+
+    def call(self, call, method: str, request) -> tuple:
+        """(reply, body) of `call(method, request)`, `request` having a `shm_name` field and
+        its reply a `shm_body` one. A call that fails drops the segment (the server may
+        still write into it); a body too big for it came over gRPC and the segment grows."""
+        if self._off or not self._lock.acquire(blocking=False):
+            reply = call(method, request)
+            return reply, reply.body
+        try:
+            if self.segment is None:
+                try:
+                    self.segment = Segment(self.prefix)
+                except OSError:  # no /dev/shm here: gRPC from now on
+                    self._off = True
+                    reply = call(method, request)
+                    return reply, reply.body
+            request.shm_name = self.segment.name
+            try:
+                reply = call(method, request)
+            except BaseException:
+                self.segment.renew()
+                raise
+            if reply.shm_body:
+                self.replies += 1
+                return reply, self.segment.read(reply.shm_body)
+            if len(reply.body) > self.segment.size:  # the next body of this size fits
+                self.segment.renew(len(reply.body) + len(reply.body) // 4)
+            return reply, reply.body
+        finally:
+            self._lock.release()
+
+    def close(self) -> None:
+        """Unlinks the segment."""
+        with self._lock:
+            if self.segment is not None:
+                self.segment.close()
+                self.segment = None
+
+
+def shared_reply(attached: "Attached | None", name: str, reply, counters) -> object:
+    """A server's side: `reply` (a framed message with a body, or any other reply) with its
+    body written into the caller's segment `name` and `shm_body` set, or `reply` as it is
+    when there is no segment to use (none named, not this run's, gone, too small: nothing is
+    lost); counts `shm_replies` and `shm_refused` in `counters`."""
+    body_parts = getattr(reply, "body_parts", None)
+    if not name or attached is None or body_parts is None:
+        return reply
+    parts, size = body_parts()
+    if not attached.write(name, parts, size):
+        counters["shm_refused"] += 1
+        return reply
+    counters["shm_replies"] += 1
+    message = type(reply.message)()
+    message.CopyFrom(reply.message)
+    message.shm_body = size
+    return message
 
 
 def _buffer(shm: shared_memory.SharedMemory) -> memoryview:
