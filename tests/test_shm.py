@@ -154,3 +154,20 @@ def test_a_same_host_pull_comes_through_shared_memory(serve_ps):
     assert with_state.optimizer_state is not None and client.shm_replies == 2
     assert ps.counters["shm_replies"] == 2 and ps.counters["shm_refused"] == 0
     client.close()
+
+
+def test_a_full_dev_shm_means_grpc_not_a_crash(filled, monkeypatch):
+    memory, raw = filled
+
+    def no_space(fd, offset, size):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(os, "posix_fallocate", no_space)
+    before = segment_files()
+    client = MemoryClient(raw, PREFIX)
+    for _ in range(2):
+        taken = client.sample(BATCH, timeout_s=2.0)
+        assert taken is not None and client.shm_replies == 0
+        check_items(taken.data, taken.keys)
+    assert segment_files() == before  # the segment that could not be reserved is gone
+    client.close()

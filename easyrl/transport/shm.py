@@ -65,7 +65,16 @@ class Segment:
 
     def _create(self, size: int) -> shared_memory.SharedMemory:
         name = f"{self.prefix}{os.getpid()}-{next(_counter)}"
-        return shared_memory.SharedMemory(name=name, create=True, size=max(1, size))
+        segment = shared_memory.SharedMemory(name=name, create=True, size=max(1, size))
+        try:
+            # Reserve the pages now: a full /dev/shm (64 MiB in a default container) then
+            # fails here, with gRPC from then on, instead of killing the writer with SIGBUS.
+            os.posix_fallocate(segment._fd, 0, segment.size)  # pyright: ignore[reportAttributeAccessIssue]
+        except OSError:
+            segment.close()
+            segment.unlink()
+            raise
+        return segment
 
     @property
     def name(self) -> str:
@@ -82,7 +91,11 @@ class Segment:
         return bytes(_buffer(self._shm)[:size])
 
     def renew(self, size: int | None = None) -> None:
-        """Drops the segment for a fresh one (of `size` bytes; default: the same size)."""
+        """Drops the segment for a fresh one (of `size` bytes; default: the same size).
+
+        Raises:
+            OSError: no fresh one could be made (the caller goes on over gRPC).
+        """
         size = self._shm.size if size is None else size
         self.close()
         self._shm = self._create(size)
@@ -188,16 +201,27 @@ class SharedReplies:
             try:
                 reply = call(method, request)
             except BaseException:
-                self.segment.renew()
+                self._renew(self.segment.size)
                 raise
             if reply.shm_body:
                 self.replies += 1
                 return reply, self.segment.read(reply.shm_body)
             if len(reply.body) > self.segment.size:  # the next body of this size fits
-                self.segment.renew(len(reply.body) + len(reply.body) // 4)
+                self._renew(len(reply.body) + len(reply.body) // 4)
             return reply, reply.body
         finally:
             self._lock.release()
+
+    def _renew(self, size: int) -> None:
+        """A fresh segment of `size` bytes, or gRPC from now on when none can be made."""
+        segment, self.segment = self.segment, None
+        if segment is None:
+            return
+        try:
+            segment.renew(size)
+            self.segment = segment
+        except OSError:
+            self._off = True
 
     def close(self) -> None:
         """Unlinks the segment."""
