@@ -23,8 +23,9 @@ median MB/s of each side is compared. The last line is
     ratios: ps_pull=R ps_push=R memory_sample=R
 
 (easyrl MB/s over raw MB/s; for the PS the smaller ratio of the two model sizes), the gRPC
-path's. The line above it, `same-host: ps_pull=R memory_sample=R`, is the shared-memory
-path's (`easyrl.transport.shm`; PS Push has no same-host path yet).
+path's. The line above it, `same-host: ps_pull=R ps_push=R memory_sample=R`, is the
+shared-memory path's (`easyrl.transport.shm`: a Pull's or a Sample's reply body, a Push's
+request body through the caller's segment).
 
     python benchmarks/bench_wire.py            # print the table and the ratios
     python benchmarks/bench_wire.py --write    # and update benchmarks/RESULTS.md
@@ -169,10 +170,13 @@ def bench_ps_pair(cluster: servers.Cluster, raw: RawClient, model: str, args) ->
 
         return pull
 
-    def push():
-        nonlocal version
-        version = client.push(version, grads, values=False).version
-        return 1, size
+    def pusher(through: ParameterClient):
+        def push():
+            nonlocal version
+            version = through.push(version, grads, values=False).version
+            return 1, size
+
+        return push
 
     mb = f"{size / 1e6:.1f} MB"
     rows = [
@@ -184,10 +188,14 @@ def bench_ps_pair(cluster: servers.Cluster, raw: RawClient, model: str, args) ->
             **pair(f"PS Pull, {model} ({mb}), same host", raw.down(size), puller(shared), args),
             "kind": "ps_pull_shm",
         },
-        {**pair(f"PS Push, {model} ({mb})", raw.up(size), push, args), "kind": "ps_push"},
+        {**pair(f"PS Push, {model} ({mb})", raw.up(size), pusher(client), args), "kind": "ps_push"},
+        {
+            **pair(f"PS Push, {model} ({mb}), same host", raw.up(size), pusher(shared), args),
+            "kind": "ps_push_shm",
+        },
     ]
-    if shared.shm_replies == 0:
-        raise RuntimeError("no pull came through shared memory")
+    if shared.shm_replies == 0 or shared.shm_requests == 0:
+        raise RuntimeError("no pull or push went through shared memory")
     client.close()
     shared.close()
     cluster.stop(cluster.servers[-1:])
@@ -257,7 +265,7 @@ def report(rows: list[dict], args) -> tuple[str, str]:
     line = "ratios: " + " ".join(f"{k}={v:.2f}" for k, v in ratios.items())
     same_host = {
         kind: min(r["ratio"] for r in rows if r["kind"] == f"{kind}_shm")
-        for kind in ("ps_pull", "memory_sample")
+        for kind in ("ps_pull", "ps_push", "memory_sample")
     }
     notes = [
         "",

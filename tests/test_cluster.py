@@ -313,6 +313,7 @@ def test_train_short_run_moves_every_counter(launch):
     # The learner shares the shard's host: its batches came through shared memory, and no
     # segment outlives the run.
     assert memory["memory/0/shm_replies"] > 0 and not memory.get("memory/0/shm_refused")
+    assert memory["memory/0/shm_requests"] > 0  # the actors' inserts too
     assert not _segments() - run.segments_before, _segments() - run.segments_before
 
     metrics = run.metrics()

@@ -572,6 +572,7 @@ def test_report_to_other_shard_invalid_and_no_return_counters(serve_ps):
             "version",
             "round",
             "queued",
+            "shm_requests",
             "shm_replies",
             "shm_refused",
         )

@@ -8,6 +8,7 @@ import os
 import stat
 from multiprocessing import resource_tracker, shared_memory
 
+import grpc
 import numpy as np
 import pytest
 from test_memory_server import (  # noqa: F401 (serve_memory: the fixture)
@@ -24,7 +25,8 @@ from easyrl import config as config_lib
 from easyrl.errors import TransportError
 from easyrl.replay import LimitedTable, RateLimiter, UniformTable
 from easyrl.roles.memory import MemoryServer
-from easyrl.transport import shm
+from easyrl.transport import codec, shm
+from easyrl.transport import easyrl_pb2 as pb
 from easyrl.transport.clients import MemoryClient, ParameterClient
 
 TOKEN = "memory-test-token"
@@ -170,4 +172,59 @@ def test_a_full_dev_shm_means_grpc_not_a_crash(filled, monkeypatch):
         assert taken is not None and client.shm_replies == 0
         check_items(taken.data, taken.keys)
     assert segment_files() == before  # the segment that could not be reserved is gone
+    client.close()
+
+
+def test_same_host_inserts_and_pushes_send_their_bodies_through_shared_memory(
+    serve_memory,  # noqa: F811
+    serve_ps,
+):
+    memory, raw = serve_memory()
+    memory.shared = shm.Attached(PREFIX)
+    client = MemoryClient(raw, PREFIX)
+    assert client.insert(make_batch(0, 12)) and client.insert(make_batch(12, 4))
+    assert client.shm_requests == 2 and counters(raw)["memory/0/inserts"] == 16
+    assert counters(raw)["memory/0/shm_requests"] == 2
+    taken = client.sample(BATCH, timeout_s=2.0)
+    assert taken is not None
+    check_items(taken.data, taken.keys)  # what went in through the segment is what is stored
+
+    ps, raw_ps = serve_ps()  # SGD, lr 0.1
+    ps.shared = shm.Attached(PREFIX)
+    pusher = ParameterClient(raw_ps, PREFIX)
+    values = {"w": np.ones((64, 64), np.float32)}  # 16 KiB of gradients
+    version = pusher.assign(values)
+    grads = {"w": np.full((64, 64), 2.0, np.float32)}
+    assert pusher.push(version, grads, values=False, wait=True).applied
+    assert pusher.shm_requests == 1 and ps.counters["shm_requests"] == 1
+    np.testing.assert_allclose(pusher.pull().values["w"], 1.0 - 0.1 * 2.0)
+    client.close()
+    pusher.close()
+
+
+def test_a_request_naming_a_segment_the_server_cannot_read_is_refused_and_changes_nothing(
+    filled,
+):
+    memory, raw = filled
+    before = counters(raw)["memory/0/inserts"]
+    request = pb.InsertRequest(
+        tensors=codec.encode_batch(make_batch(16, 2)),
+        shm_name=shm.run_prefix("another run's token") + "1-0",
+        shm_body=64,
+    )
+    with pytest.raises(TransportError) as info:
+        raw.call("Insert", request)
+    assert info.value.code == grpc.StatusCode.INVALID_ARGUMENT
+    assert counters(raw)["memory/0/inserts"] == before
+
+
+def test_a_server_that_takes_no_shared_memory_gets_the_bodies_over_grpc(serve_memory):  # noqa: F811
+    memory, raw = serve_memory()  # memory.shared stays None (cluster.shared_memory: false)
+    client = MemoryClient(raw, PREFIX)
+    for start in (0, 8):  # refused once, resent over gRPC, then gRPC from the start
+        assert client.insert(make_batch(start, 8))
+    assert client.shm_requests == 0 and counters(raw)["memory/0/inserts"] == 16
+    taken = client.sample(BATCH, timeout_s=2.0)
+    assert taken is not None and client.shm_replies == 0
+    check_items(taken.data, taken.keys)
     client.close()

@@ -90,6 +90,7 @@ KNOWN: dict[str, tuple[Kind, str]] = {
     "duplicate_inserts": (COUNTER, "Items of resent inserts recognised and not stored again"),
     "samples": (COUNTER, "Items sampled"),
     "sample_batches": (COUNTER, "Batches sampled"),
+    "shm_requests": (COUNTER, "Request bodies read from a same-host caller's shared memory"),
     "shm_replies": (COUNTER, "Replies whose body went into a same-host caller's shared memory"),
     "shm_refused": (COUNTER, "Reply bodies a caller's segment could not take (sent by gRPC)"),
     "priority_updates": (COUNTER, "Priorities updated"),

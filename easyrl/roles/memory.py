@@ -310,10 +310,11 @@ class MemoryServer(pb_grpc.ReplayMemoryServicer):
 
     @invalid_argument_on_error
     def Insert(self, request, context):
-        batch = codec.decode_batch(request.tensors, request.body)
+        body = shm.request_body(self.shared, request, self.counters)
+        batch = codec.decode_batch(request.tensors, body)
         priorities = None
         if request.HasField("priorities"):
-            priorities = codec.decode_array(request.priorities, request.body)
+            priorities = codec.decode_array(request.priorities, body)
         timeout = within_deadline(context, INSERT_WAIT_S)
         batch, n = self.table.check_insert(batch, priorities, request.round)
         record = None

@@ -100,7 +100,7 @@ class ParameterServer(pb_grpc.ParameterServerServicer):
         self.version = 0
         self.round = 0
         names = "pushes applied dropped_stale dropped_nonfinite dropped_ahead pulls staleness_sum"
-        names += " shm_replies shm_refused"
+        names += " shm_requests shm_replies shm_refused"
         self.counters = dict.fromkeys(names.split(), 0)
         self.shared: shm.Attached | None = None
         """Set by the role when it serves: writes Pull replies' values into the segments of
@@ -287,7 +287,9 @@ class ParameterServer(pb_grpc.ParameterServerServicer):
 
     @invalid_argument_on_error
     def Push(self, request, context):
-        grads = codec.decode_named(request.gradients, request.body)
+        grads = codec.decode_named(
+            request.gradients, shm.request_body(self.shared, request, self.counters)
+        )
         flat_grads = self._checked_push(request.version, grads)
         finite = all(all_finite(g) for g in flat_grads.values())
         size = sum(g.nbytes for g in flat_grads.values())

@@ -5,7 +5,7 @@ an `rpc.Client`, which does the token, deadlines, retries and TLS.
 
 import math
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, NamedTuple, TypedDict, Unpack
+from typing import TYPE_CHECKING, Any, NamedTuple, TypedDict, Unpack
 
 import numpy as np
 
@@ -98,6 +98,18 @@ class ShardClient:
             return reply, reply.body
         return self.shared.call(self.call, method, request)
 
+    def shared_send(self, method: str, framed) -> Any:
+        """The reply of a call whose request body (`codec.Framed`) may go through shared
+        memory."""
+        if self.shared is None:
+            return self.call(method, framed)
+        return self.shared.send(self.call, method, framed)
+
+    @property
+    def shm_requests(self) -> int:
+        """Requests whose body went through shared memory."""
+        return 0 if self.shared is None else self.shared.requests
+
     @property
     def shm_replies(self) -> int:
         """Replies whose body came through shared memory."""
@@ -163,7 +175,7 @@ class ParameterClient(ShardClient):
             return_values=values,
             queue=not wait,
         )
-        reply = self.call("Push", body.frame(request))
+        reply = self.shared_send("Push", body.frame(request))
         values_ = codec.decode_named(reply.tensors, reply.body)
         return Pushed(reply.version, reply.applied, reply.reason, values_, reply.queued)
 
@@ -227,7 +239,7 @@ class MemoryClient(ShardClient):
         )
         if priorities is not None:
             request.priorities.CopyFrom(body.tensor("priorities", priorities))
-        return not self.call("Insert", body.frame(request)).refused
+        return not self.shared_send("Insert", body.frame(request)).refused
 
     def sample(self, batch_size: int, timeout_s: float) -> Sampled | None:
         """A sampled batch (items, keys, importance weights), or None when the rate limiter

@@ -69,20 +69,24 @@ class PullResponse(_message.Message):
     def __init__(self, version: _Optional[int] = ..., current: _Optional[bool] = ..., tensors: _Optional[_Iterable[_Union[Tensor, _Mapping]]] = ..., round: _Optional[int] = ..., optimizer_state: _Optional[_Iterable[_Union[Tensor, _Mapping]]] = ..., shm_body: _Optional[int] = ..., body: _Optional[bytes] = ...) -> None: ...
 
 class PushRequest(_message.Message):
-    __slots__ = ("version", "gradients", "learner", "return_values", "queue", "body")
+    __slots__ = ("version", "gradients", "learner", "return_values", "queue", "shm_name", "shm_body", "body")
     VERSION_FIELD_NUMBER: _ClassVar[int]
     GRADIENTS_FIELD_NUMBER: _ClassVar[int]
     LEARNER_FIELD_NUMBER: _ClassVar[int]
     RETURN_VALUES_FIELD_NUMBER: _ClassVar[int]
     QUEUE_FIELD_NUMBER: _ClassVar[int]
+    SHM_NAME_FIELD_NUMBER: _ClassVar[int]
+    SHM_BODY_FIELD_NUMBER: _ClassVar[int]
     BODY_FIELD_NUMBER: _ClassVar[int]
     version: int
     gradients: _containers.RepeatedCompositeFieldContainer[Tensor]
     learner: int
     return_values: bool
     queue: bool
+    shm_name: str
+    shm_body: int
     body: bytes
-    def __init__(self, version: _Optional[int] = ..., gradients: _Optional[_Iterable[_Union[Tensor, _Mapping]]] = ..., learner: _Optional[int] = ..., return_values: _Optional[bool] = ..., queue: _Optional[bool] = ..., body: _Optional[bytes] = ...) -> None: ...
+    def __init__(self, version: _Optional[int] = ..., gradients: _Optional[_Iterable[_Union[Tensor, _Mapping]]] = ..., learner: _Optional[int] = ..., return_values: _Optional[bool] = ..., queue: _Optional[bool] = ..., shm_name: _Optional[str] = ..., shm_body: _Optional[int] = ..., body: _Optional[bytes] = ...) -> None: ...
 
 class PushResponse(_message.Message):
     __slots__ = ("version", "applied", "staleness", "reason", "queued", "tensors", "body")
@@ -215,13 +219,15 @@ class ShutdownResponse(_message.Message):
     def __init__(self) -> None: ...
 
 class InsertRequest(_message.Message):
-    __slots__ = ("tensors", "priorities", "actor", "round", "sender", "sequence", "body")
+    __slots__ = ("tensors", "priorities", "actor", "round", "sender", "sequence", "shm_name", "shm_body", "body")
     TENSORS_FIELD_NUMBER: _ClassVar[int]
     PRIORITIES_FIELD_NUMBER: _ClassVar[int]
     ACTOR_FIELD_NUMBER: _ClassVar[int]
     ROUND_FIELD_NUMBER: _ClassVar[int]
     SENDER_FIELD_NUMBER: _ClassVar[int]
     SEQUENCE_FIELD_NUMBER: _ClassVar[int]
+    SHM_NAME_FIELD_NUMBER: _ClassVar[int]
+    SHM_BODY_FIELD_NUMBER: _ClassVar[int]
     BODY_FIELD_NUMBER: _ClassVar[int]
     tensors: _containers.RepeatedCompositeFieldContainer[Tensor]
     priorities: Tensor
@@ -229,8 +235,10 @@ class InsertRequest(_message.Message):
     round: int
     sender: int
     sequence: int
+    shm_name: str
+    shm_body: int
     body: bytes
-    def __init__(self, tensors: _Optional[_Iterable[_Union[Tensor, _Mapping]]] = ..., priorities: _Optional[_Union[Tensor, _Mapping]] = ..., actor: _Optional[int] = ..., round: _Optional[int] = ..., sender: _Optional[int] = ..., sequence: _Optional[int] = ..., body: _Optional[bytes] = ...) -> None: ...
+    def __init__(self, tensors: _Optional[_Iterable[_Union[Tensor, _Mapping]]] = ..., priorities: _Optional[_Union[Tensor, _Mapping]] = ..., actor: _Optional[int] = ..., round: _Optional[int] = ..., sender: _Optional[int] = ..., sequence: _Optional[int] = ..., shm_name: _Optional[str] = ..., shm_body: _Optional[int] = ..., body: _Optional[bytes] = ...) -> None: ...
 
 class InsertResponse(_message.Message):
     __slots__ = ("size", "inserted", "refused", "round", "duplicate")

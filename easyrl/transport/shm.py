@@ -1,7 +1,8 @@
 """Same-host payloads through shared memory (issue 45): when a caller and its server run on
-one host, the body of a Sample reply (a learner's batch) or a Pull reply (an actor's or a
-learner's weights) goes through a shared-memory segment instead of protobuf and HTTP/2; the
-call itself still goes over gRPC and carries only the tensors' metadata.
+one host, the body of a Sample reply (a learner's batch), a Pull reply (weights), an Insert
+(an actor's items) or a Push (gradients) goes through the caller's shared-memory segment
+instead of protobuf and HTTP/2; the call itself still goes over gRPC and carries only the
+tensors' metadata.
 
 Which calls use it: a `MemoryClient` or `ParameterClient` whose server address is a loopback
 one (the local launcher's; across hosts and Kubernetes pods nothing changes), unless
@@ -27,6 +28,11 @@ from collections import OrderedDict
 from collections.abc import Sequence
 from multiprocessing import resource_tracker, shared_memory
 from pathlib import Path
+from typing import Any
+
+import grpc
+
+from easyrl.errors import TransportError
 
 SHM_DIR = Path("/dev/shm")
 """Where Linux keeps POSIX shared memory (`remove_run` looks there)."""
@@ -90,6 +96,13 @@ class Segment:
             raise ValueError(f"a body of {size} bytes does not fit the segment's {self.size}")
         return bytes(_buffer(self._shm)[:size])
 
+    def write(self, parts: Sequence[memoryview]) -> None:
+        """Writes `parts` back to back from the segment's start (a request's body)."""
+        buffer, offset = _buffer(self._shm), 0
+        for part in parts:
+            buffer[offset : offset + len(part)] = part
+            offset += len(part)
+
     def renew(self, size: int | None = None) -> None:
         """Drops the segment for a fresh one (of `size` bytes; default: the same size).
 
@@ -122,6 +135,18 @@ class Attached:
         self.prefix, self.keep = prefix, keep
         self._open: OrderedDict[str, shared_memory.SharedMemory] = OrderedDict()
         self._lock = threading.Lock()
+
+    def read(self, name: str, size: int) -> bytes:
+        """A copy of the first `size` bytes of the caller's segment `name` (the body of its
+        request).
+
+        Raises:
+            ValueError: the name is not of this run, the segment is gone or too small.
+        """
+        shm = self._get(name) if name.startswith(self.prefix) and "/" not in name else None
+        if shm is None or not 0 < size <= shm.size:
+            raise ValueError(f"shm_name {name[:80]!r}: no segment of this run holding {size} bytes")
+        return bytes(_buffer(shm)[:size])
 
     def write(self, name: str, parts: Sequence[memoryview], size: int) -> bool:
         """Writes `parts` (`size` bytes in all) back to back at the start of segment `name`;
@@ -179,8 +204,11 @@ class SharedReplies:
         self.segment: Segment | None = None
         self.replies = 0
         """Replies whose body came through the segment."""
+        self.requests = 0
+        """Requests whose body went through the segment."""
         self._lock = threading.Lock()
-        self._off = False
+        self._off = False  # no shared memory at all
+        self._send_off = False  # the server takes no request bodies through it
 
     def call(self, call, method: str, request) -> tuple:
         """(reply, body) of `call(method, request)`, `request` having a `shm_name` field and
@@ -212,6 +240,48 @@ class SharedReplies:
         finally:
             self._lock.release()
 
+    def send(self, call, method: str, framed) -> Any:
+        """The reply of `call(method, request)` for a framed request (a message and its body,
+        `codec.Framed`) whose message has `shm_name` and `shm_body` fields: the body goes
+        into this client's segment (grown to fit) and the message alone over gRPC. A call
+        that fails drops the segment (the server may still be reading it)."""
+        if self._off or self._send_off or not self._lock.acquire(blocking=False):
+            return call(method, framed)
+        try:
+            parts, size = framed.body_parts()
+            if self.segment is None or size > self.segment.size:
+                if self.segment is None:
+                    try:
+                        self.segment = Segment(self.prefix, max(size + size // 4, INITIAL_BYTES))
+                    except OSError:
+                        self._off = True
+                        return call(method, framed)
+                else:
+                    self._renew(size + size // 4)
+                    if self.segment is None:
+                        return call(method, framed)
+            self.segment.write(parts)
+            message = type(framed.message)()
+            message.CopyFrom(framed.message)
+            message.shm_name, message.shm_body = self.segment.name, size
+            try:
+                reply = call(method, message)
+            except TransportError as err:
+                self._renew(self.segment.size)
+                if err.code != grpc.StatusCode.INVALID_ARGUMENT or "shm_body" not in str(err):
+                    raise
+                # A server that takes no shared memory refused it before reading anything:
+                # its bodies go over gRPC from now on.
+                self._send_off = True
+                return call(method, framed)
+            except BaseException:
+                self._renew(self.segment.size)
+                raise
+            self.requests += 1
+            return reply
+        finally:
+            self._lock.release()
+
     def _renew(self, size: int) -> None:
         """A fresh segment of `size` bytes, or gRPC from now on when none can be made."""
         segment, self.segment = self.segment, None
@@ -229,6 +299,23 @@ class SharedReplies:
             if self.segment is not None:
                 self.segment.close()
                 self.segment = None
+
+
+def request_body(attached: "Attached | None", request, counters) -> bytes:
+    """The body of a request (`Push`, `Insert`): its bytes, or those its caller put in its
+    segment (`shm_name`, `shm_body`; counted as `shm_requests` in `counters`).
+
+    Raises:
+        ValueError: a segment this server cannot read (the caller is told INVALID_ARGUMENT
+            and keeps its data).
+    """
+    if not request.shm_body:
+        return request.body
+    if attached is None:
+        raise ValueError("shm_body: this server takes no shared memory (cluster.shared_memory)")
+    body = attached.read(request.shm_name, request.shm_body)
+    counters["shm_requests"] += 1
+    return body
 
 
 def shared_reply(attached: "Attached | None", name: str, reply, counters) -> object:
