@@ -239,6 +239,7 @@ def run(args) -> dict:
                 window = learner_window(learner, ps, feeder, args)
                 bench.stop([learner])
             after = compute_rate(algo, held, weights, args.duration)
+        ctx.close_clients()
     steps = cfg.algorithm.params.batch_size * getattr(cfg.algorithm.params, "unroll_length", 1)
     return {
         "cfg": cfg,

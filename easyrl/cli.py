@@ -170,7 +170,10 @@ def run_role(args) -> int:
         import_tensorflow_quietly()
     ctx = RoleContext(cfg=cfg, task=args.task, cluster=cluster, token=token, run_dir=run_dir)
     apply_thread_budget(args.role, cfg)
-    return import_module(f"easyrl.roles.{args.role}").run(ctx)
+    try:
+        return import_module(f"easyrl.roles.{args.role}").run(ctx)
+    finally:
+        ctx.close_clients()
 
 
 def k8s_cmd(args) -> int:

@@ -8,7 +8,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal, overload
 
@@ -51,6 +51,8 @@ class RoleContext:
     cluster: ClusterSpec
     token: str | None
     run_dir: Path
+    opened: list = field(default_factory=list, compare=False, repr=False)
+    """The clients `client` made (`close_clients` closes them when the role ends)."""
 
     @overload
     def client(self, role: Literal["ps"], index: int) -> ParameterClient: ...
@@ -60,9 +62,18 @@ class RoleContext:
         """A client for server `index` of `role` ("ps" or "memory")."""
         address, timeout_s = getattr(self.cluster, role)[index], self.cfg.run.rpc_timeout_s
         shared = self.cfg.cluster.shared_memory
-        return connect(
+        client = connect(
             role, address, self.token, self.cfg.security, shared_memory=shared, timeout_s=timeout_s
         )
+        self.opened.append(client)
+        return client
+
+    def close_clients(self) -> None:
+        """Closes every client `client` made (their channels, and their shared-memory
+        segments: unlinked by their owner, not left to the resource tracker's warning)."""
+        for client in self.opened:
+            client.close()
+        self.opened.clear()
 
     @overload
     def clients(self, role: Literal["ps"]) -> list[ParameterClient]: ...
