@@ -44,6 +44,8 @@ PUBLISHED = {
     ),
     "pong_impala_2core": ("10M agent steps", "CleanRL PPO 20.4 (v4)"),
     "halfcheetah_sac": ("300k steps", "Tianshou SAC 9,059 +- 1,051 (10 seeds, v3); TD3 7,546"),
+    "breakout_impala": ("40M frames", "RLlib IMPALA 385 (32 workers, v4); CleanRL PPO 415"),
+    "spaceinvaders_impala": ("40M frames", "RLlib IMPALA 719 (32 workers, v4); SB3 zoo PPO 960"),
     "hopper_sac": ("300k steps", "Tianshou SAC 3,388 +- 115 (10 seeds, v3); TD3 1,583"),
 }
 """Config stem -> (the peers' budget, their published figure)."""

@@ -12,7 +12,7 @@ from test_cluster import ROOT, _assert_no_processes_left, _counters, launch, one
 from easyrl import api
 from easyrl import config as config_lib
 from easyrl.config import AtariConfig
-from easyrl.envs import VECTOR_MODES, final_observations, make_vector_env
+from easyrl.envs import VECTOR_MODES, final_observations, game_steps, make_vector_env
 from easyrl.envs.pool import ALE_V5_DEFAULTS, EnvPoolVectorEnv, pool_task, supported_ids
 from easyrl.errors import ConfigError
 from easyrl.roles.actor import EpisodeTracker
@@ -67,33 +67,78 @@ def test_pong_frames_equal_the_gymnasium_pipeline(screen_size, grayscale):
         pool.close()
 
 
-def test_episodic_life_ends_the_episode_and_resets_the_whole_game():
-    # Breakout has 5 lives: a lost life terminates the episode and, as in gymnasium's
-    # AtariPreprocessing, the next episode is a new game.
+def test_episodic_life_ends_the_episode_and_the_game_goes_on():
+    # Breakout has 5 lives: a lost life terminates the episode, and in both backends the next
+    # episode goes on with the same game from the same observation (DeepMind's episodic
+    # life); the infos keep the game's raw score and end (`game_steps`).
     atari = AtariConfig(screen_size=42, noop_max=1, episodic_life=True)
     sync, pool = _pair("ALE/Breakout-v5", 1, atari=atari, **NO_RANDOMNESS)
     try:
         sync.reset(seed=0)
         pool.reset(seed=0)
-        rng = np.random.default_rng(1)
-        for step in range(2000):
+        rng = np.random.default_rng(2)  # a game that scores
+        lost, score = 0, 0.0
+        for step in range(3000):
             actions = rng.integers(0, 4, size=1)
             want = sync.step(actions)
             got = pool.step(actions)
-            np.testing.assert_array_equal(got[2], want[2], err_msg=f"step {step}")
+            for a, b in zip(want[:4], got[:4]):
+                np.testing.assert_array_equal(a, b, err_msg=f"step {step}")
+            game = game_steps(got[4], 1)
+            assert game is not None
+            np.testing.assert_array_equal(game, game_steps(want[4], 1))
+            score += game[0][0]
             if got[2][0]:
-                break
-            np.testing.assert_array_equal(got[0], want[0], err_msg=f"step {step}")
-        assert got[2][0] and not got[3][0], "no life was lost in 2000 steps"
-        assert got[4]["_final_obs"][0]
-        # The reset observation starts a new game in both, and they go on alike.
-        np.testing.assert_array_equal(got[0], want[0])
-        for _ in range(20):
+                assert got[4]["_final_obs"][0]
+                if game[1][0]:  # the last life: a new game starts
+                    break
+                lost += 1
+                # the next episode starts where the last one ended
+                np.testing.assert_array_equal(got[0][0], got[4]["final_obs"][0])
+        assert lost == 4 and game[1][0], (lost, step)
+        assert score > 0
+        for _ in range(20):  # both started a new game alike
             actions = rng.integers(0, 4, size=1)
             np.testing.assert_array_equal(pool.step(actions)[0], sync.step(actions)[0])
     finally:
         sync.close()
         pool.close()
+
+
+@pytest.mark.parametrize("vector", ["sync", "envpool"])
+def test_fire_reset_serves_the_ball(vector):
+    # Breakout waits for FIRE: with NOOPs only, no life is ever lost unless the reset fired.
+    for fire_reset in (False, True):
+        atari = AtariConfig(screen_size=42, noop_max=1, fire_reset=fire_reset)
+        env = make_vector_env("ALE/Breakout-v5", 1, vector=vector, seed=0, atari=atari)
+        try:
+            env.reset(seed=0)
+            ended = [env.step(np.zeros(1, np.int64))[2][0] for _ in range(300)]
+            assert any(ended) == fire_reset, fire_reset
+        finally:
+            env.close()
+
+
+@pytest.mark.parametrize("vector", ["sync", "envpool"])
+def test_clipped_rewards_keep_the_raw_score_for_the_reports(vector):
+    # SpaceInvaders scores 5 to 30 points an alien: the learner gets the sign, the actor's
+    # EpisodeTracker (as `Actor.step` feeds it) the game's points.
+    atari = AtariConfig(screen_size=42, noop_max=1, clip_rewards=True)
+    env = make_vector_env("ALE/SpaceInvaders-v5", 2, vector=vector, seed=0, atari=atari)
+    tracker, clipped = EpisodeTracker(2), 0.0
+    try:
+        env.reset(seed=0)
+        rng = np.random.default_rng(0)
+        for _ in range(400):
+            _, rewards, terminated, truncated, infos = env.step(rng.integers(0, 6, size=2))
+            assert set(np.unique(rewards)) <= {0.0, 1.0}
+            raw, over = game_steps(infos, 2)
+            np.testing.assert_array_equal(raw > 0, rewards > 0)
+            tracker.step(raw, over)
+            clipped += rewards.sum()
+        assert tracker.returns.sum() > clipped > 0  # the points, not the count of hits
+    finally:
+        env.close()
 
 
 def test_cartpole_spaces_and_dtypes_equal_gymnasium():

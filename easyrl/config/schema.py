@@ -38,9 +38,15 @@ class AtariConfig(_Section):
     frame_stack: int = 4
     """Observations stack the last frame_stack frames as channels: [H, W, frame_stack]."""
     episodic_life: bool = True
-    """Training episodes end when a life is lost (reported returns are then per life)."""
+    """A lost life ends the training episode but not the game, which goes on from where it
+    was (DeepMind's EpisodicLifeEnv: only a game over starts a new game). Reported training
+    returns are whole-game scores either way."""
     clip_rewards: bool = True
-    """Training rewards are clipped to their sign (reported returns are then clipped)."""
+    """Training rewards are clipped to their sign (reported training returns stay the raw
+    game scores)."""
+    fire_reset: bool = False
+    """Press FIRE once after each new game's no-ops (games that wait for it to start, e.g.
+    Breakout; the baselines' FireResetEnv). A ball lost later is served by the agent."""
 
 
 @dataclass(frozen=True)

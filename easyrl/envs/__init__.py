@@ -38,6 +38,7 @@ __all__ = [
     "env_spaces",
     "evaluation_options",
     "final_observations",
+    "game_steps",
     "make_vector_env",
 ]
 
@@ -313,6 +314,28 @@ def extra_for(spec: EnvSpec) -> str | None:
     """The extra of `EXTRAS` that installs `spec`'s env family, or None."""
     entry = spec.entry_point if isinstance(spec.entry_point, str) else ""
     return next((x for m, x in EXTRAS.items() if entry.startswith(m)), None)
+
+
+def game_steps(infos: dict, num_envs: int) -> tuple[np.ndarray, np.ndarray] | None:
+    """The games' own bookkeeping of one vector step, where the env keeps one (Atari:
+    `easyrl.envs.atari.GameScore`, `easyrl.envs.pool`): ``(raw rewards [N], game over [N])``,
+    read from ``infos`` and, for the sub-envs whose episode ended, ``infos["final_info"]``
+    (same-step autoreset). Whole-game scores are what users compare: with episodic life or
+    clipped rewards the training episodes are not games and their rewards not the score.
+
+    Returns:
+        None when the env keeps no such bookkeeping.
+    """
+    sources = [infos, infos.get("final_info") or {}]  # the ended envs' final step last
+    if not any("game_over" in source for source in sources):
+        return None
+    reward, over = np.zeros(num_envs), np.zeros(num_envs, bool)
+    for source in sources:
+        if "game_over" in source:
+            mask = np.asarray(source.get("_game_over", np.ones(num_envs, bool)), bool)
+            reward[mask] = np.asarray(source["game_reward"], np.float64)[mask]
+            over[mask] = np.asarray(source["game_over"], bool)[mask]
+    return reward, over
 
 
 def final_observations(obs: np.ndarray, infos: dict, done: np.ndarray) -> np.ndarray:

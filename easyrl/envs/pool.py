@@ -21,9 +21,9 @@ classic-control ids both EnvPool and gymnasium register (:func:`supported_ids`).
 
 Atari preprocessing maps onto EnvPool's options (screen_size -> img_height/img_width,
 grayscale -> gray_scale, frame_stack -> stack_num, frame_skip (max of the last two frames),
-noop_max, clip_rewards -> reward_clip, ``env.kwargs`` repeat_action_probability,
-full_action_space, mode, difficulty; no fire reset, INTER_AREA resizing as gymnasium's
-``AtariPreprocessing``). At a reset both fill the whole stack with the reset frame
+noop_max, clip_rewards -> reward_clip, fire_reset -> use_fire_reset, ``env.kwargs``
+repeat_action_probability, full_action_space, mode, difficulty; INTER_AREA resizing as
+gymnasium's ``AtariPreprocessing``). At a reset both fill the whole stack with the reset frame
 (``FrameStackObservation``'s default ``padding_type="reset"``, EnvPool's ``push_all``). With
 one no-op and no sticky actions the frames, rewards and ends of episodes are those of the
 gymnasium pipeline pixel for pixel (tests/test_envpool.py checks it). Differences that remain:
@@ -34,15 +34,19 @@ gymnasium pipeline pixel for pixel (tests/test_envpool.py checks it). Difference
 - When a game ends in the middle of a frame skip, the newest frame of the *final*
   observation differs: gymnasium max-pools the frame buffers as they are, EnvPool takes the
   last frame played. Observations the agent acts on are not affected.
-- Episodic life is detected at the end of an agent step (a drop of ``lives``), then the game
-  is reset in full, as gymnasium's ``AtariPreprocessing`` does; gymnasium stops the frame skip
-  at the frame the life is lost, EnvPool plays the remaining frames of that step (their
-  reward counts, and the final observation shows them).
+- Episodic life is the adapter's, as `easyrl.envs.atari.EpisodicLife` does it in the gymnasium
+  pipeline: a drop of ``lives`` at the end of an agent step terminates the episode and the
+  game goes on (no reset: the next episode starts from the same observation); only a game
+  over resets. (EnvPool's own ``episodic_life`` continues the game only through its
+  next-step autoreset, which same-step autoreset never reaches.)
+- ``fire_reset``: EnvPool's FIRE after a reset's no-ops is not the gymnasium pipeline's
+  (`easyrl.envs.atari.FireReset`, one agent step of FIRE): the frames after a reset differ.
 - ``max_episode_steps`` on an Atari id counts emulator frames in the gymnasium pipeline (the
   step limit wraps the ``frameskip=1`` ALE env, reset no-ops included); here it becomes
   ``ceil(max_episode_steps / frame_skip)`` agent steps, no-ops not counted (so up to
   ``ceil(noop_max / frame_skip)`` steps more). ALE v5's 108,000-frame cap likewise.
-- Infos hold only ``final_obs``/``_final_obs`` (no ``lives``, ``frame_number``, ``final_info``).
+- Infos hold only ``final_obs``/``_final_obs`` and, for Atari, ``game_reward``/``game_over``
+  (:func:`easyrl.envs.game_steps`; no ``lives``, ``frame_number``, ``final_info``).
 
 A pool runs ``min(num_envs, CPUs of this process)`` threads (:func:`default_threads`).
 """
@@ -124,8 +128,9 @@ class PoolTask:
 
     Attributes:
         task_id: EnvPool's task id (``Pong-v5``, ``CartPole-v1``).
-        atari: Whether it is an Atari game (channels-last frames, episodic life here).
-        episodic_life: Atari only: end an episode when a life is lost.
+        atari: Whether it is an Atari game (channels-last frames, episodic life here, game
+            scores in the infos).
+        episodic_life: Atari only: end an episode (not the game) when a life is lost.
         options: Keyword arguments of ``envpool.make_gymnasium`` besides the task id, the
             number of envs, the seeds and the threads.
     """
@@ -201,11 +206,10 @@ def pool_task(
         "frame_skip": atari.frame_skip,
         # EnvPool runs 1 to noop_max no-ops (as gymnasium) but crashes on noop_max 0.
         "noop_max": max(1, atari.noop_max),
-        # Life loss is handled by the adapter, which resets the whole game as gymnasium does;
-        # EnvPool's own episodic life would go on playing the same game.
+        # Life loss is handled by the adapter (module docstring).
         "episodic_life": False,
-        "reward_clip": atari.clip_rewards,
-        "use_fire_reset": False,
+        "reward_clip": atari.clip_rewards,  # the raw reward stays in info["reward"]
+        "use_fire_reset": atari.fire_reset,
         "use_inter_area_resize": True,
         "repeat_action_probability": float(ale["repeat_action_probability"]),
         "full_action_space": bool(ale["full_action_space"]),
@@ -290,7 +294,7 @@ class EnvPoolVectorEnv(gymnasium.vector.VectorEnv):
         else:
             obs, info = self._pool.reset(env_ids.astype(np.int32))
         ids = np.asarray(info["env_id"], np.int64)
-        if self.task.episodic_life:
+        if self.task.atari:
             self._lives[ids] = info["lives"]
         return self._obs(obs), ids
 
@@ -339,30 +343,41 @@ class EnvPoolVectorEnv(gymnasium.vector.VectorEnv):
         )
 
     def step(self, actions):
-        """Steps every sub-environment once; resets at once those whose episode ended.
+        """Steps every sub-environment once; resets at once those whose episode ended (with
+        episodic life, only those whose game ended).
 
         Returns:
             ``(obs, rewards, terminated, truncated, infos)`` as a ``SAME_STEP`` gymnasium
-            vector env returns them: float64 rewards, bool flags, and for ended sub-envs their
-            reset observation in `obs` and their last one in ``infos["final_obs"]``.
+            vector env returns them: float64 rewards, bool flags, for ended sub-envs their
+            next episode's first observation in `obs` and their last one in
+            ``infos["final_obs"]``; for Atari ``infos["game_reward"]`` (the raw rewards) and
+            ``infos["game_over"]`` (:func:`easyrl.envs.game_steps`).
         """
         self._fresh = False
         obs, rewards, terminated, truncated, info = self._pool.step(np.asarray(actions))
         obs = self._obs(obs)
-        rewards = np.asarray(rewards, np.float64)
-        terminated = np.asarray(terminated, bool)
-        truncated = np.asarray(truncated, bool)
-        lives = np.asarray(info["lives"], np.int64) if self.task.episodic_life else None
+        columns = [
+            np.asarray(rewards, np.float64),
+            np.asarray(terminated, bool),
+            np.asarray(truncated, bool),
+        ]
+        if self.task.atari:
+            columns += [np.asarray(info["reward"], np.float64), np.asarray(info["lives"], np.int64)]
         ids = np.asarray(info["env_id"], np.int64)
         if not np.array_equal(ids, self._in_order):  # a pool of batch num_envs keeps the order
             order = np.argsort(ids)
-            obs, rewards = obs[order], rewards[order]
-            terminated, truncated = terminated[order], truncated[order]
-            lives = None if lives is None else lives[order]
-        if lives is not None:
-            terminated = terminated | (lives < self._lives)
-            self._lives = lives
+            obs, columns = obs[order], [c[order] for c in columns]
+        rewards, terminated, truncated = columns[:3]
         infos: dict[str, Any] = {}
+        game_over = terminated | truncated
+        if self.task.atari:
+            raw, lives = columns[3:]
+            if self.task.episodic_life:
+                terminated = terminated | (lives < self._lives)
+            self._lives = lives
+            every = np.ones(self.num_envs, bool)
+            infos = {"game_reward": raw, "_game_reward": every}
+            infos.update(game_over=game_over.copy(), _game_over=every.copy())
         done = np.flatnonzero(terminated | truncated)
         if done.size:
             final = np.full(self.num_envs, None, dtype=object)
@@ -370,9 +385,11 @@ class EnvPoolVectorEnv(gymnasium.vector.VectorEnv):
             for i in done:
                 final[i] = obs[i].copy()
             mask[done] = True
-            reset_obs, reset_ids = self._reset_pool(done)
-            obs[reset_ids] = reset_obs
-            infos = {"final_obs": final, "_final_obs": mask}
+            ended = np.flatnonzero(game_over)
+            if ended.size:  # a lost life goes on from the same observation
+                reset_obs, reset_ids = self._reset_pool(ended)
+                obs[reset_ids] = reset_obs
+            infos.update(final_obs=final, _final_obs=mask)
         return obs, rewards, terminated, truncated, infos
 
     def close_extras(self, **kwargs: Any) -> None:

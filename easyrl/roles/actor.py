@@ -31,7 +31,7 @@ from easyrl.algorithms.contract import (
     RoundsAgent,
 )
 from easyrl.algorithms.nstep import PRIORITY
-from easyrl.envs import env_options, final_observations, make_vector_env
+from easyrl.envs import env_options, final_observations, game_steps, make_vector_env
 from easyrl.envs.multiagent import SlotVectorEnv
 from easyrl.errors import MessageTooLarge, TransportError
 from easyrl.flows import actor_gradients, async_replay, sync_rounds
@@ -291,7 +291,8 @@ class Actor:
                 obs, actions, rewards, terminated, truncated, real_next, collector.last_action_logp
             )
         out = collector.observe(rewards, next_obs, real_next, terminated, truncated)
-        self.episodes.step(rewards, done, acted)
+        game = game_steps(infos, len(done))  # Atari: whole games, raw scores
+        self.episodes.step(*(game or (rewards, done)), acted)
         return next_obs, out
 
     def discard_open_episodes(self) -> None:
