@@ -64,35 +64,28 @@ def test_every_artifact_has_a_config_and_weights(name):
     load_policy(directory)
 
 
-LUNAR = ARTIFACTS / "lunarlander_sac"
+def last_record_of_a_sac_artifact(name: str, env_id: str, action_dim: int) -> dict:
+    """Loads SAC artifact `name`, checks its greedy actions on sampled observations (16 of
+    them, each action in [-1, 1]) and returns the last record of its metrics."""
+    directory = ARTIFACTS / name
+    policy = load_policy(directory, "latest")
+    assert (policy.cfg.algorithm.name, policy.cfg.env.id) == ("sac", env_id)
+    obs = np.stack([policy.obs_space.sample() for _ in range(16)]).astype(np.float32)
+    actions = np.asarray(policy.algo.greedy(obs))
+    assert actions.shape == (16, action_dim) and np.all(np.abs(actions) <= 1.0)
+    lines = (directory / "metrics.jsonl").read_text().splitlines()
+    return json.loads(lines[-1])
 
 
 def test_lunarlander_artifact_loads_and_acts_within_its_bounds():
-    policy = load_policy(LUNAR, "latest")
-    cfg = policy.cfg
-    assert (cfg.algorithm.name, cfg.env.id) == ("sac", "LunarLanderContinuous-v3")
-    obs = np.stack([policy.obs_space.sample() for _ in range(16)]).astype(np.float32)
-    actions = np.asarray(policy.algo.greedy(obs))
-    assert actions.shape == (16, 2) and np.all(np.abs(actions) <= 1.0)
-    records = [json.loads(x) for x in (LUNAR / "metrics.jsonl").read_text().splitlines() if x]
+    last = last_record_of_a_sac_artifact("lunarlander_sac", "LunarLanderContinuous-v3", 2)
     # The run reached its target within issue 46's 3,600 s budget on 2 cores (README).
-    last = records[-1]
     assert last["eval_return_mean"] >= 200 and last["time_s"] < 3600, last
     assert last["stop"].startswith("target reached")
 
 
-HALFCHEETAH = ARTIFACTS / "halfcheetah_sac"
-
-
 @MUJOCO
 def test_halfcheetah_artifact_loads_and_acts_within_its_bounds():
-    policy = load_policy(HALFCHEETAH, "latest")
-    cfg = policy.cfg
-    assert (cfg.algorithm.name, cfg.env.id) == ("sac", "HalfCheetah-v5")
-    obs = np.stack([policy.obs_space.sample() for _ in range(16)]).astype(np.float32)
-    actions = np.asarray(policy.algo.greedy(obs))
-    assert actions.shape == (16, 6) and np.all(np.abs(actions) <= 1.0)
-    records = [json.loads(x) for x in (HALFCHEETAH / "metrics.jsonl").read_text().splitlines() if x]
+    last = last_record_of_a_sac_artifact("halfcheetah_sac", "HalfCheetah-v5", 6)
     # Trained to Tianshou's budget, 300k env steps, on 2 cores (README's Results).
-    last = records[-1]
     assert 300_000 <= last["env_steps"] < 310_000 and last["eval_return_mean"] > 9000, last
