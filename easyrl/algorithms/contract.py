@@ -261,8 +261,7 @@ class AlgorithmSpec:
     flow: Flow
     """Which loops the actor and learner run (see the module docstring)."""
     replay_kinds: tuple[ReplayKind, ...]
-    """The replay kinds it was built and tested with, the default first; () for no replay.
-    `replay.kind` may name any other kind its items fit (`easyrl.replay.kinds.fits`)."""
+    """The replay table kinds its items can go to, the default first; () for no replay."""
     params_class: type
     """A frozen dataclass of hyper-parameters (the config's `algorithm` keys; a
     `RuntimeParams`, and a `ReplayParams` when learners sample batches)."""

@@ -166,9 +166,11 @@ def _resolve(cfg: Config) -> Config:
     kinds = spec.replay_kinds
     kind = cfg.replay.kind or (kinds[0] if kinds else None)
     if kind not in kinds and kind is not None:
-        # Any kind, built in or your own, works wherever the algorithm's items fit it
-        # (`replay_kinds.fits`: batches or rounds, priorities).
-        why = replay_kinds.fits(replay_kinds.get(kind), kinds)
+        # A built-in kind works where the spec lists it; a kind of your own wherever its
+        # items fit (`replay_kinds.fits`).
+        found = replay_kinds.get(kind)
+        why = "a built-in kind it does not list" if kind in replay_kinds.BUILT_IN else None
+        why = why or replay_kinds.fits(found, kinds)
         if why is not None:
             works = f"works with {' or '.join(kinds)}" if kinds else "uses no replay memory"
             raise ConfigError(f"replay.kind: {cfg.algorithm.name} {works}, got {kind!r} ({why})")

@@ -241,10 +241,13 @@ TRAJECTORY = register(Kind("trajectory", _trajectory, frames=True))
 AGGREGATE = register(Kind("aggregate", _aggregate, batches=False, snapshots=False))
 """Whole synchronous rounds (PPO, ES, A2C)."""
 
+BUILT_IN = frozenset(_KINDS)
+"""The kinds above: an algorithm works with those its spec lists (`replay_kinds`)."""
+
 
 def fits(kind: Kind, listed: tuple[str, ...]) -> str | None:
-    """Why `kind` cannot hold the items of an algorithm whose spec lists the kinds `listed`,
-    or None when it can: learners take its items the way they take those
+    """Why a kind that is not built in cannot hold the items of an algorithm whose spec lists
+    the kinds `listed`, or None when it can: learners take its items the way they take those
     of the algorithm's own kind (batches or whole rounds), and priorities only where the
     algorithm computes them (one of its kinds is prioritized)."""
     if not listed:
