@@ -201,25 +201,6 @@ def test_a_restarted_queue_does_not_give_back_what_it_gave_out(shard):
     assert taken is not None and list(taken.data["action"]) == [3, 4, 5, 6, 7]
 
 
-def test_an_insert_is_logged_before_it_is_stored_and_answered_once_both_are_done(shard):
-    # A ring's insert goes to the log writer first (its fsync overlaps the store), in the
-    # table's order; the answer waits for the store and the fsync.
-    s = shard(prioritized)
-    log = s.memory.log
-    assert log is not None
-    seen, append = [], log.append
-
-    def watched(record, future=None, result=None):
-        seen.append((type(record).__name__, s.table.size, future is not None))
-        append(record, future, result)
-
-    log.append = watched
-    assert s.insert(0, 5, sequence=1).inserted == 5
-    assert seen == [("Record", 0, False), ("NoneType", 5, True)]  # record, store, answer
-    # one record, one fsync: the answer's own turn in the writer syncs nothing more
-    assert (log.stats["wal_records"], log.stats["wal_syncs"]) == (1, 1)
-
-
 def test_a_log_that_cannot_write_answers_nothing_and_stops_the_shard(shard):
     s = shard(prioritized)
     assert s.memory.log is not None

@@ -231,11 +231,8 @@ class MemoryServer(pb_grpc.ReplayMemoryServicer):
         if not op.active():  # the caller's deadline passed while the op waited: not stored
             self.counters["inserts_abandoned"] += op.n
             raise ReplayError("the caller gave up before the insert ran")
-        ahead = self._log_ahead(op)
         kept = table.try_insert(op.batch, op.n, op.priorities, op.round, op.source)
         if kept is None:
-            if ahead:  # admitted a moment ago on this thread: cannot happen
-                raise ReplayError("the table refused an insert it had admitted")
             return None
         self._remember(op)
         if not kept:
@@ -244,21 +241,6 @@ class MemoryServer(pb_grpc.ReplayMemoryServicer):
         return pb.InsertResponse(
             size=table.size, inserted=table.inserted, refused=not kept, round=table.round
         )
-
-    def _log_ahead(self, op: Op) -> bool:
-        """Hands insert `op`'s record to the log before a built-in ring or queue stores it,
-        when the table admits it now: the log writes and fsyncs it while this thread stores
-        the batch, and the answer still waits for both (`_answer`). The log keeps the
-        table's order: this thread is the only one that appends. A kind of one's own is
-        logged after its `try_insert`, as every operation is."""
-        table = self.table
-        if self.log is None or op.record is None or not isinstance(table, LimitedTable):
-            return False
-        if not (table.limiter.can_insert(op.n) and table.table.fits(op.batch)):
-            return False
-        self.log.append(op.record)
-        op.record = None  # logged: the answer waits for it (and every record before it)
-        return True
 
     def _remember(self, op: Op) -> None:
         """Keeps the number of stored insert `op` when it has one (exactly-once)."""

@@ -1,12 +1,10 @@
 """A memory shard's write-ahead log: nothing it acknowledged is lost when it is killed.
 
-The table thread hands each operation's record to the log's writer thread
-(`WriteAheadLog.append`), in the order it applies them: an insert into a built-in ring or
-queue just before it stores the batch (the write and fsync overlap the store), any other
-operation after it ran. The writer appends every record it has, fsyncs once for all of them
-(group commit) and only then releases the replies waiting on them: an Insert is answered once
-its items are stored and durable, and a Sample may return items that are not durable yet: a
-shard killed before the fsync never acknowledged them.
+The table thread applies an operation, then hands its record to the log's writer thread
+(`WriteAheadLog.append`) with the reply; the writer appends every record it has, fsyncs
+once for all of them (group commit) and only then releases their replies. An Insert is
+thus answered once its items are durable, and a Sample may return items that are not yet:
+a shard killed before the fsync never acknowledged them.
 
 Kept: inserts (the batch the table stores, in the form it takes it: the wire form of
 Atari frame stacks, each distinct frame of the shipment once), priority updates (answered
@@ -285,11 +283,9 @@ class WriteAheadLog:
         """Writes the entries' records (a new segment where the table thread rotated),
         then fsyncs once."""
         parts: list[bytes] = []
-        written = False
         for entry, _ in entries:
             if isinstance(entry, Record):
                 parts += [entry.frame(), entry.payload]
-                written = True
                 self.stats["wal_records"] += 1
                 self.stats["wal_bytes"] += len(entry.payload) + _FRAME.size
             elif isinstance(entry, int) and entry >= 0:
@@ -297,8 +293,7 @@ class WriteAheadLog:
                 parts = []
                 self._open(entry)
         self._writev(parts)
-        # Only answers waiting (their records went before, in an earlier group: durable).
-        if self.mode == "group" and written:
+        if self.mode == "group":
             os.fsync(self._fd)
             self.stats["wal_syncs"] += 1
 
