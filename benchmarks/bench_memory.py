@@ -12,9 +12,11 @@ through `easyrl.transport.rpc.Client` + the codec, the way actors and learners t
   spec)` + `rpc.make_server` with that spec and a config with `env.atari` (42x42, 4
   frames), so the table stores each frame once (`easyrl.replay.frames`; `--whole-stacks`:
   `replay.frame_dedup: false`); same servicer, table thread, rate limiter, prefetch. The
-  items are sliding stacks of a stream of random frames (n + 6 distinct frames per batch
-  of n), packed by the client as actors pack them; batches rotate so that no insert
-  repeats the previous one.
+  items are sliding stacks of a stream of frames (n + 6 distinct frames per batch of n):
+  real Pong frames from the bytes line's run below (`--frames pong`, the default: what
+  the write-ahead log compresses, `easyrl.roles.wal.insert_record`) or noise (`--frames
+  random`: the log's worst case, nothing compresses), packed by the client as actors
+  pack them; batches rotate so that no insert repeats the previous one.
 
 `--items atari` first prints the replay memory one stored transition takes, measured from
 the table's own arrays (all of them, divided by the transitions it holds) after inserting
@@ -28,7 +30,11 @@ actor ships them, into the table the config's replay kind builds (prioritized,
 Every measurement runs once per `--wal` setting (`replay.wal`; default: group, then none),
 so the write-ahead log's cost is read off one run: a shard with the log writes it under the
 benchmark's temporary run directory, and the notes give, per item kind, insert items/s with
-the log over without and the log bytes written per stored item.
+the log over without and the log bytes written per stored item. `--rounds R` repeats the
+settings R times, alternating their order each round (group, none, none, group, ...), so
+that drifting load falls on both alike: the tables show each measurement's median over the
+rounds, and the log's cost is the median of the R paired ratios (each round's log-on over
+its log-off), printed with the R ratios themselves.
 
 Insert: one client thread, client-side encoding included, Ape-X style initial
 priorities sent with every batch; then `--insert-threads` inserters at once (default 4, each
@@ -65,6 +71,7 @@ Without it the column uses the figures recorded in ../shared/NOTES.md
 
 import argparse
 import dataclasses
+import functools
 import json
 import os
 import shutil
@@ -130,11 +137,18 @@ def random_batch(spec: dict, n: int, rng: np.random.Generator) -> dict[str, np.n
     return batch
 
 
-def stack_batch(spec: dict, n: int, rng: np.random.Generator) -> dict[str, np.ndarray]:
+def stack_batch(
+    spec: dict, n: int, rng: np.random.Generator, pool: np.ndarray | None = None
+) -> dict[str, np.ndarray]:
     """`random_batch` whose obs and next_obs are the sliding 4-frame stacks of one stream of
-    random 42x42 frames (item i: frames i..i+3 and i+3..i+6, as 3-step transitions)."""
+    42x42 frames (item i: frames i..i+3 and i+3..i+6, as 3-step transitions): n + 6
+    consecutive frames of `pool` ([frames, 42, 42], from a random start), else random ones."""
     batch = random_batch({k: v for k, v in spec.items() if "obs" not in k}, n, rng)
-    frames = rng.integers(0, 256, size=(n + 6, 42, 42), dtype=np.uint8)  # [n + 6, H, W]
+    if pool is not None and len(pool) > n + 6:
+        start = int(rng.integers(0, len(pool) - n - 6))
+        frames = pool[start : start + n + 6]
+    else:
+        frames = rng.integers(0, 256, size=(n + 6, 42, 42), dtype=np.uint8)  # [n + 6, H, W]
     stacks = np.stack([frames[j : j + n] for j in range(7)], axis=-1)  # [n, H, W, 7]
     batch["obs"], batch["next_obs"] = stacks[..., :4].copy(), stacks[..., 3:].copy()
     return batch
@@ -190,7 +204,7 @@ def atari_bytes(args) -> dict:
     nstep = NStepAccumulator(num_envs, params.n_step, params.gamma, (42, 42, 4), np.uint8)
     rng = np.random.default_rng(0)
     obs, _ = env.reset(seed=0)
-    parts, steps = [], 0
+    parts, steps, newest = [], 0, []
     try:
         while table.inserted < 1.5 * table.capacity:
             actions = rng.integers(0, 6, num_envs)
@@ -200,6 +214,7 @@ def atari_bytes(args) -> dict:
             if out is not None:
                 parts.append(out)
             obs, steps = next_obs, steps + 1
+            newest.append(next_obs[..., -1])  # [envs, 42, 42]: each env's newest frame
             if steps % send_every == 0 and parts:
                 batch = {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
                 table.insert(layout.pack(batch) if layout else batch, source=0)
@@ -216,7 +231,13 @@ def atari_bytes(args) -> dict:
         f"whole stacks: {item_bytes(ITEM_SPECS['atari']):,} bytes)",
         flush=True,
     )
-    return {"bytes_per_transition": per_item, "size": table.size, "inserted": table.inserted}
+    pool = np.stack(newest, axis=1).reshape(-1, 42, 42)  # env by env, each env's stream
+    return {
+        "bytes_per_transition": per_item,
+        "size": table.size,
+        "inserted": table.inserted,
+        "frames": pool,
+    }
 
 
 def sampled(client: MemoryClient, batch_size: int) -> Sampled:
@@ -255,7 +276,9 @@ def bench_items(cluster: servers.Cluster, items: str, wal: str, args) -> dict:
     inserts and sample+update rounds, stops it."""
     spec = ITEM_SPECS[items]
     raw = raw_config(args, items, wal)
-    make_batch = stack_batch if items == "atari" else random_batch
+    make_batch = functools.partial(stack_batch, pool=args.frame_pool)
+    if items != "atari":
+        make_batch = random_batch
     layout = layout_for(common_config(raw), table_spec(spec)) if items == "atari" else None
     if items == "cartpole" and args.server == "cli":
         config = servers.write_config(raw, cluster.run_dir, f"memory-{items}.yaml")
@@ -383,7 +406,7 @@ def restart_time(cluster: servers.Cluster, args) -> tuple[float, float, int]:
     layout = layout_for(common_config(raw), table_spec(spec))
     assert layout is not None  # Atari stacks
     rng = np.random.default_rng(1)
-    batches = [layout.pack(stack_batch(spec, 512, rng)) for _ in range(8)]
+    batches = [layout.pack(stack_batch(spec, 512, rng, args.frame_pool)) for _ in range(8)]
     seconds = []
     for fill in (0, n):
         server = cluster.spawn_memory_server(raw, spec)
@@ -429,8 +452,10 @@ def bench_reverb(items: list[str], args) -> dict:
     return json.loads(last)
 
 
-def report(results: list[dict], args, reverb: dict | None = None) -> str:
-    """The tables; `reverb` is `bench_reverb`'s measurement, else the recorded figures."""
+def report(by_round: dict[tuple[str, str], list[dict]], args, reverb: dict | None = None) -> str:
+    """The tables (each rate the median of its rounds); `reverb` is `bench_reverb`'s
+    measurement, else the recorded figures."""
+    results = [merge_rounds(rounds) for rounds in by_round.values()]
     rows = []
     for r in results:
         if reverb is not None:
@@ -517,6 +542,7 @@ def report(results: list[dict], args, reverb: dict | None = None) -> str:
             "writer flushing every 64 items (so compare both batch 1 and batch 64), 86 "
             "sample(512)+update rounds/s for CartPole-size items, 46 for 42x42x4 uint8 frames."
         )
+    frames_text = "ALE/Pong-v5 frames" if args.frame_pool is not None else "random frames"
     notes = [
         f"Table: {args.kind}"
         + (", alpha 0.6" if args.kind == "prioritized" else "")
@@ -540,44 +566,74 @@ def report(results: list[dict], args, reverb: dict | None = None) -> str:
         "Atari items: the table stores each 42x42 frame once and rebuilds the stacks when "
         "it samples (`easyrl.replay.frames`"
         + (", off here: --whole-stacks" if args.whole_stacks else "")
-        + "); inserted batches are sliding stacks of random frames, packed by the client "
+        + f"); inserted batches are sliding stacks of {frames_text}, packed by the client "
         "(distinct frames + indexes, as actors ship them); MB/s counts whole-stack bytes.",
         "Inserts land in ring slots never written before (the 100k ring does not wrap in "
         "these runs), so they include the first-touch page faults of the lazily mapped, "
         "preallocated ring (about 14 MB per 1,000 Atari items).",
-        wal_note(results),
+        wal_note(by_round),
         vs_reverb,
     ]
     return table + "\n\n" + "\n".join(f"- {n}" for n in notes) + "\n"
 
 
-def wal_note(results: list[dict]) -> str:
+def median_rate(rates: list[timing.Rate]) -> timing.Rate:
+    """The middle one of several measurements of one thing, by units/s (calls/s when no
+    units); of an even count, the lower middle."""
+    ordered = sorted(rates, key=lambda r: (r.units_per_s, r.per_s))
+    return ordered[(len(ordered) - 1) // 2]
+
+
+def merge_rounds(rounds: list[dict]) -> dict:
+    """One result from the same shard setting measured over several rounds: each rate the
+    median of its rounds (`median_rate`); the counters of the last round."""
+    merged = dict(rounds[-1])
+    for key in ("inserts", "concurrent", "sample_only", "rounds"):
+        merged[key] = {k: median_rate([r[key][k] for r in rounds]) for k in rounds[0][key]}
+    return merged
+
+
+def paired_ratios(on: list[dict], off: list[dict], key: str, n: int) -> str:
+    """Round by round, units/s of `on[i][key][n]` over `off[i][key][n]`: their median,
+    then the ratios themselves when there are several."""
+    ratios = [
+        a[key][n].units_per_s / b[key][n].units_per_s
+        for a, b in zip(on, off, strict=True)
+        if n in a[key] and n in b[key]
+    ]
+    middle = sorted(ratios)[(len(ratios) - 1) // 2]
+    each = f" ({', '.join(f'{x:.2f}' for x in ratios)})" if len(ratios) > 1 else ""
+    return f"{middle:.2f}{each}"
+
+
+def wal_note(by_round: dict[tuple[str, str], list[dict]]) -> str:
     """What the write-ahead log costs: insert items/s with it over without, per item kind
-    and batch, and the bytes it wrote per stored item."""
-    by = {(r["items"], r["wal"]): r for r in results}
+    and batch (the median of the rounds' paired ratios, and each), and the bytes it wrote
+    per stored item."""
     parts = []
-    for (items, wal), r in by.items():
-        status = r["status"]
+    for (items, wal), rounds in by_round.items():
+        status = rounds[-1]["status"]
         if wal != "none" and status.get("inserts"):
             written = status.get("wal_bytes", 0.0) / status["inserts"]
             syncs = status.get("inserts", 0.0) / max(1.0, status.get("wal_syncs", 0.0))
             parts.append(
                 f"{items}, log {wal}: {written:,.0f} log bytes per stored item "
-                f"({r['item_bytes']:,} B/item whole), {syncs:,.0f} items per fsync"
+                f"({rounds[-1]['item_bytes']:,} B/item whole), {syncs:,.0f} items per fsync"
             )
-            off = by.get((items, "none"))
+            off = by_round.get((items, "none"))
             if off is not None:
                 ratios = ", ".join(
-                    f"batch {n} {rate.units_per_s / off['inserts'][n].units_per_s:.2f}"
-                    for n, rate in r["inserts"].items()
-                    if n in off["inserts"]
+                    f"batch {n} {paired_ratios(rounds, off, 'inserts', n)}"
+                    for n in rounds[0]["inserts"]
                 )
-                parts.append(f"{items} insert items/s, log {wal} over none: {ratios}")
+                parts.append(
+                    f"{items} insert items/s, log {wal} over none, median of {len(rounds)} "
+                    f"paired round(s): {ratios}"
+                )
                 concurrent = ", ".join(
-                    f"{k} inserters x {r['concurrent_batch']} "
-                    f"{rate.units_per_s / off['concurrent'][k].units_per_s:.2f}"
-                    for k, rate in r["concurrent"].items()
-                    if k in off["concurrent"]
+                    f"{k} inserters x {rounds[0]['concurrent_batch']} "
+                    f"{paired_ratios(rounds, off, 'concurrent', k)}"
+                    for k in rounds[0]["concurrent"]
                 )
                 if concurrent:
                     parts.append(f"at once: {concurrent}")
@@ -634,6 +690,18 @@ def main() -> None:
         "--wal", default="group,none", help="comma list of replay.wal settings to measure"
     )
     parser.add_argument(
+        "--frames",
+        choices=["pong", "random"],
+        default="pong",
+        help="Atari items' frames: real Pong frames (from the bytes line's run) or noise",
+    )
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=1,
+        help="measure every --wal setting this many times, alternating their order",
+    )
+    parser.add_argument(
         "--reverb-python",
         help="Python of the venv with dm-reverb 0.14: measure Reverb side by side (docstring)",
     )
@@ -641,7 +709,7 @@ def main() -> None:
     if args.smoke:  # seconds, tiny sizes, same processes (tests/test_benchmarks.py)
         args.items, args.duration, args.insert_batches = "cartpole", 0.2, "1,64"
         args.sample_batch, args.sample_threads, args.capacity, args.min_size = 64, "1", 5000, 100
-        args.wal, args.insert_threads, args.concurrent_batch = "group", "2", 8
+        args.wal, args.rounds, args.insert_threads, args.concurrent_batch = "group,none", 2, "2", 8
         args.restart_items = 1024
     args.insert_threads = [int(x) for x in args.insert_threads.split(",") if x]
     args.insert_batches = [int(x) for x in args.insert_batches.split(",")]
@@ -652,16 +720,22 @@ def main() -> None:
             parser.error(f"unknown --items {name!r}; known: {', '.join(ITEM_SPECS)}")
 
     started, load_before = time.monotonic(), load_average()
+    args.frame_pool = None
     if "atari" in items:
-        atari_bytes(args)
+        played = atari_bytes(args)
         if args.bytes_only:
             return
-    results = []
+        if args.frames == "pong":
+            args.frame_pool = played["frames"]
+    by_round: dict[tuple[str, str], list[dict]] = {}
     with servers.Cluster() as cluster:
         for name in items:
-            for wal in args.wal.split(","):
-                print(f"{name}, replay.wal {wal}:", flush=True)
-                results.append(bench_items(cluster, name, wal, args))
+            wals = args.wal.split(",")
+            for turn in range(args.rounds):
+                for wal in wals if turn % 2 == 0 else wals[::-1]:
+                    print(f"{name}, replay.wal {wal}, round {turn + 1}:", flush=True)
+                    result = bench_items(cluster, name, wal, args)
+                    by_round.setdefault((name, wal), []).append(result)
         if args.restart_items:
             empty, full, held = restart_time(cluster, args)
             print(
@@ -670,7 +744,7 @@ def main() -> None:
                 flush=True,
             )
     reverb = bench_reverb(items, args) if args.reverb_python else None
-    text = report(results, args, reverb)
+    text = report(by_round, args, reverb)
     print()
     print(text)
     if args.write:

@@ -79,8 +79,9 @@ class Op:
     inserted, sampled or updated; 0 for a whole round), `round` (insert, sample: a table of
     rounds), `source` (insert: the actor that sent it), `sender` and `sequence` (insert:
     exactly-once, see `InsertRequest`), `active` (whether the caller still waits:
-    nothing is stored or released for one that is gone) and `record` (insert, update: its
-    write-ahead log record, when the shard keeps a log)."""
+    nothing is stored or released for one that is gone), `record` (insert, update: its
+    write-ahead log record, when the shard keeps a log) and `logged` (set by the table
+    thread: the log position the insert's answer waits to be durable)."""
 
     kind: Literal["insert", "sample", "update", "snapshot"]
     timeout_s: float
@@ -94,6 +95,7 @@ class Op:
     sequence: int = 0
     active: Callable[[], bool] = _always
     record: Any = None
+    logged: int = 0
     deadline: float = field(init=False)
     future: Future = field(default_factory=Future)
 
@@ -188,21 +190,24 @@ class MemoryServer(pb_grpc.ReplayMemoryServicer):
         self._pending = still
 
     def _answer(self, op: Op, result) -> None:
-        """Answers `op`; an insert once its record (and every record before it: a
-        duplicate's original) is durable, when the shard keeps a log. An update is logged
-        but answered at once: a kill may lose the last milliseconds of them, not an item."""
-        if self.log is not None and op.kind == "insert":
-            self.log.append(op.record, op.future, result)
-            return
-        if self.log is not None and op.kind == "update":
-            self.log.append(op.record)
+        """Answers `op`, writing its record first when the shard keeps a log. An insert
+        learns the log position its handler syncs to before it answers (its record's, or
+        for one not stored, such as a duplicate, all written so far: its original's); an
+        update is answered without waiting for the fsync: a kill may lose the last
+        milliseconds of them, not an item."""
+        if self.log is not None and op.kind in ("insert", "update"):
+            try:
+                op.logged = self.log.write(op.record) if op.record else self.log.written
+            except ReplayError as err:
+                op.future.set_exception(err)
+                return
         op.future.set_result(result)
 
     def _sampled(self, result):
         """`result` of a table sample; a queue's log keeps the items it removed."""
         if self._removes and isinstance(result, Sampled):
             assert self.log is not None
-            self.log.append(wal.remove_record(len(next(iter(result.data.values())))))
+            self.log.write(wal.remove_record(len(next(iter(result.data.values())))))
         return result
 
     def _try(self, op: Op):
@@ -336,9 +341,12 @@ class MemoryServer(pb_grpc.ReplayMemoryServicer):
             record=record,
         )
         try:
-            return self._submit(op)
+            answer = self._submit(op)
         except RateLimitTimeout as err:
             context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(err))
+        if self.log is not None:  # answered once its record is durable
+            self.log.sync(op.logged)
+        return answer
 
     @invalid_argument_on_error
     def Sample(self, request, context):
