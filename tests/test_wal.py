@@ -13,6 +13,7 @@ import pytest
 import yaml
 from conftest import Served
 
+from easyrl.envs import env_spaces
 from easyrl.errors import ReplayError, TransportError
 from easyrl.replay import (
     LimitedTable,
@@ -215,6 +216,38 @@ def test_a_log_that_cannot_write_answers_nothing_and_stops_the_shard(shard):
     with pytest.raises(TransportError, match="write-ahead log failed"):
         s.insert(0, 2, sequence=1)
     assert s.memory.stopping.is_set()
+
+
+def test_a_restarted_ring_samples_what_it_holds_without_waiting_for_new_inserts(tmp_path):
+    from easyrl import config as config_lib
+    from easyrl.algorithms import registry
+    from easyrl.roles import memory as memory_role
+
+    raw = yaml.safe_load((ROOT / "configs" / "cartpole_apex.yaml").read_text())
+    raw["replay"].update(min_size_to_sample=50, samples_per_insert=None, error_buffer=None)
+    cfg = config_lib.from_dict(raw)
+    spec = registry.replay_spec(cfg, *env_spaces("CartPole-v1"))
+    path = tmp_path / "memory-0.npz"
+    first = memory_role.build(cfg, spec, 0, snapshot=path)
+    assert isinstance(first.table, LimitedTable) and first.log is not None
+    request = pb.InsertRequest(actor=1)
+    request.tensors.extend(
+        codec.encode_batch({k: np.zeros((40, *shape), dtype) for k, (shape, dtype) in spec.items()})
+    )
+    request.priorities.CopyFrom(codec.encode_array("priorities", np.ones(40, np.float32)))
+    first.Insert(request, None)
+    first.snapshot(path)  # 40 items in the snapshot
+    first.Insert(request, None)  # 40 more in the log only
+    first.close()
+    first.log.close()
+    again = memory_role.build(cfg, spec, 0, snapshot=path, restarted=True)
+    try:
+        assert isinstance(again.table, LimitedTable) and again.table.size == 80
+        assert again.table.limiter.can_sample(1)  # 80 held >= min_size_to_sample 50
+    finally:
+        again.close()
+        assert again.log is not None
+        again.log.close()
 
 
 # --- Atari frames stay stored once in the log -------------------------------------------------

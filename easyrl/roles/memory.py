@@ -606,6 +606,11 @@ def build(
             shard, restored, replayed.inserts, replayed.items, replayed.updates,
             replayed.removes, time.monotonic() - started, replayed.dropped_bytes,
         )  # fmt: skip
+    if isinstance(served, LimitedTable) and not served.table.remove_on_sample and served.size:
+        # What a ring holds again counts as inserted for its rate limiter: a restarted shard
+        # serves samples at once, not after min_size_to_sample new inserts (a queue's
+        # limiter counts the queue itself).
+        served.limiter.on_insert(served.size)
     memory = MemoryServer(served, r.prefetch, shard, stored, log_)
     # What the restored table counts as acknowledged (its `inserted` once restored).
     memory.counters.update(restored_items=restored, restored_inserted=served.inserted)

@@ -428,8 +428,9 @@ def replay(
 
 
 def applier(table: ServedTable, stored: dict[int, tuple[int, int]]) -> Callable:
-    """The `apply` of `replay` for a restored `table`: inserts bypass the rate limiter (a
-    restored table's items are not counted by it either) and set `stored` (exactly-once).
+    """The `apply` of `replay` for a restored `table`: inserts bypass the rate limiter (the
+    shard counts what a ring holds once, after the replay: `memory.build`) and set `stored`
+    (exactly-once).
 
     Raises:
         ReplayError: the table is not a `LimitedTable` (the only served table whose
