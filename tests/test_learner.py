@@ -3,11 +3,17 @@
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
+import pytest
 from conftest import RoleServers
 
 from easyrl import config as config_lib
+from easyrl.algorithms import registry
+from easyrl.envs import env_options, env_spaces
+from easyrl.errors import ReplayError
+from easyrl.roles import memory as memory_role
 from easyrl.roles.common import StopSignal, guarded
 from easyrl.roles.learner import Learner
 from easyrl.roles.push_queue import QUEUE_PUSHES
@@ -167,9 +173,57 @@ def test_a_lone_learner_applies_its_updates_and_publishes_them_to_the_ps(role_se
         np.testing.assert_array_equal(got.numpy(), expected.numpy())
 
 
-def learner_with_items(role_servers, publish_every: int):
+def test_a_learner_takes_several_batches_per_sample_and_learns_on_each(role_servers):
+    """`learner.batches_per_sample: 4`: one Sample of 4 x 32 items, four updates of 32, each
+    batch's priorities back to the shard under its own keys."""
+    _, shards, learner = learner_with_items(role_servers, 1, ["learner.batches_per_sample=4"])
+    memory, stop, learned = shards.memory, learner.stop, []
+    algo: Any = learner.algo  # a DQN agent (a ReplayLearner)
+    learn = algo.learn
+
+    def recording(batch, weights):
+        learned.append((len(batch["action"]), len(weights)))
+        return learn(batch, weights)
+
+    algo.learn = recording
+    sent = []  # (keys, how many of them the shard updated)
+    update = learner.memories[0].update_priorities
+
+    def updating(keys, priorities):
+        sent.append((len(keys), update(keys, priorities)))
+        return sent[-1][1]
+
+    learner.memories[0].update_priorities = updating
+    thread = threading.Thread(target=learner.run, daemon=True)
+    thread.start()
+    try:
+        wait_until(lambda: learner.updates >= 12, stop)
+    finally:
+        stop.set()
+        thread.join(timeout=15)
+    assert not thread.is_alive() and not stop.error
+    assert memory.table.batch_size == 128  # what the shard samples ahead
+    assert set(learned) == {(32, 32)}
+    assert memory.counters["samples"] % 128 == 0
+    assert memory.counters["samples"] >= 32 * learner.updates
+    assert memory.table.batches * 128 == memory.counters["samples"]
+    sent_keys, updated = np.sum(sent, axis=0)
+    assert sent_keys == updated >= 32 * (learner.updates - 4)
+
+
+def test_batches_per_sample_past_the_rate_limiter_window_names_the_key():
+    cfg = config_lib.load(
+        CONFIG,
+        ["algorithm.batch_size=32", "replay.error_buffer=40", "learner.batches_per_sample=4"],
+    )
+    spec = registry.replay_spec(cfg, *env_spaces(cfg.env.id, **env_options(cfg.env)))
+    with pytest.raises(ReplayError, match="learner.batches_per_sample"):
+        memory_role.build(cfg, spec, 0)
+
+
+def learner_with_items(role_servers, publish_every: int, overrides=()):
     """(config, servers, learner) of a DQN CartPole learner (not started) with
-    `learner.publish_every` and 128 items in its memory shard."""
+    `learner.publish_every` (and `overrides`) and 128 items in its memory shard."""
     cfg = config_lib.load(
         CONFIG,
         [
@@ -179,6 +233,7 @@ def learner_with_items(role_servers, publish_every: int):
             "replay.samples_per_insert=null",
             "replay.error_buffer=null",
             f"learner.publish_every={publish_every}",
+            *overrides,
         ],
     )
     shards = role_servers.start(cfg, token="learner-test-token")

@@ -8,6 +8,7 @@ import pytest
 
 from easyrl.errors import ReplayError
 from easyrl.replay import PrioritizedTable, Sampled, UniformTable, item_bytes, validate_batch
+from easyrl.replay.sampled import split_sample
 from easyrl.replay.tables import TableSpec
 
 SPEC: TableSpec = {
@@ -405,3 +406,17 @@ def test_prioritized_state_dict_round_trip() -> None:
     np.testing.assert_array_equal(table.sample(32, 0.4).keys, restored.sample(32, 0.4).keys)
     with pytest.raises(ReplayError, match="alpha"):
         PrioritizedTable(SPEC, capacity=8, alpha=0.6).load_state_dict(state)
+
+
+def test_a_sample_of_several_batches_splits_into_them_in_order():
+    data = {"obs": np.arange(24, dtype=np.float32).reshape(12, 2), "action": np.arange(12)}
+    keys, weights = np.arange(100, 112), np.linspace(0.5, 1.0, 12, dtype=np.float32)
+    parts = split_sample(Sampled(data, keys, weights), 3)
+    assert [len(p.data["obs"]) for p in parts] == [4, 4, 4]
+    np.testing.assert_array_equal(np.concatenate([p.keys for p in parts]), keys)
+    np.testing.assert_array_equal(np.concatenate([p.weights for p in parts]), weights)
+    np.testing.assert_array_equal(parts[2].data["obs"], data["obs"][8:])
+    whole_round = split_sample(Sampled({"obs": np.zeros((4, 2))}), 2)  # no keys nor weights
+    assert [len(p.keys) + len(p.weights) for p in whole_round] == [0, 0]
+    with pytest.raises(ValueError, match="does not split into 5"):
+        split_sample(Sampled(data, keys, weights), 5)

@@ -209,6 +209,23 @@ def test_an_aggregate_shard_is_built_from_its_kind_with_the_cluster_sizing_its_r
     assert isinstance(table, AggregateTable) and table.round_size == table.batch_size == 16
 
 
+def test_a_ring_samples_a_learners_batches_per_sample_ahead_and_anneals_beta_by_updates():
+    """`learner.batches_per_sample: 4`: the shard samples 4 batches ahead per Sample; beta
+    reaches its final value after `beta_anneal_steps` updates, i.e. a quarter as many
+    Samples."""
+    cfg = config_lib.from_dict(
+        {
+            "algorithm": {"name": "dqn", "batch_size": 32},
+            "replay": {"kind": "prioritized", "beta": 0.4, "beta_anneal_steps": 100},
+            "learner": {"batches_per_sample": 4},
+        }
+    )
+    spec = {"obs": ((4,), np.float32)}
+    table = kinds.get("prioritized").build(memory_role.shard_setup(cfg, spec, 0))
+    assert isinstance(table, LimitedTable) and table.batch_size == 128
+    assert table.beta(24) < 1.0 == table.beta(25)
+
+
 def test_the_memory_server_holds_every_table_through_one_interface():
     source = Path(memory_role.__file__).read_text()
     assert "AggregateTable" not in source and '"aggregate"' not in source

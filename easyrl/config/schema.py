@@ -249,6 +249,10 @@ class LearnerConfig(_Section):
 
     batch_queue: int = 4
     """Sampled batches buffered ahead of the update loop."""
+    batches_per_sample: int = 1
+    """Replay flows: batches a learner asks a memory shard for in one Sample, each its own
+    update (fewer calls: the transport's CPU per update shrinks by this factor). Under a
+    rate limiter `replay.error_buffer` must be at least half of this many batches' items."""
     push_queue: int = 2
     """Gradient pushes buffered towards the PS."""
     push_threads: int = 2
@@ -528,6 +532,7 @@ _RULES: dict[type, dict[str, _Check]] = {
     ActorConfig: dict(send_every=_ge(1), weight_sync_every=_ge(1), queue_size=_ge(1)),
     LearnerConfig: dict(
         batch_queue=_ge(1),
+        batches_per_sample=_ge(1),
         push_queue=_ge(1),
         push_threads=_ge(1),
         updates_per_report=_ge(1),

@@ -18,6 +18,7 @@ Built in: `uniform` and `prioritized` rings, the `trajectory` queue and the `agg
 table of synchronous rounds.
 """
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -56,6 +57,14 @@ class ShardSetup:
     """Items that complete a round on this shard (synchronous rounds only)."""
     restarted: bool = False
     """This shard ran before in this run directory."""
+    batches_per_sample: int = 1
+    """Batches a learner asks for in one Sample (`learner.batches_per_sample`)."""
+
+    @property
+    def sample_size(self) -> int:
+        """Items of one learner's Sample: `batches_per_sample` batches (what a table
+        samples ahead)."""
+        return self.batch_size * self.batches_per_sample
 
 
 def _accept(replay: "ReplayConfig") -> None:
@@ -195,9 +204,11 @@ def queue_limiter(table: Table, num_envs: int, batch_size: int) -> RateLimiter:
 def _ring(setup: ShardSetup, table: Table) -> LimitedTable:
     r = setup.replay
     insert_items = setup.send_every * setup.num_envs
-    limiter = ring_limiter(r, table, insert_items, setup.batch_size)
-    beta = BetaSchedule(r.beta, r.beta_final, r.beta_anneal_steps)
-    return LimitedTable(table, limiter, setup.batch_size, beta)
+    limiter = ring_limiter(r, table, insert_items, setup.sample_size)
+    # The schedule's clock counts Samples; beta_anneal_steps counts updates (batches).
+    anneal = math.ceil(r.beta_anneal_steps / setup.batches_per_sample)
+    beta = BetaSchedule(r.beta, r.beta_final, anneal)
+    return LimitedTable(table, limiter, setup.sample_size, beta)
 
 
 def _uniform(setup: ShardSetup) -> LimitedTable:
@@ -214,8 +225,8 @@ def _prioritized(setup: ShardSetup) -> LimitedTable:
 
 def _trajectory(setup: ShardSetup) -> LimitedTable:
     table = Table.queue(setup.spec, setup.replay.capacity, frames=_frame_store(setup, True))
-    limiter = queue_limiter(table, setup.num_envs, setup.batch_size)
-    return LimitedTable(table, limiter, setup.batch_size)
+    limiter = queue_limiter(table, setup.num_envs, setup.sample_size)
+    return LimitedTable(table, limiter, setup.sample_size)
 
 
 def _aggregate(setup: ShardSetup) -> AggregateTable:

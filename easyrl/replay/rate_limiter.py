@@ -224,12 +224,14 @@ class RateLimiter:
             if max(insert_batch, sample_batch) > capacity:
                 raise ReplayError(
                     f"replay.capacity {capacity} (unrolls) must hold one insert "
-                    f"({insert_batch}) and one learner batch ({sample_batch})"
+                    f"({insert_batch}) and one learner Sample ({sample_batch}: "
+                    "algorithm.batch_size x learner.batches_per_sample)"
                 )
         elif self._error_buffer is not None and 2 * self._error_buffer < sample_batch:
             raise ReplayError(
                 f"rate limiter window max_diff - min_diff = 2 * error_buffer = "
-                f"{2 * self._error_buffer} is smaller than sample_batch={sample_batch}: "
+                f"{2 * self._error_buffer} is smaller than sample_batch={sample_batch} (a "
+                "learner's Sample: algorithm.batch_size x learner.batches_per_sample): "
                 f"inserts and samples could deadlock; raise error_buffer to at least "
                 f"{sample_batch / 2}"
             )

@@ -46,3 +46,34 @@ class NotReady(NamedTuple):
     """The round being collected (the caller is behind when it asked for an older one)."""
     incomplete: bool = False
     """The round asked for cannot be completed (a restarted shard lost part of it)."""
+
+
+def split_sample(sampled: Sampled, parts: int) -> list[Sampled]:
+    """A sample of `parts` batches (a learner's `learner.batches_per_sample`) as `parts`
+    equal batches, in order, as views. Each keeps its rows' keys and weights (normalised by
+    the max of the whole sample: one batch's may stay under 1).
+
+    Raises:
+        ValueError: the sample's rows do not split into `parts` equal batches.
+    """
+    if parts == 1:
+        return [sampled]
+    rows = len(next(iter(sampled.data.values())))
+    if parts < 1 or rows % parts:
+        raise ValueError(f"a sample of {rows} items does not split into {parts} equal batches")
+    size = rows // parts
+
+    def rows_of(array, i: int):  # a sample without keys or weights (a round's) keeps them empty
+        return array[i * size : (i + 1) * size] if len(array) else array
+
+    return [
+        sampled._replace(
+            data={name: rows_of(column, i) for name, column in sampled.data.items()},
+            keys=rows_of(sampled.keys, i),
+            weights=rows_of(sampled.weights, i),
+            probabilities=None
+            if sampled.probabilities is None
+            else rows_of(sampled.probabilities, i),
+        )
+        for i in range(parts)
+    ]

@@ -19,7 +19,7 @@ import tensorflow as tf
 from easyrl.algorithms.contract import Agent, concat
 from easyrl.errors import TransportError
 from easyrl.flows import Prefetched, async_replay, sync_rounds
-from easyrl.replay.sampled import NotReady
+from easyrl.replay.sampled import NotReady, split_sample
 from easyrl.roles.common import (
     RoleContext,
     ShardedWeights,
@@ -88,14 +88,18 @@ class Learner:
         }
 
     def prefetch(self, shard: int) -> None:
-        """A prefetch thread: Sample from memory shard `shard` -> the batch queue."""
-        client, batch_size = self.memories[shard], self.ctx.cfg.algorithm.params.batch_size
+        """A prefetch thread: Sample from memory shard `shard` -> the batch queue, one
+        batch per update (`learner.batches_per_sample` of them per Sample)."""
+        cfg = self.ctx.cfg
+        client, batch_size = self.memories[shard], cfg.algorithm.params.batch_size
+        k = cfg.learner.batches_per_sample
         while not self.stop.is_set():
-            sampled = client.sample(batch_size, timeout_s=1.0)
+            sampled = client.sample(batch_size * k, timeout_s=1.0)
             if sampled is None:
                 continue
-            if not put_until_stopped(self.batches, Prefetched(shard, sampled), self.stop):
-                return
+            for part in split_sample(sampled, k):
+                if not put_until_stopped(self.batches, Prefetched(shard, part), self.stop):
+                    return
 
     def update_threads(self) -> list:
         """The loops that carry updates away: the publisher (local apply), else

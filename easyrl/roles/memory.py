@@ -548,6 +548,7 @@ def shard_setup(cfg, spec, shard: int, cluster=None, restarted: bool = False) ->
         spec=spec,
         seed=derive_seed(cfg.run.seed, "memory", shard),
         batch_size=cfg.algorithm.params.batch_size if kind.batches else 0,
+        batches_per_sample=cfg.learner.batches_per_sample,
         num_envs=cfg.env.num_envs,
         send_every=cfg.actor.send_every,
         frames=layout_for(cfg, spec),
@@ -585,7 +586,8 @@ def build(
         table, shards = load_dataset(cfg, spec, shard, num_memory)
         limiter = RateLimiter.min_size(min(r.min_size_to_sample, table.size))
         limiter.on_insert(table.size)  # before the table thread starts reading it
-        served = LimitedTable(table, limiter, cfg.algorithm.params.batch_size)
+        batch = cfg.algorithm.params.batch_size * cfg.learner.batches_per_sample
+        served = LimitedTable(table, limiter, batch)
         memory = MemoryServer(served, r.prefetch, shard)
         memory.counters.update(loaded_items=table.size, loaded_shards=shards)
         return memory
