@@ -21,6 +21,7 @@ setup(
         "pyyaml>=6",
         "tensorboard>=2.21,<2.22",
         "prometheus-client>=0.20",
+        "lz4>=4.4",  # the memory shard's write-ahead log compresses Atari inserts (roles/wal.py)
     ],
     extras_require={
         # The tests run Atari smoke runs too, so they install the Atari and EnvPool extras.

@@ -6,8 +6,10 @@ import signal
 import subprocess
 import sys
 import threading
+import zlib
 from pathlib import Path
 
+import lz4.block
 import numpy as np
 import pytest
 import yaml
@@ -296,7 +298,7 @@ def test_a_compressible_atari_shipment_is_logged_compressed_and_replayed_whole(t
     batch = {"obs": stacks[:32], "next_obs": stacks[3:35]}
     packed, _ = table().check_insert(layout.pack(batch), None, 0)
     record = wal.insert_record(packed, None, 0, 0, 1, 1)
-    assert record.kind == wal.INSERT_ZLIB
+    assert record.kind == wal.INSERT_LZ4
     assert len(record.payload) * 10 < 35 * 42 * 42  # the 35 distinct frames, raw
     # Noise does not compress: it is logged as it is.
     noise = {"obs": np.random.default_rng(0).integers(0, 255, (32, 42, 42, k), np.uint8)}
@@ -304,16 +306,19 @@ def test_a_compressible_atari_shipment_is_logged_compressed_and_replayed_whole(t
         wal.INSERT
     )
 
-    write_log(tmp_path / "log", [record])
-    restored = table()
-    replayed = wal.replay(tmp_path / "log", HEADER, 0, wal.applier(restored, {}))
-    assert (replayed.inserts, replayed.items) == (1, 32)
-    direct = table()  # the same shipment stored without a log in between
-    direct.table.insert(packed, None, source=0)
-    want, got = direct.state_dict(), restored.state_dict()
-    assert sorted(want) == sorted(got)
-    for key, value in want.items():
-        np.testing.assert_array_equal(got[key], value, err_msg=key)
+    # A log written before LZ4 (zlib records) still replays.
+    old = wal.Record(wal.INSERT_ZLIB, zlib.compress(lz4.block.decompress(record.payload)))
+    for name, written in [("lz4", record), ("zlib", old)]:
+        write_log(tmp_path / name, [written])
+        restored = table()
+        replayed = wal.replay(tmp_path / name, HEADER, 0, wal.applier(restored, {}))
+        assert (replayed.inserts, replayed.items) == (1, 32)
+        direct = table()  # the same shipment stored without a log in between
+        direct.table.insert(packed, None, source=0)
+        want, got = direct.state_dict(), restored.state_dict()
+        assert sorted(want) == sorted(got)
+        for key, value in want.items():
+            np.testing.assert_array_equal(got[key], value, err_msg=key)
 
 
 # --- a memory shard process SIGKILLed in the middle of an insert burst ------------------------
