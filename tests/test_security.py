@@ -480,3 +480,11 @@ def test_the_message_limit_is_twice_the_largest_message_at_least_4_mib(role_serv
     memory = memory_role.build(cfg, spec, 0)
     assert memory_role.largest_message(cfg, spec, memory) == 2 * 136
     memory.close()
+    # A PS shard's: a lone learner publishes (Assign) and loads (Pull) values and Adam's two
+    # slots of each: three times the values (a 84x84 Nature-CNN Breakout learner's state
+    # load was refused with the values alone as the largest message).
+    from easyrl.roles.ps import weight_bytes
+
+    assert ctx.optimizer().kind == "adam"
+    values = sum(v.numpy().nbytes for v in ctx.build_algorithm().variables.values())
+    assert weight_bytes(ctx) == 3 * values

@@ -77,6 +77,10 @@ def schedule_spec(params: LearningRate, rate: float | None = None) -> OptimizerS
     return OptimizerSpec(kind=params.optimizer, lr=lr)
 
 
+SLOTS = {"adam": 2, "rmsprop": 1, "sgd": 0}
+"""Optimizer slots per variable, by kind (each the variable's size)."""
+
+
 class Optimizer(tf.Module):
     """Adam, RMSProp or SGD over a fixed list of variables.
 
@@ -92,7 +96,7 @@ class Optimizer(tf.Module):
         self.variables_ = list(variables)
         # TF's stub types `initial_value` as a Tensor; tf.Variable takes any tensor-like value.
         self.step = tf.Variable(0, dtype=tf.int64, trainable=False)  # pyright: ignore[reportArgumentType]
-        num_slots = {"adam": 2, "rmsprop": 1, "sgd": 0}[spec.kind]
+        num_slots = SLOTS[spec.kind]
         self.slots = [
             [tf.Variable(tf.zeros_like(v), trainable=False) for v in self.variables_]
             for _ in range(num_slots)

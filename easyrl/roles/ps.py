@@ -27,7 +27,7 @@ import grpc
 import numpy as np
 import tensorflow as tf
 
-from easyrl.algorithms.optimizers import OptimizerGroups, OptimizerSpec
+from easyrl.algorithms.optimizers import SLOTS, OptimizerGroups, OptimizerSpec, as_groups
 from easyrl.atomic import save_npz
 from easyrl.errors import EasyRLError
 from easyrl.metrics import (
@@ -546,13 +546,15 @@ def metrics_loop(ps: ParameterServer, stats: RunStats, cfg, run_dir: Path, done:
 
 
 def weight_bytes(ctx) -> int:
-    """Bytes of every variable the run's learners assign and push (what an Assign, a Push
-    or a Pull reply of one shard carries at most), from the actors' build of the algorithm."""
+    """Bytes of the largest Assign, Push or Pull reply of one shard: every variable the run's
+    learners assign and push (from the actors' build of the algorithm) and the optimizer's
+    slots of each (a lone learner publishes and loads them: Adam's are twice the values)."""
     if ctx.cfg.security.max_message_mb is not None:
         return 0  # the limit is set: no need to build the networks
     with tf.device("/CPU:0"):
         variables = ctx.build_algorithm().variables
-    return sum(v.shape.num_elements() * v.dtype.size for v in variables.values())
+    slots = max(SLOTS[spec.kind] for spec in as_groups(ctx.optimizer()).values())
+    return (1 + slots) * sum(v.shape.num_elements() * v.dtype.size for v in variables.values())
 
 
 def run(ctx) -> int:
