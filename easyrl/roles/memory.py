@@ -548,7 +548,7 @@ def shard_setup(cfg, spec, shard: int, cluster=None, restarted: bool = False) ->
         spec=spec,
         seed=derive_seed(cfg.run.seed, "memory", shard),
         batch_size=cfg.algorithm.params.batch_size if kind.batches else 0,
-        batches_per_sample=cfg.learner.batches_per_sample,
+        batches_per_sample=cfg.learner.batches_per_sample if kind.batches else 1,
         num_envs=cfg.env.num_envs,
         send_every=cfg.actor.send_every,
         frames=layout_for(cfg, spec),
