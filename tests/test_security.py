@@ -488,3 +488,11 @@ def test_the_message_limit_is_twice_the_largest_message_at_least_4_mib(role_serv
     assert ctx.optimizer().kind == "adam"
     values = sum(v.numpy().nbytes for v in ctx.build_algorithm().variables.values())
     assert weight_bytes(ctx) == 3 * values
+    pushing = RoleContext(  # several learners push gradients: no optimizer state travels
+        cfg=role_servers.config("trajectory", "cluster.learner=2"),
+        task=0,
+        cluster=None,  # type: ignore[arg-type]
+        token=None,
+        run_dir=Path("."),
+    )
+    assert weight_bytes(pushing) == values

@@ -547,14 +547,19 @@ def metrics_loop(ps: ParameterServer, stats: RunStats, cfg, run_dir: Path, done:
 
 def weight_bytes(ctx) -> int:
     """Bytes of the largest Assign, Push or Pull reply of one shard: every variable the run's
-    learners assign and push (from the actors' build of the algorithm) and the optimizer's
-    slots of each (a lone learner publishes and loads them: Adam's are twice the values)."""
+    learners assign and push (from the actors' build of the algorithm), and the optimizer's
+    slots of each when a lone learner applies its own updates (`learner.applies_locally`: it
+    publishes and loads them; Adam's are twice the values)."""
+    from easyrl.roles.learner import applies_locally
+
     if ctx.cfg.security.max_message_mb is not None:
         return 0  # the limit is set: no need to build the networks
     with tf.device("/CPU:0"):
-        variables = ctx.build_algorithm().variables
-    slots = max(SLOTS[spec.kind] for spec in as_groups(ctx.optimizer()).values())
-    return (1 + slots) * sum(v.shape.num_elements() * v.dtype.size for v in variables.values())
+        algo = ctx.build_algorithm()
+    slots = 0
+    if applies_locally(ctx, algo):
+        slots = max(SLOTS[spec.kind] for spec in as_groups(ctx.optimizer()).values())
+    return (1 + slots) * sum(v.shape.num_elements() * v.dtype.size for v in algo.variables.values())
 
 
 def run(ctx) -> int:

@@ -407,11 +407,11 @@ def replay(
         read += 1
         good = 0
         for begin, end, kind, payload in _records(data):
+            if kind in _DECOMPRESS and begin > 0:
+                kind, payload = INSERT, memoryview(_DECOMPRESS[kind](payload))
             if begin == 0:
                 _check_header(path, kind, payload, expected)
-            elif kind in counts or kind in _DECOMPRESS:
-                if kind in _DECOMPRESS:
-                    kind, payload = INSERT, memoryview(_DECOMPRESS[kind](payload))
+            elif kind in counts:
                 n = apply(kind, payload)
                 counts[kind] += 1
                 items += n if kind == INSERT else 0
