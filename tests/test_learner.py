@@ -1,5 +1,6 @@
 """Tests of easyrl.roles.learner against real PS and memory shards on loopback."""
 
+import queue
 import threading
 import time
 from pathlib import Path
@@ -116,7 +117,19 @@ def test_a_learner_keeps_computing_while_its_pushes_wait_for_the_ps(role_servers
             # it computes, then stops once every place a push can wait is full.
             wait_until(lambda: len(ps._queue) == QUEUE_PUSHES, stop)
             version = ps.version
-            wait_until(lambda: learner.pushes.full(), stop)
+            # settled: the learner's next push waited on a full queue (its update counter
+            # already counts every update before it)
+            blocked, put = threading.Event(), learner.pushes.put
+
+            def put_or_flag(item, block=True, timeout=None):
+                try:
+                    return put(item, block, timeout)
+                except queue.Full:
+                    blocked.set()
+                    raise
+
+            learner.pushes.put = put_or_flag
+            wait_until(blocked.is_set, stop)
             settled = learner.updates
             time.sleep(0.5)
             during = learner.updates - before
