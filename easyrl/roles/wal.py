@@ -162,6 +162,12 @@ def segments(directory: Path) -> list[int]:
     return sorted(int(p.stem) for p in directory.glob("*.log") if p.stem.isdigit())
 
 
+# A group's fsync flushes the appended bytes and the file size they need, not the file's
+# times: fdatasync (a fifth to a seventh of fsync's latency on this machine's ext4, where an
+# fsync after an append also writes the inode's mtime), fsync where there is none (macOS).
+_datasync = getattr(os, "fdatasync", os.fsync)
+
+
 def _fsync_dir(directory: Path) -> None:
     fd = os.open(directory, os.O_RDONLY)
     try:
@@ -258,7 +264,7 @@ class WriteAheadLog:
                 time.sleep(max(0.0, self._last_sync + self.sync_interval_s - time.monotonic()))
             target = self.written  # every write completed by now is in this fsync
             try:
-                os.fsync(self._fd)
+                _datasync(self._fd)
             except OSError as err:
                 self._fail(err)
             self._synced, self._last_sync = target, time.monotonic()
