@@ -107,6 +107,9 @@ def test_breakout_artifact_ran_its_whole_budget_and_learned_what_the_readme_says
     lines = (directory / "metrics.jsonl").read_text().splitlines()
     records = [json.loads(line) for line in lines]
     scored = [r for r in records if "return_mean" in r]
-    # 40M frames = 10M agent steps (README's Results: 33.2 at the end, far below RLlib's 385).
+    # 40M frames = 10M agent steps at 84x84 (README's Results: 450.9 over the last 100
+    # training games at the end, RLlib IMPALA's 385 with 32 workers; best evaluation 403.6).
+    assert policy.cfg.env.atari.screen_size == 84
     assert records[-1]["env_steps"] >= 10_000_000, records[-1]
-    assert scored[0]["return_mean"] < 5 and scored[-1]["return_mean"] > 30, scored[-1]
+    assert scored[0]["return_mean"] < 5 and scored[-1]["return_mean"] > 385, scored[-1]
+    assert records[-1]["eval_return_best"] > 385, records[-1]
