@@ -5,7 +5,11 @@ back to gRPC's bytes without losing the batch; segments are 0600, named from the
 and gone once their client closes or the launcher cleans up after a kill."""
 
 import os
+import signal
 import stat
+import subprocess
+import sys
+import time
 from multiprocessing import resource_tracker, shared_memory
 
 import grpc
@@ -134,6 +138,31 @@ def test_the_launcher_removes_what_a_killed_process_left():
     assert left.name in segment_files()
     assert shm.remove_run(TOKEN) >= 1
     assert left.name not in segment_files()
+
+
+@pytest.mark.cluster
+def test_a_server_mapping_a_segment_leaves_its_owner_s_cleanup_intact():
+    # Owner and server in one process share Python's resource tracker (so do spawned
+    # children): the server's mapping must neither make the tracker fail nor cancel the
+    # owner's registration, which unlinks the segment of an owner killed with SIGKILL.
+    script = (
+        "import os, signal\n"
+        "from easyrl.transport import shm\n"
+        f"segment, server = shm.Segment({PREFIX!r}), shm.Attached({PREFIX!r})\n"
+        "segment.write([memoryview(b'abc')])\n"
+        "assert server.read(segment.name, 3) == b'abc'\n"
+        "server.close()\n"
+        "print(segment.name, flush=True)\n"
+        "os.kill(os.getpid(), signal.SIGKILL)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
+    name = done.stdout.strip()
+    assert done.returncode == -signal.SIGKILL and name.startswith(PREFIX), done.stderr
+    deadline = time.monotonic() + 10
+    while name in segment_files() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert name not in segment_files()
+    assert "Traceback" not in done.stderr
 
 
 def test_a_memory_server_built_without_a_run_writes_nothing():

@@ -22,11 +22,12 @@ what a killed process left (the local launcher calls it when a run ends).
 
 import hashlib
 import itertools
+import mmap
 import os
 import threading
 from collections import OrderedDict
 from collections.abc import Sequence
-from multiprocessing import resource_tracker, shared_memory
+from multiprocessing import shared_memory
 from pathlib import Path
 from typing import Any
 
@@ -133,7 +134,7 @@ class Attached:
 
     def __init__(self, prefix: str, keep: int = 16):
         self.prefix, self.keep = prefix, keep
-        self._open: OrderedDict[str, shared_memory.SharedMemory] = OrderedDict()
+        self._open: OrderedDict[str, Mapped] = OrderedDict()
         self._lock = threading.Lock()
 
     def read(self, name: str, size: int) -> bytes:
@@ -143,10 +144,10 @@ class Attached:
         Raises:
             ValueError: the name is not of this run, the segment is gone or too small.
         """
-        shm = self._get(name) if name.startswith(self.prefix) and "/" not in name else None
-        if shm is None or not 0 < size <= shm.size:
+        mapped = self._get(name) if name.startswith(self.prefix) and "/" not in name else None
+        if mapped is None or not 0 < size <= mapped.size:
             raise ValueError(f"shm_name {name[:80]!r}: no segment of this run holding {size} bytes")
-        return bytes(_buffer(shm)[:size])
+        return bytes(mapped.buf[:size])
 
     def write(self, name: str, parts: Sequence[memoryview], size: int) -> bool:
         """Writes `parts` (`size` bytes in all) back to back at the start of segment `name`;
@@ -154,40 +155,63 @@ class Attached:
         too small."""
         if not name.startswith(self.prefix) or "/" in name:
             return False
-        shm = self._get(name)
-        if shm is None or size > shm.size:
+        mapped = self._get(name)
+        if mapped is None or size > mapped.size:
             return False
-        buffer, offset = _buffer(shm), 0
+        buffer, offset = mapped.buf, 0
         for part in parts:
             buffer[offset : offset + len(part)] = part
             offset += len(part)
         return True
 
-    def _get(self, name: str) -> shared_memory.SharedMemory | None:
+    def _get(self, name: str) -> "Mapped | None":
         with self._lock:
-            shm = self._open.get(name)
-            if shm is not None:
+            mapped = self._open.get(name)
+            if mapped is not None:
                 self._open.move_to_end(name)
-                return shm
+                return mapped
             try:
-                shm = shared_memory.SharedMemory(name=name)
-            except (FileNotFoundError, ValueError, OSError):
+                mapped = Mapped(name)
+            except (OSError, ValueError):
                 return None
-            # The owner unlinks it; this process only maps it (Python < 3.13 would have
-            # its resource tracker unlink the client's segment when this process exits).
-            resource_tracker.unregister(shm._name, "shared_memory")  # pyright: ignore[reportAttributeAccessIssue]
-            self._open[name] = shm
+            self._open[name] = mapped
             while len(self._open) > self.keep:
                 _, old = self._open.popitem(last=False)
                 old.close()
-            return shm
+            return mapped
 
     def close(self) -> None:
         """Unmaps every segment."""
         with self._lock:
-            for shm in self._open.values():
-                shm.close()
+            for mapped in self._open.values():
+                mapped.close()
             self._open.clear()
+
+
+class Mapped:
+    """A server's mapping of a client's segment, by name, outside Python's resource tracker:
+    before Python 3.13 `SharedMemory(name)` registers the segment there, and unregistering it
+    again also cancels its owner's registration where both share one tracker (a spawned
+    child, or one process): the owner's unlink then made the tracker fail with a KeyError,
+    and a killed owner's segment was left to `remove_run` alone.
+
+    Raises:
+        OSError: no such segment.
+        ValueError: it is empty.
+    """
+
+    def __init__(self, name: str):
+        fd = os.open(SHM_DIR / name, os.O_RDWR)
+        try:
+            self.size = os.fstat(fd).st_size
+            self._mmap = mmap.mmap(fd, self.size)
+        finally:
+            os.close(fd)
+        self.buf = memoryview(self._mmap)
+
+    def close(self) -> None:
+        self.buf.release()
+        self._mmap.close()
 
 
 class SharedReplies:
