@@ -122,12 +122,12 @@ def test_breakout_artifact_ran_its_whole_budget_and_learned_what_the_readme_says
     assert records[-1]["eval_return_best"] > 385, records[-1]
 
 
-def test_spaceinvaders_artifact_reached_rllib_impala_within_its_budget():
+def test_spaceinvaders_artifact_ran_its_whole_budget_and_passed_rllib_impala():
     records = records_of_an_atari_artifact("spaceinvaders_impala", "ALE/SpaceInvaders-v5")
     scored = [r for r in records if "return_mean" in r]
-    # Stopped once the last 100 training games averaged RLlib IMPALA's 719 (32 workers, 40M
-    # frames): 720.1 at 4.02M agent steps = 16M frames (README's Results; best evaluation 1,070).
-    assert records[-1]["env_steps"] <= 10_000_000, records[-1]
-    assert scored[0]["return_mean"] < 300 and scored[-1]["return_mean"] >= 719, scored[-1]
-    assert records[-1]["stop"].startswith("target reached"), records[-1]
+    # 40M frames = 10M agent steps (README's Results: 878.9 over the last 100 training games at
+    # the end, RLlib IMPALA's 719 with 32 workers first passed at 4.02M; best evaluation 1,084).
+    assert records[-1]["stop"].startswith("max_env_steps"), records[-1]
+    assert records[-1]["env_steps"] >= 10_000_000, records[-1]
+    assert scored[0]["return_mean"] < 300 and scored[-1]["return_mean"] > 719, scored[-1]
     assert records[-1]["eval_return_best"] > 719, records[-1]
