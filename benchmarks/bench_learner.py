@@ -156,6 +156,11 @@ def compute_rate(algo, batch: dict, weights, duration_s: float) -> timing.Rate:
     )
 
 
+def progress(line: str) -> None:
+    """A figure as soon as it is measured (to stderr): a run cut short still shows it."""
+    print(line, file=sys.stderr, flush=True)
+
+
 def report_boundary(ps, since: float | None, timeout_s: float) -> Window:
     """Waits for PS shard 0's `updates` counter to move past `since` (a learner report
     arrived) and returns that instant, so that a window spans whole reports."""
@@ -234,10 +239,12 @@ def run(args) -> dict:
         held, weights = sampled.data, sampled.weights
         with tf.device(pick_device(cfg.learner.device)):
             before = compute_rate(algo, held, weights, args.duration)
+            progress(f"compute before: {before.per_s:,.1f} updates/s")
             with Feeder(memory, batches) as feeder:
                 (learner,) = servers.start_role("learner", 1)
                 window = learner_window(learner, ps, feeder, args)
                 bench.stop([learner])
+            progress(f"learner: {window['updates']:,.1f} updates/s")
             after = compute_rate(algo, held, weights, args.duration)
         ctx.close_clients()
     steps = cfg.algorithm.params.batch_size * getattr(cfg.algorithm.params, "unroll_length", 1)
