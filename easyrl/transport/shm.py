@@ -99,10 +99,7 @@ class Segment:
 
     def write(self, parts: Sequence[memoryview]) -> None:
         """Writes `parts` back to back from the segment's start (a request's body)."""
-        buffer, offset = _buffer(self._shm), 0
-        for part in parts:
-            buffer[offset : offset + len(part)] = part
-            offset += len(part)
+        _write_parts(_buffer(self._shm), parts)
 
     def renew(self, size: int | None = None) -> None:
         """Drops the segment for a fresh one (of `size` bytes; default: the same size).
@@ -144,7 +141,7 @@ class Attached:
         Raises:
             ValueError: the name is not of this run, the segment is gone or too small.
         """
-        mapped = self._get(name) if name.startswith(self.prefix) and "/" not in name else None
+        mapped = self._get(name)
         if mapped is None or not 0 < size <= mapped.size:
             raise ValueError(f"shm_name {name[:80]!r}: no segment of this run holding {size} bytes")
         return bytes(mapped.buf[:size])
@@ -153,18 +150,16 @@ class Attached:
         """Writes `parts` (`size` bytes in all) back to back at the start of segment `name`;
         False (nothing written) when the name is not of this run, the segment is gone or
         too small."""
-        if not name.startswith(self.prefix) or "/" in name:
-            return False
         mapped = self._get(name)
         if mapped is None or size > mapped.size:
             return False
-        buffer, offset = mapped.buf, 0
-        for part in parts:
-            buffer[offset : offset + len(part)] = part
-            offset += len(part)
+        _write_parts(mapped.buf, parts)
         return True
 
     def _get(self, name: str) -> "Mapped | None":
+        """The mapping of segment `name`, or None when it is not of this run or is gone."""
+        if not name.startswith(self.prefix) or "/" in name:
+            return None
         with self._lock:
             mapped = self._open.get(name)
             if mapped is not None:
@@ -359,6 +354,14 @@ def shared_reply(attached: "Attached | None", name: str, reply, counters) -> obj
     message.CopyFrom(reply.message)
     message.shm_body = size
     return message
+
+
+def _write_parts(buffer: memoryview, parts: Sequence[memoryview]) -> None:
+    """Writes `parts` back to back from the start of `buffer`."""
+    offset = 0
+    for part in parts:
+        buffer[offset : offset + len(part)] = part
+        offset += len(part)
 
 
 def _buffer(shm: shared_memory.SharedMemory) -> memoryview:
