@@ -7,23 +7,17 @@ committed weights (names, shapes and dtypes must match the model the config buil
 act greedily on real observations.
 """
 
-import json
 from pathlib import Path
 
 import numpy as np
 import pytest
+from test_cluster import _read_jsonl
 
 from easyrl.tools.checkpoints import load_policy
 
 ARTIFACTS = Path(__file__).resolve().parents[1] / "benchmarks" / "artifacts"
 
 PONG = ARTIFACTS / "pong_impala"
-
-
-def metrics_of(directory: Path) -> list[dict]:
-    """The rows of a run directory's metrics.jsonl."""
-    lines = (directory / "metrics.jsonl").read_text().splitlines()
-    return [json.loads(line) for line in lines if line.strip()]
 
 
 def test_pong_artifact_loads_and_acts():
@@ -40,7 +34,7 @@ def test_pong_artifact_loads_and_acts():
 
 
 def test_pong_artifact_metrics_show_it_learned():
-    returns = [r["return_mean"] for r in metrics_of(PONG) if "return_mean" in r]
+    returns = [r["return_mean"] for r in _read_jsonl(PONG / "metrics.jsonl") if "return_mean" in r]
     assert returns[0] < -19  # it started from a random policy
     assert returns[-1] >= 17  # the run's stop condition: 17 over 20 episodes, sampled actions
 
@@ -77,7 +71,7 @@ def records_of_a_sac_artifact(name: str, env_id: str, action_dim: int) -> list[d
     obs = np.stack([policy.obs_space.sample() for _ in range(16)]).astype(np.float32)
     actions = np.asarray(policy.algo.greedy(obs))
     assert actions.shape == (16, action_dim) and np.all(np.abs(actions) <= 1.0)
-    return metrics_of(directory)
+    return _read_jsonl(directory / "metrics.jsonl")
 
 
 def test_lunarlander_artifact_loads_and_acts_within_its_bounds():
@@ -109,7 +103,7 @@ def records_of_an_atari_artifact(name: str, env_id: str) -> list[dict]:
     policy = load_policy(directory)
     assert (policy.cfg.algorithm.name, policy.cfg.env.id) == ("impala", env_id)
     assert policy.cfg.env.atari.screen_size == 84
-    return metrics_of(directory)
+    return _read_jsonl(directory / "metrics.jsonl")
 
 
 def test_breakout_artifact_ran_its_whole_budget_and_learned_what_the_readme_says():
