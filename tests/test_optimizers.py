@@ -5,6 +5,7 @@ import pytest
 import tensorflow as tf
 
 from easyrl.algorithms.optimizers import LocalOptimizer, Optimizer, OptimizerGroups, OptimizerSpec
+from easyrl.models.flat import FlatGradients, FlatVariables
 
 # Two variables of different shapes, so per-variable slots and the zip over them are exercised.
 X0 = [
@@ -410,7 +411,7 @@ def test_a_learners_local_optimizer_steps_as_the_ps_shards_would(specs):
         grads = {n: rng.standard_normal(shapes[n]).astype(np.float32) for n in names}
         if step == 2:  # the critic alone (TD3 between its actor's updates)
             grads = {n: g for n, g in grads.items() if n.startswith("critic/")}
-        local.apply(grads)
+        assert local.apply([grads.get(n) for n in names])
         for shard, names_ in zip(ps, shards, strict=True):
             shard.apply({n: grads[n] for n in names_ if n in grads})
     for shard, names_ in zip(ps, shards, strict=True):
@@ -427,8 +428,8 @@ def test_a_learners_local_optimizer_steps_as_the_ps_shards_would(specs):
     for shard, names_ in zip(ps, shards, strict=True):
         restarted.load_state(names_, shard.state())
     grads = {n: rng.standard_normal(shapes[n]).astype(np.float32) for n in names}
-    local.apply(grads)
-    restarted.apply(grads)
+    local.apply([grads[n] for n in names])
+    restarted.apply([grads[n] for n in names])
     for name in names:
         np.testing.assert_array_equal(again[name].numpy(), variables[name].numpy(), err_msg=name)
 
@@ -453,7 +454,7 @@ def test_a_learners_load_state_checks_the_whole_state_before_changing_anything()
     names = ["actor/w", "critic/w"]
     variables = {n: tf.Variable(np.ones((3, 2), np.float32)) for n in names}
     local = LocalOptimizer(specs, variables)
-    local.apply({n: np.ones((3, 2), np.float32) for n in names})
+    local.apply([np.ones((3, 2), np.float32) for _ in names])
     before = local.state(names)
     broken = {**before, "critic/slot1/0": np.zeros((7,), np.float32)}  # after good actor/ keys
     with pytest.raises(ValueError, match="critic/slot1/0: shape"):
@@ -462,3 +463,49 @@ def test_a_learners_load_state_checks_the_whole_state_before_changing_anything()
         local.load_state(names, {k: v for k, v in before.items() if k != "critic/step"})
     for key, value in local.state(names).items():
         np.testing.assert_array_equal(value, before[key], err_msg=key)
+
+
+def test_a_learners_local_optimizer_takes_a_gradient_tensor_and_drops_a_non_finite_update():
+    """The flat tensor of an agent's step (`FlatGradients`) steps the variables as the same
+    gradients as arrays do; an update with a non-finite gradient in any group it covers
+    changes nothing (values, slots, steps) and says so; a tensor laid out otherwise is
+    refused."""
+    specs = {"actor/": OptimizerSpec(kind="adam", lr=0.1), "critic/": OptimizerSpec(kind="adam")}
+    names = ["actor/b", "actor/w", "critic/w"]
+    shapes = [(2,), (3, 2), (4, 1)]
+    rng = np.random.default_rng(5)
+    start = [rng.standard_normal(s).astype(np.float32) for s in shapes]
+    by_arrays = {n: tf.Variable(v) for n, v in zip(names, start, strict=True)}
+    by_tensor = {n: tf.Variable(v) for n, v in zip(names, start, strict=True)}
+    arrays_opt, tensor_opt = LocalOptimizer(specs, by_arrays), LocalOptimizer(specs, by_tensor)
+    layout = FlatVariables(list(by_tensor.values()))
+    for absent in [(), (0, 1)]:  # every group; the critic alone
+        grads = [rng.standard_normal(s).astype(np.float32) for s in shapes]
+        flat = tf.constant(np.concatenate([g.ravel() for g in grads]))
+        assert tensor_opt.apply(FlatGradients(flat, layout, absent))
+        assert arrays_opt.apply([None if i in absent else g for i, g in enumerate(grads)])
+    for name in names:
+        np.testing.assert_array_equal(by_tensor[name].numpy(), by_arrays[name].numpy())
+    assert tensor_opt.state(names)["actor/step"] == 1
+    assert tensor_opt.state(names)["critic/step"] == 2
+
+    before = ({n: v.numpy() for n, v in by_tensor.items()}, tensor_opt.state(names))
+    grads = [np.ones(s, np.float32) for s in shapes]
+    grads[2][1, 0] = np.nan  # the critic's; the actor's are finite
+    assert not tensor_opt.apply(
+        FlatGradients(tf.constant(np.concatenate([g.ravel() for g in grads])), layout)
+    )
+    assert not tensor_opt.apply(grads)
+    grads[2][1, 0] = 1.0
+    grads[0][0] = np.inf  # the actor's, with the critic left alone: still dropped
+    assert not tensor_opt.apply([grads[0], grads[1], None])
+    for name in names:
+        np.testing.assert_array_equal(by_tensor[name].numpy(), before[0][name])
+    for key, value in tensor_opt.state(names).items():
+        np.testing.assert_array_equal(value, before[1][key], err_msg=key)
+
+    other = FlatVariables([tf.Variable(np.zeros(s, np.float32)) for s in reversed(shapes)])
+    with pytest.raises(ValueError, match="laid out unlike"):
+        tensor_opt.apply(FlatGradients(tf.zeros([other.size]), other))
+    with pytest.raises(ValueError, match="lack"):
+        tensor_opt.apply([grads[0], None, grads[2]])  # half the actor's group

@@ -49,13 +49,16 @@ class LearnStep(NamedTuple):
 
     Attributes:
         grads: the loss's gradients, one array per variable, in the order of `variables`;
-            None for a variable this step leaves alone (TD3's actor between its updates).
+            None for a variable this step leaves alone (TD3's actor between its updates). A
+            step that computes them as one flat tensor hands it over as a `FlatGradients`
+            (`easyrl.models.flat`): a learner applying its own updates uses the tensor
+            without a copy to numpy.
         stats: scalar diagnostics (loss terms, means), reported to PS shard 0.
         priorities: new replay priorities `[B]` of the batch's items (|TD| for DQN), or None
             when the algorithm computes none.
     """
 
-    grads: list[np.ndarray | None]
+    grads: Sequence[np.ndarray | None]
     stats: dict[str, float]
     priorities: np.ndarray | None = None
 

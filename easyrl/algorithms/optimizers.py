@@ -12,6 +12,7 @@ import numpy as np
 import tensorflow as tf
 
 from easyrl.algorithms.learning_rate import LearningRate, group_rate
+from easyrl.models.flat import Compiled, FlatGradients, FlatLayout, FlatVariables
 
 
 @dataclass(frozen=True)
@@ -168,8 +169,6 @@ class OptimizerGroups:
     """
 
     def __init__(self, specs, values: dict[str, np.ndarray]):
-        from easyrl.models.flat import Compiled, FlatLayout
-
         specs = as_groups(specs)
         self.names = list(values)
         self.members = group_members(specs, self.names)
@@ -334,43 +333,68 @@ class LocalOptimizer:
     """
 
     def __init__(self, specs, variables: dict[str, tf.Variable]):
-        from easyrl.models.flat import Compiled, FlatVariables
-
         specs = as_groups(specs)
         self.names = list(variables)
         self.members = group_members(specs, self.names)
         self.group_of = {name: p for p, names in self.members.items() for name in names}
         self.optimizers: dict[str, Optimizer] = {}
         self.layouts: dict[str, FlatVariables] = {}
-        self._steps: dict[str, Compiled] = {}
         for p, names in self.members.items():
             group = self.layouts[p] = FlatVariables([variables[n] for n in names])
-            optimizer = self.optimizers[p] = Optimizer(specs[p], group.variables)
-            # One compiled call per group on its flat gradient, split inside TF: calling
-            # the optimizer with a list of arrays cost more than the SAC update itself.
-            self._steps[p] = Compiled(
-                lambda flat, opt=optimizer, layout=group: opt.apply(layout.split_tensor(flat)),
-                tf.TensorSpec([group.size], tf.float32),
-            )
-        # Every group in one call (the common update; half the time of a call per group).
-        self._all = Compiled(
-            self._apply_all, *[tf.TensorSpec([g.size], tf.float32) for g in self.layouts.values()]
-        )
+            self.optimizers[p] = Optimizer(specs[p], group.variables)
+        self.layout = FlatVariables(list(variables.values()))
+        """The flat gradient `apply` takes: every variable's, in the order of `names`."""
+        self._steps: dict[frozenset[int], Compiled] = {}  # by the absent variables
         self._index = {n: names.index(n) for names in self.members.values() for n in names}
+        self._position = {n: i for i, n in enumerate(self.names)}
 
-    def _apply_all(self, *flats) -> None:
-        for (p, layout), flat in zip(self.layouts.items(), flats, strict=True):
-            self.optimizers[p].apply(layout.split_tensor(flat))
+    def apply(self, grads: Sequence[np.ndarray | None]) -> bool:
+        """One update: `grads` in the order of `names` (None: a variable this update leaves
+        alone; a `FlatGradients` hands its tensor over without leaving TensorFlow) steps each
+        group it covers, in one compiled call, unless one of their gradients is not finite
+        (checked in that call). Returns whether it stepped.
 
-    def apply(self, grads: dict[str, np.ndarray]) -> None:
-        """One step of each group `grads` ({name: gradient}) covers completely."""
-        present = groups_in(self.members, self.group_of, grads)
-        flats = {p: self.layouts[p].concat([grads[n] for n in self.members[p]]) for p in present}
-        if len(present) == len(self.members):
-            self._all(*[flats[p] for p in self.layouts])
-        else:  # some groups only (TD3's critic between its actor's updates)
-            for p, flat in flats.items():
-                self._steps[p](flat)
+        Raises:
+            ValueError: `grads` covers part of a group only, or is laid out otherwise.
+        """
+        if isinstance(grads, FlatGradients):
+            if grads.layout.shapes != self.layout.shapes:
+                raise ValueError("gradients laid out unlike the variables")
+            flat, absent = grads.tensor, grads.absent
+        else:
+            if len(grads) != len(self.names):
+                raise ValueError(f"{len(grads)} gradients for {len(self.names)} variables")
+            absent = frozenset(i for i, g in enumerate(grads) if g is None)
+            parts = [
+                np.zeros(size, np.float32) if g is None else np.ravel(g)
+                for g, size in zip(grads, self.layout.sizes, strict=True)
+            ]
+            flat = np.concatenate([np.zeros(0, np.float32), *parts]).astype(np.float32, copy=False)
+        step = self._steps.get(absent)
+        if step is None:
+            present = [n for i, n in enumerate(self.names) if i not in absent]
+            groups = groups_in(self.members, self.group_of, present)
+            step = self._steps[absent] = Compiled(
+                lambda flat, groups=groups: self._step(flat, groups),
+                tf.TensorSpec([self.layout.size], tf.float32),
+            )
+        return bool(step(flat))
+
+    def _step(self, flat: tf.Tensor, groups: list[str]) -> tf.Tensor:
+        parts = tf.split(flat, self.layout.sizes) if self.names else []
+        flats = {
+            p: tf.concat([parts[self._position[n]] for n in self.members[p]], axis=0)
+            for p in groups
+        }
+        checks = [tf.reduce_all(tf.math.is_finite(f)) for f in flats.values()]
+        finite = tf.reduce_all(tf.stack(checks)) if checks else tf.constant(True)
+
+        def step() -> tf.Tensor:
+            for p, group_flat in flats.items():
+                self.optimizers[p].apply(self.layouts[p].split_tensor(group_flat))
+            return tf.constant(True)
+
+        return tf.cond(finite, step, lambda: tf.constant(False))
 
     def _shard_groups(self, names) -> dict[str, list[str]]:
         """{prefix: the names of `names` in that group, in the order given}."""

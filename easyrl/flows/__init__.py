@@ -8,6 +8,7 @@ and `actor_gradients` (A3C) each hold what their loops do. The roles (`easyrl.ro
 
 import queue
 import threading
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, NamedTuple, Protocol
 
@@ -106,7 +107,7 @@ class LearnerPlumbing(Protocol):
         against."""
         ...
 
-    def apply(self, grads: list, versions: list[int]) -> bool:
+    def apply(self, grads: Sequence, versions: list[int]) -> bool:
         """Applies or queues one update's gradients; False when stopped while waiting."""
         ...
 

@@ -23,7 +23,7 @@ import numpy as np
 from easyrl.algorithms.contract import ReplayAgent, ReplayLearner, concat
 from easyrl.errors import EasyRLError
 from easyrl.flows import ActorPlumbing, LearnerPlumbing
-from easyrl.roles.common import put_until_stopped, threads_running
+from easyrl.roles.common import put_until_stopped, settle_heap, threads_running
 
 
 def act(actor: ActorPlumbing, env, seed: int) -> None:
@@ -80,5 +80,7 @@ def learn(learner: LearnerPlumbing) -> None:
             if period and learner.updates % period == 0:
                 learner.weights.swap_in()
                 agent.sync_target()
+            if learner.updates == 1:  # every compiled call of an update traced
+                settle_heap()
             if learner.report_due():
                 learner.report(stats)

@@ -1,9 +1,10 @@
 """Compiled calls and flat views of variables, what every role's hot path shares: `Compiled`
 (a tf.function called through its one concrete function), `FlatLayout` (arrays back to back
-in one float32 vector) and `FlatVariables` (a fixed list of variables read and assigned as
-one vector, what the PS shards and the agents' gradient steps use)."""
+in one float32 vector), `FlatVariables` (a fixed list of variables read and assigned as
+one vector, what the PS shards and the agents' gradient steps use) and `FlatGradients` (one
+update's gradients as the flat tensor a gradient step returned)."""
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 
 import numpy as np
 import tensorflow as tf
@@ -118,6 +119,41 @@ class FlatVariables(FlatLayout):
         """Splits a flat tensor into tensors shaped like the variables (inside TF)."""
         parts = tf.split(flat, self.sizes) if self.variables else []
         return [tf.reshape(p, s) for p, s in zip(parts, self.shapes, strict=True)]
+
+
+class FlatGradients(Sequence):
+    """One update's gradients as the one flat tensor an agent's compiled step returned: a
+    sequence of numpy arrays in the order of the agent's variables (None for a variable the
+    update leaves alone), split from one copy of the tensor on first use (what a push to the
+    PS shards sends), while `tensor` stays in TensorFlow, on the device that computed it, for
+    a learner that applies its own updates (`easyrl.algorithms.optimizers.LocalOptimizer`):
+    no copy to numpy, no check or concatenation in Python.
+
+    Args:
+        tensor: the flat float32 gradient, laid out as `layout`.
+        layout: the variables' layout (the agent's `FlatVariables`).
+        absent: indices of the variables this update leaves alone (their part of `tensor`
+            is ignored).
+    """
+
+    def __init__(self, tensor: tf.Tensor, layout: FlatLayout, absent: Collection[int] = ()):
+        self.tensor = tensor
+        self.layout = layout
+        self.absent = frozenset(absent)
+        self._arrays: list[np.ndarray | None] | None = None
+
+    def arrays(self) -> list[np.ndarray | None]:
+        """The gradients as numpy arrays (views of one copy; None where absent)."""
+        if self._arrays is None:
+            parts = self.layout.split(np.asarray(self.tensor))
+            self._arrays = [None if i in self.absent else a for i, a in enumerate(parts)]
+        return self._arrays
+
+    def __len__(self) -> int:
+        return len(self.layout.shapes)
+
+    def __getitem__(self, index):  # an int or a slice, as a list's
+        return self.arrays()[index]
 
 
 def _back_to_back(arrays: Sequence[np.ndarray]) -> np.ndarray | None:

@@ -10,6 +10,7 @@ import functools
 import logging
 import queue
 import time
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 
 import grpc
@@ -116,15 +117,14 @@ class Learner:
             self.weights.swap_in()
         return list(self.weights.local_versions)
 
-    def apply(self, grads: list, versions: list[int]) -> bool:
+    def apply(self, grads: Sequence, versions: list[int]) -> bool:
         """One update's gradients (in the order of the variables, computed against
         `versions`): applied here (`publisher`), or queued for the push threads; False when
         the learner stopped while the push queue was full."""
-        named = self.weights.by_name(grads)
         if self.publisher is not None:
-            self.publisher.apply(named, self.updates + 1, self.counters)
+            self.publisher.apply(grads, self.updates + 1, self.counters)
             return True
-        return put_until_stopped(self.pushes, (named, versions), self.stop)
+        return put_until_stopped(self.pushes, (self.weights.by_name(grads), versions), self.stop)
 
     def push_loop(self) -> None:
         """A push thread: gradients -> every PS shard in parallel."""

@@ -9,7 +9,11 @@ counters), and a publisher thread writes the values to the shards every `publish
 updates (an `Assign`: the shard's version moves on by one per publish, so actors and
 evaluators pull exactly as before), with the optimizer state every `STATE_EVERY_S` seconds
 and when the learner stops, so the shards' checkpoints hold it and a restarted learner (or a
-resumed run) starts from the shards' values and state.
+resumed run) starts from the shards' values and state. The gradients of an agent whose
+step returns one flat tensor (`FlatGradients`: DQN, IMPALA, SAC, R2D2, MARWIL/BC) stay in
+TensorFlow, on the device that computed them: the finiteness check and the optimizer step are
+one compiled call on that tensor (copying them to numpy, checking and regrouping them there
+took ~0.5 ms of SAC's ~6 ms update on 2 cores).
 
 What a run with several learners does is unchanged: each update's gradients go to the shards,
 pipelined, with their staleness counted (`easyrl.flows.async_replay`). With one learner the
@@ -21,6 +25,7 @@ at most the updates since the last one (it restarts from the shards' values and 
 import logging
 import threading
 import time
+from collections.abc import Sequence
 from typing import NamedTuple
 
 import numpy as np
@@ -82,16 +87,17 @@ class Publisher:
             if pulled.optimizer_state:
                 self.optimizer.load_state(names, pulled.optimizer_state)
 
-    def apply(self, grads: dict[str, np.ndarray], updates: int, counters: dict) -> None:
-        """Applies one update's gradients ({name: gradient}) to the learner's variables, or
-        drops them when any is non-finite (counted in `counters["dropped_nonfinite"]`); every
-        `every` updates (`updates` counts them, this one included) hands a snapshot to the
-        publisher thread, replacing one it has not taken yet."""
-        if not all(np.isfinite(g).all() for g in grads.values()):
-            counters["dropped_nonfinite"] += 1
-        else:
-            self.optimizer.apply(grads)
+    def apply(self, grads: Sequence[np.ndarray | None], updates: int, counters: dict) -> None:
+        """Applies one update's gradients (in the order of the variables, None for one the
+        update leaves alone; a `FlatGradients` stays in TensorFlow) to the learner's
+        variables, or drops them when one is not finite (counted in
+        `counters["dropped_nonfinite"]`); every `every` updates (`updates` counts them, this
+        one included) hands a snapshot to the publisher thread, replacing one it has not
+        taken yet."""
+        if self.optimizer.apply(grads):
             self.applied += 1
+        else:
+            counters["dropped_nonfinite"] += 1
         if updates % self.every == 0:
             with_state = time.monotonic() - self._state_at >= STATE_EVERY_S
             self.offer(self.snapshot(with_state))

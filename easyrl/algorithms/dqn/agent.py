@@ -26,7 +26,7 @@ from easyrl.algorithms.nstep import NStepAccumulator
 from easyrl.envs.flat import action_mask_size, legal_actions, observation_parts
 from easyrl.errors import ConfigError, EasyRLError
 from easyrl.models import Dense, build_torso, named_variables
-from easyrl.models.flat import FlatVariables
+from easyrl.models.flat import FlatGradients, FlatVariables
 from easyrl.models.lstm import LSTMCore
 
 
@@ -297,8 +297,7 @@ class DQN(CompiledGreedy):
         """
         flat_grads, loss, (stats, td_abs) = self._step(*self.step_inputs(batch, weights))
         stats = {"loss": float(loss), **{k: float(v) for k, v in stats.items()}}
-        grads: list[np.ndarray | None] = list(self._flat.split(flat_grads.numpy()))
-        return LearnStep(grads, stats, td_abs.numpy())
+        return LearnStep(FlatGradients(flat_grads, self._flat), stats, td_abs.numpy())
 
     def step_inputs(self, batch: dict, weights: np.ndarray) -> tuple[np.ndarray, ...]:
         """The compiled step's inputs from a batch of n-step transitions and IS weights:

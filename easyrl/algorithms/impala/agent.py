@@ -35,7 +35,7 @@ from easyrl.algorithms.sampling import gumbel_max, gumbel_noise
 from easyrl.algorithms.unrolls import SequenceCollector
 from easyrl.envs.flat import action_mask_size, observation_parts
 from easyrl.models import Dense, build_torso, named_variables
-from easyrl.models.flat import FlatVariables
+from easyrl.models.flat import FlatGradients, FlatVariables
 from easyrl.models.lstm import LSTMCore, recurrent_step, recurrent_unroll
 
 STAT_NAMES: tuple[str, ...] = ("policy_loss", "baseline_loss", "entropy", "rho_mean", "value_mean")
@@ -243,8 +243,7 @@ class IMPALA(CompiledGreedy, NoTargetNetwork):
         """
         flat_grads, _, stats = self._step(*checked_columns(self.params.name, self.spec, batch))
         stats = dict(zip(STAT_NAMES, stats.numpy().tolist(), strict=True))
-        grads: list[np.ndarray | None] = list(self._flat.split(flat_grads.numpy()))
-        return LearnStep(grads, stats)
+        return LearnStep(FlatGradients(flat_grads, self._flat), stats)
 
     # --- compiled functions ---------------------------------------------------------------
 

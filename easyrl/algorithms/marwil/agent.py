@@ -18,7 +18,7 @@ from easyrl.algorithms.marwil.params import FLOW, Params
 from easyrl.algorithms.policy_nets import ObsNorm, PolicyNet, ValueNet
 from easyrl.errors import ConfigError
 from easyrl.models import named_variables
-from easyrl.models.flat import FlatVariables
+from easyrl.models.flat import FlatGradients, FlatVariables
 
 STAT_NAMES: tuple[str, ...] = ("loss", "policy_loss", "value_loss", "adv_sq_mean")
 """Keys of the stats `loss` returns (`learn` adds `adv_norm`, the moving average)."""
@@ -100,8 +100,7 @@ class MARWIL(CompiledGreedy, NoTargetNetwork):
         flat_grads, stats = self._step(*self._inputs(batch))
         stats = dict(zip(STAT_NAMES, stats.numpy().tolist(), strict=True))
         stats["adv_norm"] = float(self.adv_norm.numpy())
-        grads: list[np.ndarray | None] = list(self._flat.split(flat_grads.numpy()))
-        return LearnStep(grads, stats)
+        return LearnStep(FlatGradients(flat_grads, self._flat), stats)
 
     # --- compiled functions ---------------------------------------------------------------
 

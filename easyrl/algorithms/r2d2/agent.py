@@ -14,7 +14,7 @@ from easyrl.algorithms.r2d2.params import FLOW, Params, replay_spec
 from easyrl.envs.flat import observation_parts
 from easyrl.errors import ConfigError
 from easyrl.models import named_variables
-from easyrl.models.flat import FlatVariables
+from easyrl.models.flat import FlatGradients, FlatVariables
 from easyrl.models.lstm import recurrent_step, recurrent_unroll
 
 STAT_NAMES: tuple[str, ...] = ("q_mean", "td_abs_mean")
@@ -141,8 +141,9 @@ class R2D2(CompiledGreedy):
         columns = checked_columns("r2d2", self.spec, batch)
         flat, loss, (stats, priorities) = self._step(*columns, np.asarray(weights, np.float32))
         named = dict(zip(STAT_NAMES, stats.numpy().tolist(), strict=True))
-        grads: list[np.ndarray | None] = list(self._flat.split(flat.numpy()))
-        return LearnStep(grads, {"loss": float(loss), **named}, priorities.numpy())
+        return LearnStep(
+            FlatGradients(flat, self._flat), {"loss": float(loss), **named}, priorities.numpy()
+        )
 
     def sync_target(self) -> None:
         """Copies the online network into the target network."""

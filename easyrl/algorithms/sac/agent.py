@@ -35,7 +35,7 @@ from easyrl.algorithms.contract import Flow, LearnStep
 from easyrl.algorithms.sac.params import FLOW, Params
 from easyrl.errors import ConfigError
 from easyrl.models import Dense, build_torso, named_variables
-from easyrl.models.flat import FlatVariables
+from easyrl.models.flat import FlatGradients, FlatVariables
 
 LOG_STD_MIN = -5.0
 """Lower end of the policy's log standard deviation."""
@@ -138,6 +138,7 @@ class SAC(PolyakActorCritic):
             )
         )
         self._flat = FlatVariables(list(self.variables.values()))
+        self._alpha_index = list(self.variables).index("alpha/log_alpha")
         self.polyak = PolyakTargets(
             named_variables(self.critic), named_variables(self.target_critic), params.tau
         )
@@ -207,13 +208,9 @@ class SAC(PolyakActorCritic):
         flat, stats, td_abs = self._step(
             *columns, np.asarray(weights, np.float32), np.asarray(noise, np.float32)
         )
-        grads: dict[str, np.ndarray | None] = dict(
-            zip(self.variables, self._flat.split(flat.numpy()), strict=True)
-        )
-        if not self.params.autotune_alpha:
-            grads["alpha/log_alpha"] = None
+        absent = () if self.params.autotune_alpha else (self._alpha_index,)
         stats = {k: float(v) for k, v in stats.items()}
-        return LearnStep(list(grads.values()), stats, td_abs.numpy())
+        return LearnStep(FlatGradients(flat, self._flat, absent), stats, td_abs.numpy())
 
     # --- compiled math ------------------------------------------------------------------
 
