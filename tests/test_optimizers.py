@@ -509,3 +509,20 @@ def test_a_learners_local_optimizer_takes_a_gradient_tensor_and_drops_a_non_fini
         tensor_opt.apply(FlatGradients(tf.zeros([other.size]), other))
     with pytest.raises(ValueError, match="lack"):
         tensor_opt.apply([grads[0], None, grads[2]])  # half the actor's group
+
+
+def test_flat_gradients_read_as_the_list_of_arrays_they_replace():
+    """`FlatGradients` is what an agent's `learn` returns in place of a list: indexing,
+    slicing and iteration give the variables' arrays in order (None where absent), split
+    once."""
+    shapes = [(2,), (3, 2), (4, 1)]
+    layout = FlatVariables([tf.Variable(np.zeros(s, np.float32)) for s in shapes])
+    values = np.arange(layout.size, dtype=np.float32)
+    grads = FlatGradients(tf.constant(values), layout, absent=[1])
+    assert len(grads) == 3 and grads[1] is None and grads[1:] == [None, grads[2]]
+    np.testing.assert_array_equal(grads[0], values[:2])
+    np.testing.assert_array_equal(grads[2], values[8:].reshape(4, 1))
+    listed = [None] * 4
+    listed[1:] = grads  # a multi-agent step assembles its policies' gradients so
+    assert listed[2] is None and listed[3] is grads[2]
+    assert grads.arrays() is grads.arrays()  # split once
