@@ -337,11 +337,10 @@ class LocalOptimizer:
         self.names = list(variables)
         self.members = group_members(specs, self.names)
         self.group_of = {name: p for p, names in self.members.items() for name in names}
-        self.optimizers: dict[str, Optimizer] = {}
-        self.layouts: dict[str, FlatVariables] = {}
-        for p, names in self.members.items():
-            group = self.layouts[p] = FlatVariables([variables[n] for n in names])
-            self.optimizers[p] = Optimizer(specs[p], group.variables)
+        self.optimizers = {
+            p: Optimizer(specs[p], [variables[n] for n in names])
+            for p, names in self.members.items()
+        }
         self.layout = FlatVariables(list(variables.values()))
         """The flat gradient `apply` takes: every variable's, in the order of `names`."""
         self._steps: dict[frozenset[int], Compiled] = {}  # by the absent variables
@@ -369,7 +368,7 @@ class LocalOptimizer:
                 np.zeros(size, np.float32) if g is None else np.ravel(g)
                 for g, size in zip(grads, self.layout.sizes, strict=True)
             ]
-            flat = np.concatenate([np.zeros(0, np.float32), *parts]).astype(np.float32, copy=False)
+            flat = self.layout.concat(parts)
         step = self._steps.get(absent)
         if step is None:
             present = [n for i, n in enumerate(self.names) if i not in absent]
@@ -381,17 +380,14 @@ class LocalOptimizer:
         return bool(step(flat))
 
     def _step(self, flat: tf.Tensor, groups: list[str]) -> tf.Tensor:
-        parts = tf.split(flat, self.layout.sizes) if self.names else []
-        flats = {
-            p: tf.concat([parts[self._position[n]] for n in self.members[p]], axis=0)
-            for p in groups
-        }
-        checks = [tf.reduce_all(tf.math.is_finite(f)) for f in flats.values()]
+        parts = self.layout.split_tensor(flat)
+        grads = {p: [parts[self._position[n]] for n in self.members[p]] for p in groups}
+        checks = [tf.reduce_all(tf.math.is_finite(g)) for p in groups for g in grads[p]]
         finite = tf.reduce_all(tf.stack(checks)) if checks else tf.constant(True)
 
         def step() -> tf.Tensor:
-            for p, group_flat in flats.items():
-                self.optimizers[p].apply(self.layouts[p].split_tensor(group_flat))
+            for p in groups:
+                self.optimizers[p].apply(grads[p])
             return tf.constant(True)
 
         return tf.cond(finite, step, lambda: tf.constant(False))
