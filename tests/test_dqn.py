@@ -9,7 +9,7 @@ from numeric import central_differences
 from easyrl.algorithms import dqn, registry
 from easyrl.algorithms.dqn import Params, actor_epsilon
 from easyrl.algorithms.nstep import PRIORITY
-from easyrl.algorithms.optimizers import OptimizerSpec
+from easyrl.algorithms.optimizers import LocalOptimizer, OptimizerSpec
 from easyrl.config import ModelConfig
 from easyrl.errors import ConfigError
 
@@ -544,3 +544,29 @@ def test_registry_finds_dqn():
     assert "dqn" in registry.known()
     assert registry.module("dqn") is dqn
     assert registry.params_class("dqn") is Params
+
+
+def test_a_fused_step_gives_what_learn_and_the_learners_apply_give_as_two_calls():
+    """`fuse_update` takes the learner's optimizer step into `learn`'s compiled call: the
+    same values and optimizer state as `learn` then `LocalOptimizer.apply`, not applied
+    twice; the target network is left to `sync_target` (False)."""
+    spec = OptimizerSpec(kind="adam", lr=0.01)
+    separate, fused = build(), build()
+    apart, together = (
+        LocalOptimizer(spec, separate.variables),
+        LocalOptimizer(spec, fused.variables),
+    )
+    assert fused.fuse_update(together) is False
+    weights = np.array(WEIGHTS, np.float32)
+    for _ in range(3):
+        assert apart.apply(separate.learn(make_batch(), weights).grads)
+        step = fused.learn(make_batch(), weights)
+        assert bool(step.grads.applied) and together.apply(step.grads)
+    names = list(separate.variables)
+    for name in names:
+        np.testing.assert_allclose(
+            fused.variables[name].numpy(), separate.variables[name].numpy(), rtol=1e-6, atol=1e-7
+        )
+    assert together.state(names)["step"] == apart.state(names)["step"] == 3
+    target = fused.target.trainable_variables[0].numpy()
+    np.testing.assert_array_equal(target, separate.target.trainable_variables[0].numpy())

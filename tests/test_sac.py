@@ -29,6 +29,7 @@ from test_td3 import build as build_agent
 
 from easyrl.algorithms import sac
 from easyrl.algorithms.continuous import scale_actions
+from easyrl.algorithms.optimizers import LocalOptimizer, OptimizerSpec
 from easyrl.algorithms.sac import Params
 from easyrl.algorithms.sac.agent import LOG_STD_MAX, LOG_STD_MIN, squashed_log_prob
 from easyrl.algorithms.sac.agent import log_one_minus_tanh_sq as stable_log_jacobian
@@ -405,3 +406,47 @@ def test_params_are_checked(change):
 def test_build_refuses_unsupported_setups(obs_space, action_space, model, match):
     with pytest.raises(ConfigError, match=f"^(model.kind: )?sac .*{match}"):
         sac.build(Params(), obs_space, action_space, model)
+
+
+@pytest.mark.parametrize("autotune", [True, False])
+def test_a_fused_step_gives_what_learn_apply_and_sync_target_give_one_after_the_other(autotune):
+    """`fuse_update` (a learner that applies its own updates): one compiled call per update
+    gives the values, optimizer state and target critics that `learn`, the learner's
+    `LocalOptimizer.apply` and `sync_target` give as three calls, alpha left alone unless
+    tuned; the learner's `apply` does not step again. A non-finite update is dropped in both
+    (the targets still take their Polyak step, as the learner's loop does)."""
+    spec = {p: OptimizerSpec(kind="adam", lr=0.01) for p in ("actor/", "critic/", "alpha/")}
+    separate, fused = (build(autotune_alpha=autotune, tau=0.1) for _ in range(2))
+    apart, together = (
+        LocalOptimizer(spec, separate.variables),
+        LocalOptimizer(spec, fused.variables),
+    )
+    separate.sync_target()
+    fused.sync_target()  # the learner's first call copies, before it fuses
+    assert fused.fuse_update(together)  # the targets are stepped in the step: True
+    noise = np.array(NOISE, np.float32)
+    weights = np.array(WEIGHTS, np.float32)
+    for batch in [make_batch()] * 3 + [dict(make_batch(), reward=np.full(5, np.nan, np.float32))]:
+        finite = bool(np.isfinite(batch["reward"]).all())
+        step = separate.learn(batch, weights, noise)
+        assert step.grads.applied is None and apart.apply(step.grads) is finite
+        separate.sync_target()
+        fused_step = fused.learn(batch, weights, noise)
+        assert bool(fused_step.grads.applied) is finite
+        assert together.apply(fused_step.grads) is finite  # answered, not applied again
+        np.testing.assert_allclose(fused_step.grads.tensor, step.grads.tensor, rtol=1e-6)
+    names = list(separate.variables)
+    for name in names:
+        np.testing.assert_allclose(
+            fused.variables[name].numpy(), separate.variables[name].numpy(), rtol=1e-6, atol=1e-7
+        )
+    assert bool(separate.log_alpha.numpy() != 0.0) is autotune  # log(initial_alpha = 1)
+    for name, target in target_variables(fused).items():
+        np.testing.assert_allclose(
+            target.numpy(), target_variables(separate)[name].numpy(), rtol=1e-6, atol=1e-7
+        )
+    for key, value in together.state(names).items():
+        np.testing.assert_allclose(value, apart.state(names)[key], rtol=1e-6, atol=1e-7)
+    assert together.state(names)["critic/step"] == 3
+    with pytest.raises(ValueError, match="already"):
+        fused.fuse_update(together)

@@ -9,6 +9,7 @@ protocols below it follows:
     async_replay      ReplayAgent       Collector          learn(batch, weights) -> LearnStep
                       ReplayLearner     (offline only: no collector)
                       PrioritizedAgent  (prioritized replay: also initial_priorities)
+                      FusingLearner     (optional: fuse_update, the update in one call)
     sync_rounds       RoundsAgent       RoundCollector     learn_round(batch, rng) -> LearnSteps
     actor_gradients   GradientsAgent    Collector          (the actor) learn(unroll, None)
 
@@ -164,6 +165,21 @@ class ReplayLearner(Agent, Protocol):
 
     def sync_target(self) -> None:
         """Copies the online networks into the target networks (nothing without one)."""
+        ...
+
+
+class FusingLearner(ReplayLearner, Protocol):
+    """Optional: a replay learner whose compiled step can apply its update too (DQN, IMPALA,
+    SAC, R2D2, MARWIL/BC; `easyrl.models.flat.GradientStep`). A learner that applies its own
+    updates (`easyrl.roles.publisher`) hands it its optimizer once, after its first
+    `sync_target`; from then on `learn` returns gradients it applied already (a
+    `FlatGradients` with `applied`), in one TensorFlow call per update. An agent without it
+    has its gradients applied by the learner's optimizer in a second call."""
+
+    def fuse_update(self, optimizer: Any) -> bool:
+        """Takes the update of `optimizer` (a `LocalOptimizer`: `optimizer.traced(absent)`)
+        into the compiled step. Returns True when that step also steps the target networks
+        after every update (the learner then no longer calls `sync_target`)."""
         ...
 
 

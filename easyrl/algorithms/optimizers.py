@@ -4,7 +4,7 @@ Written directly in TF rather than through Keras so that the slots are ordinary
 named variables a shard can save to and restore from its `.npz` checkpoint.
 """
 
-from collections.abc import Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -351,7 +351,8 @@ class LocalOptimizer:
         """One update: `grads` in the order of `names` (None: a variable this update leaves
         alone; a `FlatGradients` hands its tensor over without leaving TensorFlow) steps each
         group it covers, in one compiled call, unless one of their gradients is not finite
-        (checked in that call). Returns whether it stepped.
+        (checked in that call). Returns whether it stepped (gradients whose agent step
+        applied them already, `GradientStep.fuse`, are not applied again).
 
         Raises:
             ValueError: `grads` covers part of a group only, or is laid out otherwise.
@@ -359,6 +360,8 @@ class LocalOptimizer:
         if isinstance(grads, FlatGradients):
             if grads.layout.shapes != self.layout.shapes:
                 raise ValueError("gradients laid out unlike the variables")
+            if grads.applied is not None:
+                return bool(grads.applied)
             flat, absent = grads.tensor, grads.absent
         else:
             if len(grads) != len(self.names):
@@ -371,13 +374,22 @@ class LocalOptimizer:
             flat = self.layout.concat(parts)
         step = self._steps.get(absent)
         if step is None:
-            present = [n for i, n in enumerate(self.names) if i not in absent]
-            groups = groups_in(self.members, self.group_of, present)
-            step = self._steps[absent] = Compiled(
-                lambda flat, groups=groups: self._step(flat, groups),
-                tf.TensorSpec([self.layout.size], tf.float32),
-            )
+            spec = tf.TensorSpec([self.layout.size], tf.float32)
+            step = self._steps[absent] = Compiled(self.traced(absent), spec)
         return bool(step(flat))
+
+    def traced(self, absent: Collection[int] = ()) -> Callable[[tf.Tensor], tf.Tensor]:
+        """The update as a function to trace into a compiled call (what `apply` compiles,
+        and what an agent's `GradientStep.fuse` takes): flat gradient -> whether it stepped
+        the groups of the variables not `absent` (indices into `names`).
+
+        Raises:
+            ValueError: the variables not `absent` cover part of a group only.
+        """
+        absent = frozenset(absent)
+        present = [n for i, n in enumerate(self.names) if i not in absent]
+        groups = groups_in(self.members, self.group_of, present)
+        return lambda flat: self._step(flat, groups)
 
     def _step(self, flat: tf.Tensor, groups: list[str]) -> tf.Tensor:
         parts = self.layout.split_tensor(flat)

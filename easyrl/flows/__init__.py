@@ -102,6 +102,11 @@ class LearnerPlumbing(Protocol):
         """The bodies of the threads that carry updates away (publisher or push threads)."""
         ...
 
+    def fuse_update(self) -> bool:
+        """Hands the agent the learner's optimizer when it can take the update into its step
+        (`FusingLearner`); whether that step then steps the target networks too."""
+        ...
+
     def values_for_update(self) -> list[int]:
         """Readies the values for the next update; the shard versions it is computed
         against."""

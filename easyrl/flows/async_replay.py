@@ -60,6 +60,7 @@ def learn(learner: LearnerPlumbing) -> None:
     period = agent.target_update_period  # 0: no target network
     if period:
         agent.sync_target()
+    targets_in_step = learner.fuse_update()
     prefetch = [functools.partial(learner.prefetch, i) for i in range(len(learner.memories))]
     with threads_running(stop, *prefetch, *learner.update_threads(), learner.priority_loop):
         while not stop.is_set():
@@ -77,7 +78,7 @@ def learn(learner: LearnerPlumbing) -> None:
                 item = (taken.shard, sample.keys, priorities.astype(np.float64))
                 put_until_stopped(learner.priorities, item, stop)
             learner.updates += 1
-            if period and learner.updates % period == 0:
+            if period and not targets_in_step and learner.updates % period == 0:
                 learner.weights.swap_in()
                 agent.sync_target()
             if learner.updates == 1:  # every compiled call of an update traced

@@ -109,6 +109,15 @@ class Learner:
             return [functools.partial(self.publisher.loop, self.stop)]
         return [self.push_loop] * self.ctx.cfg.learner.push_threads
 
+    def fuse_update(self) -> bool:
+        """When this learner applies its own updates and its agent's step can take them in
+        (`FusingLearner`), hands the agent its optimizer; returns whether the agent's step
+        then steps the target networks too."""
+        fuse = getattr(self.algo, "fuse_update", None)
+        if self.publisher is None or fuse is None:
+            return False
+        return bool(fuse(self.publisher.optimizer))
+
     def values_for_update(self) -> list[int]:
         """Before an update: swaps in the newest values the PS shards returned and gives
         the shard versions the update is computed against (nothing to do when this learner

@@ -13,7 +13,8 @@ resumed run) starts from the shards' values and state. The gradients of an agent
 step returns one flat tensor (`FlatGradients`: DQN, IMPALA, SAC, R2D2, MARWIL/BC) stay in
 TensorFlow, on the device that computed them: the finiteness check and the optimizer step are
 one compiled call on that tensor (copying them to numpy, checking and regrouping them there
-took ~0.5 ms of SAC's ~6 ms update on 2 cores).
+took ~0.5 ms of SAC's ~6 ms update on 2 cores), and those agents take that call into their
+own step (`FusingLearner.fuse_update`, called by the learner's loop): one call per update.
 
 What a run with several learners does is unchanged: each update's gradients go to the shards,
 pipelined, with their staleness counted (`easyrl.flows.async_replay`). With one learner the

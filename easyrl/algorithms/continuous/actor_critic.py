@@ -89,7 +89,7 @@ class PolyakTargets:
         self.tau = float(tau)
         self.synced = False
         self._copy = compiled(self._copy_fn)
-        self._polyak = compiled(self._polyak_fn)
+        self._polyak = compiled(self.polyak_fn)
         self._copy()
 
     def update(self) -> None:
@@ -104,7 +104,8 @@ class PolyakTargets:
         for src, dst in self.pairs:
             dst.assign(src)
 
-    def _polyak_fn(self) -> None:
+    def polyak_fn(self) -> None:
+        """The Polyak step, to trace into a compiled call (`update` compiles it alone)."""
         for src, dst in self.pairs:
             dst.assign(self.tau * src + (1.0 - self.tau) * dst)
 

@@ -23,10 +23,11 @@ from easyrl.algorithms.contract import Flow, LearnStep
 from easyrl.algorithms.dqn.params import FLOW, Params, actor_epsilon
 from easyrl.algorithms.masking import features, masked
 from easyrl.algorithms.nstep import NStepAccumulator
+from easyrl.algorithms.optimizers import LocalOptimizer
 from easyrl.envs.flat import action_mask_size, legal_actions, observation_parts
 from easyrl.errors import ConfigError, EasyRLError
 from easyrl.models import Dense, build_torso, named_variables
-from easyrl.models.flat import FlatGradients, FlatVariables
+from easyrl.models.flat import FlatVariables, GradientStep
 from easyrl.models.lstm import LSTMCore
 
 
@@ -233,7 +234,7 @@ class DQN(CompiledGreedy):
         self._act_greedy = compiled(self._noisy_greedy_fn, obs) if params.noisy_sigma else None
         self._act_values = compiled(self._act_values_fn, obs)
         self._td_abs = compiled(self._td_abs_fn, obs, act, vec, obs, vec)
-        self._step = compiled(self._step_fn, obs, act, vec, obs, vec, vec)
+        self._step = GradientStep(self._step_fn, self._flat, obs, act, vec, obs, vec, vec)
         self.sync_target()
 
     def postprocessor(self, num_envs: int) -> NStepAccumulator:
@@ -297,7 +298,13 @@ class DQN(CompiledGreedy):
         """
         flat_grads, loss, (stats, td_abs) = self._step(*self.step_inputs(batch, weights))
         stats = {"loss": float(loss), **{k: float(v) for k, v in stats.items()}}
-        return LearnStep(FlatGradients(flat_grads, self._flat), stats, td_abs.numpy())
+        return LearnStep(self._step.gradients(flat_grads), stats, td_abs.numpy())
+
+    def fuse_update(self, optimizer: LocalOptimizer) -> bool:
+        """From now on `learn`'s compiled step applies its gradients with `optimizer` too
+        (a learner that applies its own updates, `easyrl.roles.publisher`); returns False:
+        the target network is still synced by `sync_target`."""
+        return self._step.fuse(optimizer.traced())
 
     def step_inputs(self, batch: dict, weights: np.ndarray) -> tuple[np.ndarray, ...]:
         """The compiled step's inputs from a batch of n-step transitions and IS weights:

@@ -31,11 +31,12 @@ from easyrl.algorithms.agent_parts import (
 from easyrl.algorithms.contract import Flow, LearnStep
 from easyrl.algorithms.impala.params import FLOW, AgentParams, check_spaces, unroll_spec
 from easyrl.algorithms.masking import features, masked
+from easyrl.algorithms.optimizers import LocalOptimizer
 from easyrl.algorithms.sampling import gumbel_max, gumbel_noise
 from easyrl.algorithms.unrolls import SequenceCollector
 from easyrl.envs.flat import action_mask_size, observation_parts
 from easyrl.models import Dense, build_torso, named_variables
-from easyrl.models.flat import FlatGradients, FlatVariables
+from easyrl.models.flat import FlatVariables, GradientStep
 from easyrl.models.lstm import LSTMCore, recurrent_step, recurrent_unroll
 
 STAT_NAMES: tuple[str, ...] = ("policy_loss", "baseline_loss", "entropy", "rho_mean", "value_mean")
@@ -205,7 +206,7 @@ class IMPALA(CompiledGreedy, NoTargetNetwork):
             self._forward = compiled(self.net.__call__, obs)
             self._act = compiled(self._act_fn, obs, noise)
             self._greedy = compiled(self._greedy_fn, obs)  # argmax of the logits
-        self._step = compiled(self._step_fn, *batch_signature)
+        self._step = GradientStep(self._step_fn, self._flat, *batch_signature)
 
     def collector(
         self, num_envs: int, seed: int = 0, actor_index: int = 0, num_actors: int = 1
@@ -243,7 +244,13 @@ class IMPALA(CompiledGreedy, NoTargetNetwork):
         """
         flat_grads, _, stats = self._step(*checked_columns(self.params.name, self.spec, batch))
         stats = dict(zip(STAT_NAMES, stats.numpy().tolist(), strict=True))
-        return LearnStep(FlatGradients(flat_grads, self._flat), stats)
+        return LearnStep(self._step.gradients(flat_grads), stats)
+
+    def fuse_update(self, optimizer: LocalOptimizer) -> bool:
+        """From now on `learn`'s compiled step applies its gradients with `optimizer` too
+        (a learner that applies its own updates, `easyrl.roles.publisher`); returns False:
+        there is no target network."""
+        return self._step.fuse(optimizer.traced())
 
     # --- compiled functions ---------------------------------------------------------------
 

@@ -15,10 +15,11 @@ import tensorflow as tf
 from easyrl.algorithms.agent_parts import CompiledGreedy, NoTargetNetwork, compiled, flat_gradients
 from easyrl.algorithms.contract import Flow, LearnStep
 from easyrl.algorithms.marwil.params import FLOW, Params
+from easyrl.algorithms.optimizers import LocalOptimizer
 from easyrl.algorithms.policy_nets import ObsNorm, PolicyNet, ValueNet
 from easyrl.errors import ConfigError
 from easyrl.models import named_variables
-from easyrl.models.flat import FlatGradients, FlatVariables
+from easyrl.models.flat import FlatVariables, GradientStep
 
 STAT_NAMES: tuple[str, ...] = ("loss", "policy_loss", "value_loss", "adv_sq_mean")
 """Keys of the stats `loss` returns (`learn` adds `adv_norm`, the moving average)."""
@@ -68,7 +69,7 @@ class MARWIL(CompiledGreedy, NoTargetNetwork):
         self._greedy = compiled(self.pi.greedy, obs)  # the most likely actions
         self._logp = compiled(lambda o, a: self.pi.log_prob_entropy(o, a)[0], obs, act)
         self._losses = compiled(lambda *batch: self._loss(*batch)[1], obs, act, ret)
-        self._step = compiled(self._step_fn, obs, act, ret)
+        self._step = GradientStep(self._step_fn, self._flat, obs, act, ret)
 
     def action_logp(self, obs: np.ndarray, actions: np.ndarray) -> np.ndarray:
         """log pi(actions | obs) `[N]` float32 of the learned (stochastic) policy: the target
@@ -100,7 +101,13 @@ class MARWIL(CompiledGreedy, NoTargetNetwork):
         flat_grads, stats = self._step(*self._inputs(batch))
         stats = dict(zip(STAT_NAMES, stats.numpy().tolist(), strict=True))
         stats["adv_norm"] = float(self.adv_norm.numpy())
-        return LearnStep(FlatGradients(flat_grads, self._flat), stats)
+        return LearnStep(self._step.gradients(flat_grads), stats)
+
+    def fuse_update(self, optimizer: LocalOptimizer) -> bool:
+        """From now on `learn`'s compiled step applies its gradients with `optimizer` too
+        (a learner that applies its own updates, `easyrl.roles.publisher`); returns False:
+        there is no target network."""
+        return self._step.fuse(optimizer.traced())
 
     # --- compiled functions ---------------------------------------------------------------
 

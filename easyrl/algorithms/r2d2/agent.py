@@ -10,11 +10,12 @@ from easyrl.algorithms.agent_parts import CompiledGreedy, checked_columns, compi
 from easyrl.algorithms.contract import Flow, LearnStep
 from easyrl.algorithms.dqn.agent import QNetwork, epsilon_greedy
 from easyrl.algorithms.dqn.params import actor_epsilon
+from easyrl.algorithms.optimizers import LocalOptimizer
 from easyrl.algorithms.r2d2.params import FLOW, Params, replay_spec
 from easyrl.envs.flat import observation_parts
 from easyrl.errors import ConfigError
 from easyrl.models import named_variables
-from easyrl.models.flat import FlatGradients, FlatVariables
+from easyrl.models.flat import FlatVariables, GradientStep
 from easyrl.models.lstm import recurrent_step, recurrent_unroll
 
 STAT_NAMES: tuple[str, ...] = ("q_mean", "td_abs_mean")
@@ -113,7 +114,7 @@ class R2D2(CompiledGreedy):
             tf.TensorSpec([None, t + 1], tf.float32),  # first
         ]
         self._priorities = compiled(self._priorities_fn, *columns)
-        self._step = compiled(self._step_fn, *columns, vec)
+        self._step = GradientStep(self._step_fn, self._flat, *columns, vec)
         self.sync_target()
 
     def collector(
@@ -142,8 +143,14 @@ class R2D2(CompiledGreedy):
         flat, loss, (stats, priorities) = self._step(*columns, np.asarray(weights, np.float32))
         named = dict(zip(STAT_NAMES, stats.numpy().tolist(), strict=True))
         return LearnStep(
-            FlatGradients(flat, self._flat), {"loss": float(loss), **named}, priorities.numpy()
+            self._step.gradients(flat), {"loss": float(loss), **named}, priorities.numpy()
         )
+
+    def fuse_update(self, optimizer: LocalOptimizer) -> bool:
+        """From now on `learn`'s compiled step applies its gradients with `optimizer` too
+        (a learner that applies its own updates, `easyrl.roles.publisher`); returns False:
+        the target network is still synced by `sync_target`."""
+        return self._step.fuse(optimizer.traced())
 
     def sync_target(self) -> None:
         """Copies the online network into the target network."""

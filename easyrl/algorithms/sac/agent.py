@@ -32,10 +32,11 @@ from easyrl.algorithms.continuous.actor_critic import (
     transition_columns,
 )
 from easyrl.algorithms.contract import Flow, LearnStep
+from easyrl.algorithms.optimizers import LocalOptimizer
 from easyrl.algorithms.sac.params import FLOW, Params
 from easyrl.errors import ConfigError
 from easyrl.models import Dense, build_torso, named_variables
-from easyrl.models.flat import FlatGradients, FlatVariables
+from easyrl.models.flat import FlatVariables, GradientStep
 
 LOG_STD_MIN = -5.0
 """Lower end of the policy's log standard deviation."""
@@ -153,7 +154,7 @@ class SAC(PolyakActorCritic):
         self._sample = compiled(self.actor.sample, obs, act)
         self._targets = compiled(self._targets_fn, vec, obs, vec, act)
         self._td_abs = compiled(self._td_abs_fn, *batch, act)
-        self._step = compiled(self._step_fn, *batch, vec, noise2)
+        self._step = GradientStep(self._step_fn, self._flat, *batch, vec, noise2)
 
     # --- actor side ---------------------------------------------------------------------
 
@@ -208,9 +209,19 @@ class SAC(PolyakActorCritic):
         flat, stats, td_abs = self._step(
             *columns, np.asarray(weights, np.float32), np.asarray(noise, np.float32)
         )
-        absent = () if self.params.autotune_alpha else (self._alpha_index,)
         stats = {k: float(v) for k, v in stats.items()}
-        return LearnStep(FlatGradients(flat, self._flat, absent), stats, td_abs.numpy())
+        return LearnStep(self._step.gradients(flat, self._absent()), stats, td_abs.numpy())
+
+    def _absent(self) -> tuple[int, ...]:
+        """The variables `learn` leaves alone: alpha unless it is tuned."""
+        return () if self.params.autotune_alpha else (self._alpha_index,)
+
+    def fuse_update(self, optimizer: LocalOptimizer) -> bool:
+        """From now on `learn`'s compiled step applies its gradients with `optimizer` and
+        then takes the Polyak step of the target critics (a learner that applies its own
+        updates, `easyrl.roles.publisher`, after its first `sync_target`); returns True: the
+        learner no longer calls `sync_target` after each update."""
+        return self._step.fuse(optimizer.traced(self._absent()), self.polyak.polyak_fn)
 
     # --- compiled math ------------------------------------------------------------------
 
