@@ -110,6 +110,10 @@ class _NoRuntimeKeys:
         ({"flow": "sync_rounds"}, "round_share is required with flow sync_rounds"),
         ({"dataset_items": None, "offline_only": True}, "offline_only needs dataset_items"),
         ({"flow": "actor_gradients"}, "dataset_items needs flow async_replay"),
+        (
+            {"flow": "actor_gradients", "dataset_items": None},
+            "fused_update needs flow async_replay",
+        ),
         ({"recurrence": "sometimes"}, "recurrence 'sometimes' is not one of no, optional, only"),
         ({"params_class": dict}, "params_class <class 'dict'> must be a dataclass"),
         ({"params_class": _NoRuntimeKeys}, "_NoRuntimeKeys lacks max_staleness, batch_size"),
@@ -131,6 +135,8 @@ def test_every_built_in_algorithm_declares_a_spec_and_no_probed_constants():
     assert registry.known_where(lambda s: s.recurrence != "no") == ["a3c", "impala", "ppo", "r2d2"]
     assert registry.known_where(lambda s: s.offline_only) == ["bc", "bcq", "marwil"]
     assert registry.known_where(lambda s: s.action_logp) == ["bc", "marwil"]
+    fused = ["bc", "dqn", "impala", "marwil", "r2d2", "sac"]
+    assert registry.known_where(lambda s: s.fused_update) == fused
 
 
 @pytest.mark.cluster
@@ -190,3 +196,18 @@ def test_an_agent_whose_flow_is_not_its_specs_is_refused_when_built():
     spec = dataclasses.replace(dqn.SPEC, build=lambda *args: Rounds())
     with pytest.raises(ConfigError, match="Rounds.flow is 'sync_rounds', but its AlgorithmSpec"):
         spec.make(None, None, None, None)
+
+
+def test_an_agent_without_the_fuse_update_its_spec_promises_is_refused_when_built():
+    """A spec's `fused_update` says its agents are `FusingLearner`s: a lone learner calls
+    their `fuse_update`. `AlgorithmSpec.make` checks the agent has it."""
+
+    class Plain:
+        flow = "async_replay"
+
+    spec = dataclasses.replace(dqn.SPEC, build=lambda *args: Plain())
+    with pytest.raises(ConfigError, match="Plain has no fuse_update, but its AlgorithmSpec"):
+        spec.make(None, None, None, None)
+    assert isinstance(
+        dataclasses.replace(spec, fused_update=False).make(None, None, None, None), Plain
+    )

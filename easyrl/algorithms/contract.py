@@ -9,7 +9,7 @@ protocols below it follows:
     async_replay      ReplayAgent       Collector          learn(batch, weights) -> LearnStep
                       ReplayLearner     (offline only: no collector)
                       PrioritizedAgent  (prioritized replay: also initial_priorities)
-                      FusingLearner     (optional: fuse_update, the update in one call)
+                      FusingLearner     (the spec's fused_update: also fuse_update)
     sync_rounds       RoundsAgent       RoundCollector     learn_round(batch, rng) -> LearnSteps
     actor_gradients   GradientsAgent    Collector          (the actor) learn(unroll, None)
 
@@ -169,12 +169,12 @@ class ReplayLearner(Agent, Protocol):
 
 
 class FusingLearner(ReplayLearner, Protocol):
-    """Optional: a replay learner whose compiled step can apply its update too (DQN, IMPALA,
-    SAC, R2D2, MARWIL/BC; `easyrl.models.flat.GradientStep`). A learner that applies its own
-    updates (`easyrl.roles.publisher`) hands it its optimizer once, after its first
-    `sync_target`; from then on `learn` returns gradients it applied already (a
-    `FlatGradients` with `applied`), in one TensorFlow call per update. An agent without it
-    has its gradients applied by the learner's optimizer in a second call."""
+    """A replay learner whose compiled step can apply its update too, as its spec's
+    `fused_update` says (DQN, IMPALA, SAC, R2D2, MARWIL/BC: `easyrl.models.flat.GradientStep`).
+    A learner that applies its own updates (`easyrl.roles.publisher`) hands it its optimizer
+    once, after its first `sync_target`; from then on `learn` returns gradients it applied
+    already (a `FlatGradients` with `applied`), in one TensorFlow call per update. Without
+    it, the learner's optimizer applies the gradients in a second call."""
 
     def fuse_update(self, optimizer: Any) -> bool:
         """Takes the update of `optimizer` (a `LocalOptimizer`: `optimizer.traced(absent)`)
@@ -313,6 +313,9 @@ class AlgorithmSpec:
     action_logp: bool = False
     """Its agents are `LogpAgent`s: the evaluator estimates their value on an offline run's
     dataset (importance sampling)."""
+    fused_update: bool = False
+    """Its agents are `FusingLearner`s: a learner that applies its own updates traces its
+    optimizer step into the agent's compiled step (`fuse_update`), one call per update."""
 
     def __post_init__(self):
         problem = next(self._problems(), None)
@@ -327,7 +330,8 @@ class AlgorithmSpec:
         cluster from the spec's, the roles pick their loops from the agent's.
 
         Raises:
-            ConfigError: the agent's `flow` is not the spec's.
+            ConfigError: the agent's `flow` is not the spec's, or it lacks the `fuse_update`
+                the spec's `fused_update` promises.
         """
         agent = self.build(params, obs_space, action_space, model, seed, learner)
         if getattr(agent, "flow", None) != self.flow:
@@ -335,6 +339,11 @@ class AlgorithmSpec:
                 f"{type(agent).__name__}.flow is {getattr(agent, 'flow', None)!r}, but its "
                 f"AlgorithmSpec says {self.flow!r}: the roles would run loops the cluster "
                 "was not sized for"
+            )
+        if self.fused_update and not callable(getattr(agent, "fuse_update", None)):
+            raise ConfigError(
+                f"{type(agent).__name__} has no fuse_update, but its AlgorithmSpec says "
+                "fused_update (see easyrl.algorithms.contract.FusingLearner)"
             )
         return agent
 
@@ -354,6 +363,8 @@ class AlgorithmSpec:
             yield "round_share is required with flow sync_rounds, and only there"
         if self.dataset_items is not None and self.flow != "async_replay":
             yield "dataset_items needs flow async_replay (a learner sampling the dataset)"
+        if self.fused_update and self.flow != "async_replay":
+            yield "fused_update needs flow async_replay (a learner applying its own updates)"
         if self.offline_only and self.dataset_items is None:
             yield "offline_only needs dataset_items (what the memory shards load)"
         if self.recurrence not in RECURRENCES:

@@ -12,12 +12,13 @@ import queue
 import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
+from typing import cast
 
 import grpc
 import numpy as np
 import tensorflow as tf
 
-from easyrl.algorithms.contract import Agent, concat
+from easyrl.algorithms.contract import Agent, FusingLearner, concat
 from easyrl.errors import TransportError
 from easyrl.flows import Prefetched, async_replay, sync_rounds
 from easyrl.replay.sampled import NotReady, split_sample
@@ -111,12 +112,13 @@ class Learner:
 
     def fuse_update(self) -> bool:
         """When this learner applies its own updates and its agent's step can take them in
-        (`FusingLearner`), hands the agent its optimizer; returns whether the agent's step
-        then steps the target networks too."""
-        fuse = getattr(self.algo, "fuse_update", None)
-        if self.publisher is None or fuse is None:
+        (its spec's `fused_update`; not multi-agent), hands the agent its optimizer; returns
+        whether the agent's step then steps the target networks too."""
+        cfg = self.ctx.cfg
+        spec = self.ctx.algorithm_spec()
+        if self.publisher is None or not spec.fused_update or cfg.multiagent.enabled:
             return False
-        return bool(fuse(self.publisher.optimizer))
+        return bool(cast(FusingLearner, self.algo).fuse_update(self.publisher.optimizer))
 
     def values_for_update(self) -> list[int]:
         """Before an update: swaps in the newest values the PS shards returned and gives

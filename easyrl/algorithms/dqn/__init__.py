@@ -103,5 +103,6 @@ SPEC = AlgorithmSpec(
     model_kinds=("mlp", "conv", "custom", "encoders"),
     action_masks=True,  # no illegal action is acted, explored or bootstrapped from
     multiagent=True,
+    fused_update=True,  # `agent.fuse_update`: a lone learner's update in one call
 )
 """DQN / Ape-X DQN, as the runtime knows it."""

@@ -162,5 +162,6 @@ SPEC = AlgorithmSpec(
     recurrence="optional",  # an LSTM core between the torso and the heads (`agent.LSTMCore`)
     action_masks=True,  # no illegal action is acted, explored or bootstrapped from
     multiagent=True,
+    fused_update=True,  # `agent.fuse_update`: a lone learner's update in one call
 )
 """IMPALA, as the runtime knows it."""

@@ -135,5 +135,6 @@ SPEC = AlgorithmSpec(
     model_kinds=("mlp", "custom"),  # `pi/torso`, `vf/torso` on flat observations
     offline_only=True,
     action_logp=True,  # off-policy evaluation of the learned policy on the dataset
+    fused_update=True,  # `agent.fuse_update`: a lone learner's update in one call
 )
 """MARWIL, as the runtime knows it (BC's too, with its own `Params`)."""

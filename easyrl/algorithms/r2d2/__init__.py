@@ -56,5 +56,6 @@ SPEC = AlgorithmSpec(
     replay_spec=replay_spec,
     model_kinds=("mlp", "conv", "custom", "encoders"),
     recurrence="only",  # the LSTM core is the point
+    fused_update=True,  # `agent.fuse_update`: a lone learner's update in one call
 )
 """R2D2, as the runtime knows it."""

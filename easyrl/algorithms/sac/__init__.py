@@ -67,5 +67,6 @@ SPEC = AlgorithmSpec(
     optimizer=optimizer,
     replay_spec=replay_spec,
     model_kinds=td3.SPEC.model_kinds,  # TD3's torsos (the same numpy side)
+    fused_update=True,  # `agent.fuse_update`: a lone learner's update in one call
 )
 """SAC, as the runtime knows it."""
