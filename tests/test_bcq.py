@@ -16,6 +16,7 @@ from easyrl import config as config_lib
 from easyrl.algorithms import bcq, dqn, registry
 from easyrl.algorithms.bcq.agent import STAT_NAMES, allowed_actions, constrained_argmax
 from easyrl.algorithms.nstep import NStepAccumulator
+from easyrl.algorithms.optimizers import LocalOptimizer
 from easyrl.config import ModelConfig
 from easyrl.envs import env_spaces, final_observations, make_vector_env
 from easyrl.errors import ConfigError
@@ -344,3 +345,29 @@ def test_train_bcq_offline_with_no_actors(tmp_path):
     assert last["updates"] > 0 and last["env_steps"] == 0
     assert 0 < last["learner/allowed_fraction"] <= 1 and np.isfinite(last["learner/bc_loss"])
     assert any("eval_return_mean" in m for m in metrics)
+
+
+def test_a_fused_step_applies_the_classifier_s_gradients_too():
+    """BCQ is DQN's step over more variables (the classifier's): fused (`fuse_update`, a lone
+    learner) it gives the values and optimizer state of `learn` then the learner's apply."""
+    spec = bcq.optimizer(bcq.Params())
+    separate, fused = build(), build()
+    apart = LocalOptimizer(spec, separate.variables)
+    together = LocalOptimizer(spec, fused.variables)
+    assert fused.fuse_update(together) is False  # the target is synced apart
+    for _ in range(3):
+        step = separate.learn(BATCH, WEIGHTS)
+        assert len(step.grads) == len(separate.variables) and apart.apply(step.grads)
+        fused_step = fused.learn(BATCH, WEIGHTS)
+        assert bool(fused_step.grads.applied) and together.apply(fused_step.grads)
+    for name, variable in fused.variables.items():
+        np.testing.assert_allclose(
+            variable.numpy(), separate.variables[name].numpy(), rtol=1e-6, atol=1e-7
+        )
+    assert any(n.startswith("bc/") for n in fused.variables)
+    changed = [
+        n
+        for n, v in fused.variables.items()
+        if not np.array_equal(v.numpy(), build().variables[n].numpy())
+    ]
+    assert any(n.startswith("bc/") for n in changed) and any(n.startswith("q/") for n in changed)

@@ -135,7 +135,7 @@ def test_every_built_in_algorithm_declares_a_spec_and_no_probed_constants():
     assert registry.known_where(lambda s: s.recurrence != "no") == ["a3c", "impala", "ppo", "r2d2"]
     assert registry.known_where(lambda s: s.offline_only) == ["bc", "bcq", "marwil"]
     assert registry.known_where(lambda s: s.action_logp) == ["bc", "marwil"]
-    fused = ["bc", "dqn", "impala", "marwil", "r2d2", "sac"]
+    fused = ["bc", "bcq", "dqn", "impala", "marwil", "r2d2", "sac"]
     assert registry.known_where(lambda s: s.fused_update) == fused
 
 

@@ -170,7 +170,7 @@ class ReplayLearner(Agent, Protocol):
 
 class FusingLearner(ReplayLearner, Protocol):
     """A replay learner whose compiled step can apply its update too, as its spec's
-    `fused_update` says (DQN, IMPALA, SAC, R2D2, MARWIL/BC: `easyrl.models.flat.GradientStep`).
+    `fused_update` says (DQN, BCQ, IMPALA, SAC, R2D2, MARWIL/BC: `models.flat.GradientStep`).
     A learner that applies its own updates (`easyrl.roles.publisher`) hands it its optimizer
     once, after its first `sync_target`; from then on `learn` returns gradients it applied
     already (a `FlatGradients` with `applied`), in one TensorFlow call per update. Without

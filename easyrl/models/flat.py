@@ -168,8 +168,8 @@ class FlatGradients(Sequence):
 
 class GradientStep(Compiled):
     """An agent's compiled gradient step: `fn`'s first output is the flat gradient of the
-    variables `layout` lays out (`gradients` wraps it as the `FlatGradients` an agent's
-    `learn` returns).
+    agent's variables (`gradients` wraps it as the `FlatGradients` an agent's `learn`
+    returns).
 
     A learner that applies its own updates can `fuse` the optimizer step (and a Polyak step
     of the target networks) into this same call: one TensorFlow call per update instead of
@@ -178,13 +178,11 @@ class GradientStep(Compiled):
 
     Args:
         fn: the step; returns (flat gradient, ...).
-        layout: the layout of the flat gradient (the agent's `FlatVariables`).
         signature: one `tf.TensorSpec` per positional argument.
     """
 
-    def __init__(self, fn, layout: FlatLayout, *signature: tf.TensorSpec):
+    def __init__(self, fn, *signature: tf.TensorSpec):
         super().__init__(fn, *signature)
-        self.layout = layout
         self.applied: tf.Tensor | None = None
         """After a call of a fused step: whether its optimizer step stepped (None unfused)."""
         self._fused = False
@@ -225,10 +223,13 @@ class GradientStep(Compiled):
         self.applied = outputs[-1]
         return outputs[:-1]
 
-    def gradients(self, flat: tf.Tensor, absent: Collection[int] = ()) -> FlatGradients:
-        """The flat gradient this step returned as `FlatGradients` (with `applied` when the
-        step is fused)."""
-        return FlatGradients(flat, self.layout, absent, self.applied if self._fused else None)
+    def gradients(
+        self, flat: tf.Tensor, layout: FlatLayout, absent: Collection[int] = ()
+    ) -> FlatGradients:
+        """The flat gradient this step returned, laid out as `layout` (the agent's variables,
+        read when `learn` runs: BCQ adds its classifier's to DQN's), as `FlatGradients`
+        (with `applied` when the step is fused)."""
+        return FlatGradients(flat, layout, absent, self.applied if self._fused else None)
 
 
 def _back_to_back(arrays: Sequence[np.ndarray]) -> np.ndarray | None:

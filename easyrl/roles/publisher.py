@@ -10,7 +10,7 @@ updates (an `Assign`: the shard's version moves on by one per publish, so actors
 evaluators pull exactly as before), with the optimizer state every `STATE_EVERY_S` seconds
 and when the learner stops, so the shards' checkpoints hold it and a restarted learner (or a
 resumed run) starts from the shards' values and state. The gradients of an agent whose
-step returns one flat tensor (`FlatGradients`: DQN, IMPALA, SAC, R2D2, MARWIL/BC) stay in
+step returns one flat tensor (`FlatGradients`: DQN, BCQ, IMPALA, SAC, R2D2, MARWIL/BC) stay in
 TensorFlow, on the device that computed them: the finiteness check and the optimizer step are
 one compiled call on that tensor (copying them to numpy, checking and regrouping them there
 took ~0.5 ms of SAC's ~6 ms update on 2 cores), and those agents take that call into their

@@ -44,5 +44,6 @@ SPEC = AlgorithmSpec(
     dataset_items=dataset_items,  # the same n-step transitions as batch DQN's
     model_kinds=("mlp", "conv", "custom"),  # Q and G: the torsos of DQN's Q network
     offline_only=True,
+    fused_update=True,  # DQN's `fuse_update`: a lone learner's update in one call
 )
 """Discrete BCQ, as the runtime knows it."""

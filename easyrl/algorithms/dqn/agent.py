@@ -234,7 +234,7 @@ class DQN(CompiledGreedy):
         self._act_greedy = compiled(self._noisy_greedy_fn, obs) if params.noisy_sigma else None
         self._act_values = compiled(self._act_values_fn, obs)
         self._td_abs = compiled(self._td_abs_fn, obs, act, vec, obs, vec)
-        self._step = GradientStep(self._step_fn, self._flat, obs, act, vec, obs, vec, vec)
+        self._step = GradientStep(self._step_fn, obs, act, vec, obs, vec, vec)
         self.sync_target()
 
     def postprocessor(self, num_envs: int) -> NStepAccumulator:
@@ -298,7 +298,7 @@ class DQN(CompiledGreedy):
         """
         flat_grads, loss, (stats, td_abs) = self._step(*self.step_inputs(batch, weights))
         stats = {"loss": float(loss), **{k: float(v) for k, v in stats.items()}}
-        return LearnStep(self._step.gradients(flat_grads), stats, td_abs.numpy())
+        return LearnStep(self._step.gradients(flat_grads, self._flat), stats, td_abs.numpy())
 
     def fuse_update(self, optimizer: LocalOptimizer) -> bool:
         """From now on `learn`'s compiled step applies its gradients with `optimizer` too

@@ -206,7 +206,7 @@ class IMPALA(CompiledGreedy, NoTargetNetwork):
             self._forward = compiled(self.net.__call__, obs)
             self._act = compiled(self._act_fn, obs, noise)
             self._greedy = compiled(self._greedy_fn, obs)  # argmax of the logits
-        self._step = GradientStep(self._step_fn, self._flat, *batch_signature)
+        self._step = GradientStep(self._step_fn, *batch_signature)
 
     def collector(
         self, num_envs: int, seed: int = 0, actor_index: int = 0, num_actors: int = 1
@@ -244,7 +244,7 @@ class IMPALA(CompiledGreedy, NoTargetNetwork):
         """
         flat_grads, _, stats = self._step(*checked_columns(self.params.name, self.spec, batch))
         stats = dict(zip(STAT_NAMES, stats.numpy().tolist(), strict=True))
-        return LearnStep(self._step.gradients(flat_grads), stats)
+        return LearnStep(self._step.gradients(flat_grads, self._flat), stats)
 
     def fuse_update(self, optimizer: LocalOptimizer) -> bool:
         """From now on `learn`'s compiled step applies its gradients with `optimizer` too

@@ -69,7 +69,7 @@ class MARWIL(CompiledGreedy, NoTargetNetwork):
         self._greedy = compiled(self.pi.greedy, obs)  # the most likely actions
         self._logp = compiled(lambda o, a: self.pi.log_prob_entropy(o, a)[0], obs, act)
         self._losses = compiled(lambda *batch: self._loss(*batch)[1], obs, act, ret)
-        self._step = GradientStep(self._step_fn, self._flat, obs, act, ret)
+        self._step = GradientStep(self._step_fn, obs, act, ret)
 
     def action_logp(self, obs: np.ndarray, actions: np.ndarray) -> np.ndarray:
         """log pi(actions | obs) `[N]` float32 of the learned (stochastic) policy: the target
@@ -101,7 +101,7 @@ class MARWIL(CompiledGreedy, NoTargetNetwork):
         flat_grads, stats = self._step(*self._inputs(batch))
         stats = dict(zip(STAT_NAMES, stats.numpy().tolist(), strict=True))
         stats["adv_norm"] = float(self.adv_norm.numpy())
-        return LearnStep(self._step.gradients(flat_grads), stats)
+        return LearnStep(self._step.gradients(flat_grads, self._flat), stats)
 
     def fuse_update(self, optimizer: LocalOptimizer) -> bool:
         """From now on `learn`'s compiled step applies its gradients with `optimizer` too

@@ -114,7 +114,7 @@ class R2D2(CompiledGreedy):
             tf.TensorSpec([None, t + 1], tf.float32),  # first
         ]
         self._priorities = compiled(self._priorities_fn, *columns)
-        self._step = GradientStep(self._step_fn, self._flat, *columns, vec)
+        self._step = GradientStep(self._step_fn, *columns, vec)
         self.sync_target()
 
     def collector(
@@ -142,9 +142,8 @@ class R2D2(CompiledGreedy):
         columns = checked_columns("r2d2", self.spec, batch)
         flat, loss, (stats, priorities) = self._step(*columns, np.asarray(weights, np.float32))
         named = dict(zip(STAT_NAMES, stats.numpy().tolist(), strict=True))
-        return LearnStep(
-            self._step.gradients(flat), {"loss": float(loss), **named}, priorities.numpy()
-        )
+        grads = self._step.gradients(flat, self._flat)
+        return LearnStep(grads, {"loss": float(loss), **named}, priorities.numpy())
 
     def fuse_update(self, optimizer: LocalOptimizer) -> bool:
         """From now on `learn`'s compiled step applies its gradients with `optimizer` too

@@ -154,7 +154,7 @@ class SAC(PolyakActorCritic):
         self._sample = compiled(self.actor.sample, obs, act)
         self._targets = compiled(self._targets_fn, vec, obs, vec, act)
         self._td_abs = compiled(self._td_abs_fn, *batch, act)
-        self._step = GradientStep(self._step_fn, self._flat, *batch, vec, noise2)
+        self._step = GradientStep(self._step_fn, *batch, vec, noise2)
 
     # --- actor side ---------------------------------------------------------------------
 
@@ -210,7 +210,8 @@ class SAC(PolyakActorCritic):
             *columns, np.asarray(weights, np.float32), np.asarray(noise, np.float32)
         )
         stats = {k: float(v) for k, v in stats.items()}
-        return LearnStep(self._step.gradients(flat, self._absent()), stats, td_abs.numpy())
+        grads = self._step.gradients(flat, self._flat, self._absent())
+        return LearnStep(grads, stats, td_abs.numpy())
 
     def _absent(self) -> tuple[int, ...]:
         """The variables `learn` leaves alone: alpha unless it is tuned."""
