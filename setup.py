@@ -58,5 +58,5 @@ setup(
         # env.id: package.module:factory of a PettingZoo ParallelEnv (multiagent: section).
         "multiagent": ["pettingzoo>=1.24"],
     },
-    entry_points={"console_scripts": ["easyrl=easyrl.cli:main"]},
+    entry_points={"console_scripts": ["easyrl=easyrl.cli:entry"]},
 )

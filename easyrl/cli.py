@@ -3,6 +3,7 @@
 a run directory: `rollout` (play its policy), `export` (SavedModel), `plot`."""
 
 import argparse
+import gc
 import logging
 import sys
 from pathlib import Path
@@ -311,5 +312,15 @@ def main(argv=None) -> int:
         return 2
 
 
+def entry() -> None:
+    """The `easyrl` console script and `python -m easyrl.cli`: `main`, then the exit, without
+    a last garbage collection over everything the process holds (`gc.freeze`): with
+    TensorFlow imported, exiting took ~0.6 CPU-seconds, ~0.1 without it (every role process
+    and the launcher; a local run waits for its PS shards' exits, then its own)."""
+    code = main()
+    gc.freeze()
+    sys.exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    entry()

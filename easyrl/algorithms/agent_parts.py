@@ -15,9 +15,10 @@ import numpy as np
 import tensorflow as tf
 
 from easyrl.algorithms.contract import Agent, RecurrentAgent
+from easyrl.algorithms.optimizers import LocalOptimizer
 from easyrl.envs.evaluation import EpisodicPolicy, Stateless
 from easyrl.errors import EasyRLError
-from easyrl.models.flat import Compiled
+from easyrl.models.flat import Compiled, GradientStep
 
 
 def compiled(fn: Callable, *signature: tf.TensorSpec) -> Compiled:
@@ -156,6 +157,20 @@ class NoTargetNetwork:
 
     def sync_target(self) -> None:
         """Nothing to copy: there is no target network."""
+
+
+class FusesItsStep:
+    """Base of an agent whose `learn` runs `self._step`, a `GradientStep`: a learner that
+    applies its own updates takes the optimizer's step into that call (`fuse_update`,
+    `contract.FusingLearner`; SAC overrides it to take its Polyak step too)."""
+
+    _step: GradientStep
+
+    def fuse_update(self, optimizer: LocalOptimizer) -> bool:
+        """From now on `learn`'s compiled step applies its gradients with `optimizer` too
+        (a learner that applies its own updates, `easyrl.roles.publisher`); returns False:
+        a target network, if any, is still synced by `sync_target`."""
+        return self._step.fuse(optimizer.traced())
 
 
 def checked_columns(name: str, spec: dict, batch: dict) -> list[np.ndarray]:

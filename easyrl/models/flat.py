@@ -183,9 +183,10 @@ class GradientStep(Compiled):
 
     def __init__(self, fn, *signature: tf.TensorSpec):
         super().__init__(fn, *signature)
+        self.fused = False
+        """Whether each call applies its gradients (`fuse`)."""
         self.applied: tf.Tensor | None = None
         """After a call of a fused step: whether its optimizer step stepped (None unfused)."""
-        self._fused = False
 
     def fuse(
         self,
@@ -200,7 +201,7 @@ class GradientStep(Compiled):
         Raises:
             ValueError: the step is fused already.
         """
-        if self._fused:
+        if self.fused:
             raise ValueError("this gradient step applies its gradients already")
         step = self.function.python_function
 
@@ -212,13 +213,13 @@ class GradientStep(Compiled):
                     then()
             return (*outputs, applied)
 
-        self.function = tf.function(fused, autograph=False, input_signature=self.input_signature)
-        self._call, self._fused = None, True
+        Compiled.__init__(self, fused, *self.input_signature)
+        self.fused = True
         return then is not None
 
     def __call__(self, *args):
         outputs = super().__call__(*args)
-        if not self._fused:
+        if not self.fused:
             return outputs
         self.applied = outputs[-1]
         return outputs[:-1]
@@ -229,7 +230,7 @@ class GradientStep(Compiled):
         """The flat gradient this step returned, laid out as `layout` (the agent's variables,
         read when `learn` runs: BCQ adds its classifier's to DQN's), as `FlatGradients`
         (with `applied` when the step is fused)."""
-        return FlatGradients(flat, layout, absent, self.applied if self._fused else None)
+        return FlatGradients(flat, layout, absent, self.applied)
 
 
 def _back_to_back(arrays: Sequence[np.ndarray]) -> np.ndarray | None:

@@ -154,7 +154,7 @@ class Actor:
                     self.counters["rate_limited"] += 1
                     self._stop_if_run_stopping()
 
-    def _stop_if_run_stopping(self, every_s: float = 2.0) -> None:
+    def _stop_if_run_stopping(self, every_s: float = 0.5) -> None:
         """While inserts are refused the main loop waits on the full outbox and does not
         report, so the sender asks PS shard 0 (at most every `every_s`) whether the run is
         over: once learners stop, the rate limiter refuses inserts forever."""

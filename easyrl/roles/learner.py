@@ -190,11 +190,11 @@ class Learner:
     def take_batch(self) -> Prefetched | None:
         """The next prefetched batch (and its shard), or None after 0.1 s without one. A
         learner starved of batches (the actors stopped, the rate limiter holds the samples
-        back) still reports every 2 s, so it learns that the run is stopping."""
+        back) still reports every half second, so it learns soon that the run is stopping."""
         try:
             taken = self.batches.get(timeout=0.1)
         except queue.Empty:
-            if time.monotonic() - self._last_report > 2.0:
+            if time.monotonic() - self._last_report > 0.5:
                 self.report({})
             return None
         if not self.updates:

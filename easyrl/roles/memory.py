@@ -61,10 +61,11 @@ from easyrl.transport.rpc import caller_active, invalid_argument_on_error, withi
 log = logging.getLogger(__name__)
 STORED_KEY = "inserts/stored"
 """The snapshot's [actor, sender, last sequence] rows (see `MemoryServer._state`)."""
-INSERT_WAIT_S = 2.0
+INSERT_WAIT_S = 0.5
 """How long an Insert the rate limiter (or a full queue) holds back waits here before it is
 refused (RESOURCE_EXHAUSTED): the actor sends it again, and in between asks whether the run
-is stopping, so once the learners stop its actors exit within about this long."""
+is stopping, so once the learners stop its actors exit within about this long (a resend
+costs the shard a decode, about two a second per held-back actor)."""
 
 
 def _always() -> bool:

@@ -18,12 +18,11 @@ import gymnasium as gym
 import numpy as np
 import tensorflow as tf
 
-from easyrl.algorithms.agent_parts import CompiledGreedy, compiled, flat_gradients
+from easyrl.algorithms.agent_parts import CompiledGreedy, FusesItsStep, compiled, flat_gradients
 from easyrl.algorithms.contract import Flow, LearnStep
 from easyrl.algorithms.dqn.params import FLOW, Params, actor_epsilon
 from easyrl.algorithms.masking import features, masked
 from easyrl.algorithms.nstep import NStepAccumulator
-from easyrl.algorithms.optimizers import LocalOptimizer
 from easyrl.envs.flat import action_mask_size, legal_actions, observation_parts
 from easyrl.errors import ConfigError, EasyRLError
 from easyrl.models import Dense, build_torso, named_variables
@@ -181,7 +180,7 @@ def epsilon_greedy(
     return actions.astype(np.int64), logp.astype(np.float32)
 
 
-class DQN(CompiledGreedy):
+class DQN(CompiledGreedy, FusesItsStep):
     """DQN's pieces for the runtime: networks, acting, post-processing and the loss.
 
     Args:
@@ -299,12 +298,6 @@ class DQN(CompiledGreedy):
         flat_grads, loss, (stats, td_abs) = self._step(*self.step_inputs(batch, weights))
         stats = {"loss": float(loss), **{k: float(v) for k, v in stats.items()}}
         return LearnStep(self._step.gradients(flat_grads, self._flat), stats, td_abs.numpy())
-
-    def fuse_update(self, optimizer: LocalOptimizer) -> bool:
-        """From now on `learn`'s compiled step applies its gradients with `optimizer` too
-        (a learner that applies its own updates, `easyrl.roles.publisher`); returns False:
-        the target network is still synced by `sync_target`."""
-        return self._step.fuse(optimizer.traced())
 
     def step_inputs(self, batch: dict, weights: np.ndarray) -> tuple[np.ndarray, ...]:
         """The compiled step's inputs from a batch of n-step transitions and IS weights:

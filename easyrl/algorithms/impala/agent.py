@@ -23,6 +23,7 @@ import tensorflow as tf
 
 from easyrl.algorithms.agent_parts import (
     CompiledGreedy,
+    FusesItsStep,
     NoTargetNetwork,
     checked_columns,
     compiled,
@@ -31,7 +32,6 @@ from easyrl.algorithms.agent_parts import (
 from easyrl.algorithms.contract import Flow, LearnStep
 from easyrl.algorithms.impala.params import FLOW, AgentParams, check_spaces, unroll_spec
 from easyrl.algorithms.masking import features, masked
-from easyrl.algorithms.optimizers import LocalOptimizer
 from easyrl.algorithms.sampling import gumbel_max, gumbel_noise
 from easyrl.algorithms.unrolls import SequenceCollector
 from easyrl.envs.flat import action_mask_size, observation_parts
@@ -149,7 +149,7 @@ class ActorCritic(tf.Module):
         return tf.reshape(logits, [b, steps, -1]), tf.reshape(values, [b, steps])  # [B, T+1]
 
 
-class IMPALA(CompiledGreedy, NoTargetNetwork):
+class IMPALA(CompiledGreedy, NoTargetNetwork, FusesItsStep):
     """IMPALA's (and A3C's) pieces for the runtime: the network, unroll collection and the
     V-trace actor-critic gradients.
 
@@ -245,12 +245,6 @@ class IMPALA(CompiledGreedy, NoTargetNetwork):
         flat_grads, _, stats = self._step(*checked_columns(self.params.name, self.spec, batch))
         stats = dict(zip(STAT_NAMES, stats.numpy().tolist(), strict=True))
         return LearnStep(self._step.gradients(flat_grads, self._flat), stats)
-
-    def fuse_update(self, optimizer: LocalOptimizer) -> bool:
-        """From now on `learn`'s compiled step applies its gradients with `optimizer` too
-        (a learner that applies its own updates, `easyrl.roles.publisher`); returns False:
-        there is no target network."""
-        return self._step.fuse(optimizer.traced())
 
     # --- compiled functions ---------------------------------------------------------------
 

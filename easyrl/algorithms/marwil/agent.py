@@ -12,10 +12,15 @@ import gymnasium as gym
 import numpy as np
 import tensorflow as tf
 
-from easyrl.algorithms.agent_parts import CompiledGreedy, NoTargetNetwork, compiled, flat_gradients
+from easyrl.algorithms.agent_parts import (
+    CompiledGreedy,
+    FusesItsStep,
+    NoTargetNetwork,
+    compiled,
+    flat_gradients,
+)
 from easyrl.algorithms.contract import Flow, LearnStep
 from easyrl.algorithms.marwil.params import FLOW, Params
-from easyrl.algorithms.optimizers import LocalOptimizer
 from easyrl.algorithms.policy_nets import ObsNorm, PolicyNet, ValueNet
 from easyrl.errors import ConfigError
 from easyrl.models import named_variables
@@ -25,7 +30,7 @@ STAT_NAMES: tuple[str, ...] = ("loss", "policy_loss", "value_loss", "adv_sq_mean
 """Keys of the stats `loss` returns (`learn` adds `adv_norm`, the moving average)."""
 
 
-class MARWIL(CompiledGreedy, NoTargetNetwork):
+class MARWIL(CompiledGreedy, NoTargetNetwork, FusesItsStep):
     """MARWIL's pieces for the runtime: networks, greedy actions, log-probabilities, the
     gradient step. There is no collector: MARWIL trains from a dataset only.
 
@@ -102,12 +107,6 @@ class MARWIL(CompiledGreedy, NoTargetNetwork):
         stats = dict(zip(STAT_NAMES, stats.numpy().tolist(), strict=True))
         stats["adv_norm"] = float(self.adv_norm.numpy())
         return LearnStep(self._step.gradients(flat_grads, self._flat), stats)
-
-    def fuse_update(self, optimizer: LocalOptimizer) -> bool:
-        """From now on `learn`'s compiled step applies its gradients with `optimizer` too
-        (a learner that applies its own updates, `easyrl.roles.publisher`); returns False:
-        there is no target network."""
-        return self._step.fuse(optimizer.traced())
 
     # --- compiled functions ---------------------------------------------------------------
 

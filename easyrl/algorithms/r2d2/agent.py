@@ -6,11 +6,16 @@ import numpy as np
 import tensorflow as tf
 
 from easyrl.algorithms import unrolls
-from easyrl.algorithms.agent_parts import CompiledGreedy, checked_columns, compiled, flat_gradients
+from easyrl.algorithms.agent_parts import (
+    CompiledGreedy,
+    FusesItsStep,
+    checked_columns,
+    compiled,
+    flat_gradients,
+)
 from easyrl.algorithms.contract import Flow, LearnStep
 from easyrl.algorithms.dqn.agent import QNetwork, epsilon_greedy
 from easyrl.algorithms.dqn.params import actor_epsilon
-from easyrl.algorithms.optimizers import LocalOptimizer
 from easyrl.algorithms.r2d2.params import FLOW, Params, replay_spec
 from easyrl.envs.flat import observation_parts
 from easyrl.errors import ConfigError
@@ -58,7 +63,7 @@ def nstep_returns(reward, discount, bootstrap, n: int):
     return acc + factor * tf.gather(bootstrap, np.minimum(steps + n, length))
 
 
-class R2D2(CompiledGreedy):
+class R2D2(CompiledGreedy, FusesItsStep):
     """R2D2's pieces for the runtime: the online and target recurrent Q networks (`q/...`,
     `target/...`: torso, LSTM core `model.lstm` units, dueling heads), epsilon-greedy
     sequence collection, initial priorities and the loss.
@@ -144,12 +149,6 @@ class R2D2(CompiledGreedy):
         named = dict(zip(STAT_NAMES, stats.numpy().tolist(), strict=True))
         grads = self._step.gradients(flat, self._flat)
         return LearnStep(grads, {"loss": float(loss), **named}, priorities.numpy())
-
-    def fuse_update(self, optimizer: LocalOptimizer) -> bool:
-        """From now on `learn`'s compiled step applies its gradients with `optimizer` too
-        (a learner that applies its own updates, `easyrl.roles.publisher`); returns False:
-        the target network is still synced by `sync_target`."""
-        return self._step.fuse(optimizer.traced())
 
     def sync_target(self) -> None:
         """Copies the online network into the target network."""
