@@ -257,3 +257,28 @@ def test_a_server_that_takes_no_shared_memory_gets_the_bodies_over_grpc(serve_me
     assert taken is not None and client.shm_replies == 0
     check_items(taken.data, taken.keys)
     client.close()
+
+
+def test_a_server_that_cannot_see_the_callers_segments_gets_the_bodies_over_grpc(
+    filled, serve_ps, tmp_path, monkeypatch
+):
+    # Containers on one host's network: loopback addresses, but each its own /dev/shm. The
+    # servers look for segments in an empty folder; the caller's live in the real one.
+    memory, raw = filled
+    monkeypatch.setattr(shm, "SHM_DIR", tmp_path)
+    client = MemoryClient(raw, PREFIX)
+    for start in (16, 24):  # refused once, resent over gRPC, then gRPC from the start
+        assert client.insert(make_batch(start, 8))
+    assert client.shm_requests == 0 and counters(raw)["memory/0/inserts"] == 32
+    assert counters(raw).get("memory/0/shm_requests", 0) == 0
+
+    ps, raw_ps = serve_ps()  # SGD, lr 0.1
+    ps.shared = shm.Attached(PREFIX)
+    pusher = ParameterClient(raw_ps, PREFIX)
+    version = pusher.assign({"w": np.ones((64, 64), np.float32)})
+    grads = {"w": np.full((64, 64), 2.0, np.float32)}
+    assert pusher.push(version, grads, values=False, wait=True).applied
+    assert pusher.shm_requests == 0 and ps.counters["shm_requests"] == 0
+    np.testing.assert_allclose(pusher.pull().values["w"], 1.0 - 0.1 * 2.0)  # applied once
+    client.close()
+    pusher.close()

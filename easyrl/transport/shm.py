@@ -287,10 +287,11 @@ class SharedReplies:
                 reply = call(method, message)
             except TransportError as err:
                 self._renew(self.segment.size)
-                if err.code != grpc.StatusCode.INVALID_ARGUMENT or "shm_body" not in str(err):
+                if err.code != grpc.StatusCode.INVALID_ARGUMENT or not _refused_body(err):
                     raise
-                # A server that takes no shared memory refused it before reading anything:
-                # its bodies go over gRPC from now on.
+                # A server that takes no shared memory, or cannot see this client's segments
+                # (another /dev/shm: containers sharing one host's network), refused the body
+                # before reading anything: its bodies go over gRPC from now on.
                 self._send_off = True
                 return call(method, framed)
             except BaseException:
@@ -318,6 +319,13 @@ class SharedReplies:
             if self.segment is not None:
                 self.segment.close()
                 self.segment = None
+
+
+def _refused_body(err: TransportError) -> bool:
+    """Whether a server refused a request's body in the caller's segment (`request_body`:
+    it takes no shared memory, or cannot read that segment), before reading anything."""
+    details = str(err)
+    return "shm_body:" in details or "shm_name " in details
 
 
 def request_body(attached: "Attached | None", request, counters) -> bytes:
