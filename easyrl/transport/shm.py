@@ -6,7 +6,10 @@ tensors' metadata.
 
 Which calls use it: a `MemoryClient` or `ParameterClient` whose server address is a loopback
 one (the local launcher's; across hosts and Kubernetes pods nothing changes), unless
-`cluster.shared_memory` is false. The client owns one segment (`Segment`, through
+`cluster.shared_memory` is false. Containers on one host's network, each with its own
+/dev/shm, have loopback addresses too: a server that cannot read a caller's segment refuses
+its first body before reading anything, and that caller sends its bodies over gRPC from
+then on (a reply that cannot be written there comes over gRPC anyway). The client owns one segment (`Segment`, through
 `SharedReplies`), named from the run's token
 (`run_prefix`: processes of other runs, and a caller without the token, get nothing: the
 server writes only into segments of its own run's prefix, and the RPC needs the token
