@@ -53,7 +53,7 @@ from easyrl.replay.frames import layout_for
 from easyrl.replay.storage import DATA_PREFIX
 from easyrl.roles import wal
 from easyrl.seeds import derive_seed
-from easyrl.transport import codec, shm
+from easyrl.transport import codec, local, shm
 from easyrl.transport import easyrl_pb2 as pb
 from easyrl.transport import easyrl_pb2_grpc as pb_grpc
 from easyrl.transport.rpc import caller_active, invalid_argument_on_error, within_deadline
@@ -669,6 +669,7 @@ def run(ctx) -> int:
     )
     add_servicer("memory", memory, server)
     server.start()
+    calls = local.serve("memory", memory, ctx.cluster.memory[ctx.task], ctx.token)
     log.info("memory shard %d listening on %s", ctx.task, ctx.cluster.memory[ctx.task])
     scrapes = prometheus.serve(ctx, "memory", lambda: memory.Status(None, None))
     last_snapshot = time.monotonic()
@@ -690,5 +691,7 @@ def run(ctx) -> int:
             memory.log.close()
         if scrapes is not None:
             scrapes.shutdown()
+        if calls is not None:
+            calls.close()
         server.stop(grace=1.0).wait()
     return 0

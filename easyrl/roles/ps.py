@@ -40,7 +40,7 @@ from easyrl.metrics import (
     stop_reason,
 )
 from easyrl.roles.push_queue import QUEUE_WAIT_S, PushQueue, QueuedPush
-from easyrl.transport import codec, shm
+from easyrl.transport import codec, local, shm
 from easyrl.transport import easyrl_pb2 as pb
 from easyrl.transport import easyrl_pb2_grpc as pb_grpc
 from easyrl.transport.rpc import caller_active, invalid_argument_on_error, within_deadline
@@ -592,6 +592,7 @@ def run(ctx) -> int:
         ps.shared = shm.Attached(shm.run_prefix(ctx.token))
     add_servicer("ps", ps, server)
     server.start()
+    calls = local.serve("ps", ps, ctx.cluster.ps[ctx.task], ctx.token)
     log.info("PS shard %d listening on %s", ctx.task, ctx.cluster.ps[ctx.task])
     scrapes = prometheus.serve(ctx, "ps", lambda: ps.Status(None, None))
     done = threading.Event()
@@ -620,6 +621,8 @@ def run(ctx) -> int:
             log.error("final checkpoint failed: %s", err)
         if scrapes is not None:
             scrapes.shutdown()
+        if calls is not None:
+            calls.close()
         server.stop(grace=1.0).wait()
     if failed:
         log.error("PS shard %d: the apply thread failed; exiting", ctx.task)

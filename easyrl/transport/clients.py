@@ -11,7 +11,7 @@ import numpy as np
 
 from easyrl.metrics import StopKind
 from easyrl.replay.sampled import NotReady, Sampled
-from easyrl.transport import codec, rpc, shm
+from easyrl.transport import codec, local, rpc, shm
 from easyrl.transport import easyrl_pb2 as pb
 
 if TYPE_CHECKING:
@@ -86,10 +86,18 @@ class ShardClient:
             gRPC.
     """
 
+    ROLE = ""
+    """The server's role ("ps", "memory"): which of its calls a local connection serves."""
+
     def __init__(self, client: rpc.Client, shm_prefix: str | None = None):
         self.rpc, self.address, self.call = client, client.address, client.call
         self.serving = client.serving
         self.shared = None if shm_prefix is None else shm.SharedReplies(shm_prefix)
+        self.local = None
+        """With shared memory: the calls whose body lies in the segment go to the server's
+        local listener (`easyrl.transport.local`)."""
+        if shm_prefix is not None and self.ROLE:
+            self.local = local.LocalCaller(self.ROLE, shm_prefix, client.address, client.token)
 
     def shared_call(self, method: str, request) -> tuple:
         """(reply, body) of a call whose reply body may come through shared memory."""
@@ -103,7 +111,14 @@ class ShardClient:
         memory."""
         if self.shared is None:
             return self.call(method, framed)
-        return self.shared.send(self.call, method, framed)
+        return self.shared.send(self._send, method, framed)
+
+    def _send(self, method: str, message) -> Any:
+        """A call whose body lies in this client's segment goes over the local connection
+        when the server has one; any other over gRPC."""
+        if self.local is None or not getattr(message, "shm_body", 0):
+            return self.call(method, message)
+        return self.local.call(self.call, method, message, self.rpc.timeout_s)
 
     @property
     def shm_requests(self) -> int:
@@ -116,8 +131,10 @@ class ShardClient:
         return 0 if self.shared is None else self.shared.replies
 
     def close(self) -> None:
-        """Closes the channel and unlinks this client's segment."""
+        """Closes the channel (and the local connection) and unlinks this client's segment."""
         self.rpc.close()
+        if self.local is not None:
+            self.local.close()
         if self.shared is not None:
             self.shared.close()
 
@@ -138,6 +155,8 @@ class ShardClient:
 
 class ParameterClient(ShardClient):
     """A client of one PS shard."""
+
+    ROLE = "ps"
 
     def pull(
         self,
@@ -216,6 +235,8 @@ class ParameterClient(ShardClient):
 class MemoryClient(ShardClient):
     """A client of one memory shard (sampled batches through shared memory with a
     `shm_prefix`, see `ShardClient`)."""
+
+    ROLE = "memory"
 
     def __init__(self, client: rpc.Client, shm_prefix: str | None = None):
         super().__init__(client, shm_prefix)

@@ -432,6 +432,7 @@ class Client:
         if (tls_cert is None) != (tls_key is None):
             raise ValueError("tls_cert and tls_key go together")
         self.address = address
+        self.token = token
         self.timeout_s = timeout_s
         self.retry_s = retry_s
         self._last_warning = -self.WARN_EVERY_S

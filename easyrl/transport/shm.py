@@ -1,19 +1,19 @@
 """Same-host payloads through shared memory (issue 45): when a caller and its server run on
 one host, the body of a Sample reply (a learner's batch), a Pull reply (weights), an Insert
 (an actor's items) or a Push (gradients) goes through the caller's shared-memory segment
-instead of protobuf and HTTP/2; the call itself still goes over gRPC and carries only the
-tensors' metadata.
+instead of protobuf and HTTP/2; the call itself carries only the tensors' metadata.
 
 Which calls use it: a `MemoryClient` or `ParameterClient` whose server address is a loopback
 one (the local launcher's; across hosts and Kubernetes pods nothing changes), unless
 `cluster.shared_memory` is false. Containers on one host's network, each with its own
 /dev/shm, have loopback addresses too: a server that cannot read a caller's segment refuses
 its first body before reading anything, and that caller sends its bodies over gRPC from
-then on (a reply that cannot be written there comes over gRPC anyway). The client owns one segment (`Segment`, through
-`SharedReplies`), named from the run's token
-(`run_prefix`: processes of other runs, and a caller without the token, get nothing: the
-server writes only into segments of its own run's prefix, and the RPC needs the token
-anyway). POSIX shared memory is created 0600 by its owner.
+then on (a reply that cannot be written there comes over gRPC anyway). The client owns one
+segment (`Segment`, through `SharedReplies`), named from the run's token (`run_prefix`:
+processes of other runs, and a caller without the token, get nothing: the server writes
+only into segments of its own run's prefix, and the RPC needs the token anyway). POSIX
+shared memory is created 0600 by its owner. A request whose body lies in the segment goes to
+the server's local listener when it has one (`easyrl.transport.local`), not over gRPC.
 
 No torn batch is ever read: the server writes the body into the segment before it answers,
 the client reads it only from an answer, one call at a time; a call that failed or timed out
