@@ -47,6 +47,19 @@ HANDSHAKE_S = 5.0
 """How long a new connection has to prove the token before it is closed."""
 
 
+def _local_methods(role: str) -> list[tuple]:
+    """(name, request type, reply type) of each of `role`'s `LOCAL_METHODS`: a call names
+    its method by its index here."""
+    return [(n, req, rep) for n, _, req, rep in rpc._methods(role) if n in LOCAL_METHODS]
+
+
+def _error(method: str, code: grpc.StatusCode, details: str) -> TransportError:
+    """The TransportError of a local call that failed with `code`."""
+    error = TransportError(f"{method} (local) failed: {code.name}: {details}")
+    error.code = code
+    return error
+
+
 def local_name(prefix: str, address: str) -> bytes:
     """The abstract socket name of the server at `address` in the run of segment `prefix`."""
     return b"\0" + f"{prefix}local-{address}".encode()
@@ -113,10 +126,10 @@ class LocalServer:
     """
 
     def __init__(self, role: str, servicer, prefix: str, address: str, token: str | None):
-        self._handlers = []
-        for name, _, request, _ in rpc._methods(role):
-            if name in LOCAL_METHODS:
-                self._handlers.append((name, getattr(servicer, name), codec.parser(request)))
+        self._handlers = [
+            (name, getattr(servicer, name), codec.parser(request))
+            for name, request, _ in _local_methods(role)
+        ]
         self._digest = token_digest(token)
         self._socket = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self._socket.bind(local_name(prefix, address))
@@ -208,10 +221,9 @@ class LocalCaller:
     """
 
     def __init__(self, role: str, prefix: str, address: str, token: str | None):
-        methods = [(name, reply) for name, _, _, reply in rpc._methods(role)]
-        local = [(name, reply) for name, reply in methods if name in LOCAL_METHODS]
-        self._index = {name: i for i, (name, _) in enumerate(local)}
-        self._parse = {name: codec.parser(reply) for name, reply in local}
+        methods = _local_methods(role)
+        self._index = {name: i for i, (name, _, _) in enumerate(methods)}
+        self._parse = {name: codec.parser(reply) for name, _, reply in methods}
         self._name = local_name(prefix, address)
         self._digest = token_digest(token)
         self._conn: socket.socket | None = None
@@ -245,9 +257,7 @@ class LocalCaller:
             body = _recv_exact(conn, size)
         except TimeoutError:
             self.close()
-            error = TransportError(f"{method} (local) failed: DEADLINE_EXCEEDED")
-            error.code = grpc.StatusCode.DEADLINE_EXCEEDED
-            raise error from None
+            raise _error(method, grpc.StatusCode.DEADLINE_EXCEEDED, "no answer") from None
         except (OSError, EOFError):
             # The server went away (gRPC retries while it restarts), or never answered this
             # connection (another user, another token): gRPC from now on.
@@ -256,9 +266,7 @@ class LocalCaller:
             return grpc_call(method, message)
         code = _CODES.get(code_value, grpc.StatusCode.UNKNOWN)
         if code != grpc.StatusCode.OK:
-            error = TransportError(f"{method} (local) failed: {code.name}: {body.decode()}")
-            error.code = code
-            raise error
+            raise _error(method, code, body.decode())
         self.calls += 1
         return self._parse[method](bytes(body))
 

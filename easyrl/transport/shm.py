@@ -146,7 +146,7 @@ class Attached:
         """
         mapped = self._get(name)
         if mapped is None or not 0 < size <= mapped.size:
-            raise ValueError(f"shm_name {name[:80]!r}: no segment of this run holding {size} bytes")
+            raise ValueError(f"shm_body: no segment {name[:80]!r} of this run holding {size} bytes")
         return bytes(mapped.buf[:size])
 
     def write(self, name: str, parts: Sequence[memoryview], size: int) -> bool:
@@ -290,7 +290,7 @@ class SharedReplies:
                 reply = call(method, message)
             except TransportError as err:
                 self._renew(self.segment.size)
-                if err.code != grpc.StatusCode.INVALID_ARGUMENT or not _refused_body(err):
+                if err.code != grpc.StatusCode.INVALID_ARGUMENT or "shm_body:" not in str(err):
                     raise
                 # A server that takes no shared memory, or cannot see this client's segments
                 # (another /dev/shm: containers sharing one host's network), refused the body
@@ -324,20 +324,13 @@ class SharedReplies:
                 self.segment = None
 
 
-def _refused_body(err: TransportError) -> bool:
-    """Whether a server refused a request's body in the caller's segment (`request_body`:
-    it takes no shared memory, or cannot read that segment), before reading anything."""
-    details = str(err)
-    return "shm_body:" in details or "shm_name " in details
-
-
 def request_body(attached: "Attached | None", request, counters) -> bytes:
     """The body of a request (`Push`, `Insert`): its bytes, or those its caller put in its
     segment (`shm_name`, `shm_body`; counted as `shm_requests` in `counters`).
 
     Raises:
-        ValueError: a segment this server cannot read (the caller is told INVALID_ARGUMENT
-            and keeps its data).
+        ValueError: a segment this server cannot read (the caller is told INVALID_ARGUMENT,
+            its details starting "shm_body:", and sends the body over gRPC).
     """
     if not request.shm_body:
         return request.body
