@@ -5,7 +5,8 @@ import pytest
 import tensorflow as tf
 
 from easyrl.algorithms.optimizers import LocalOptimizer, Optimizer, OptimizerGroups, OptimizerSpec
-from easyrl.models.flat import FlatGradients, FlatVariables
+from easyrl.models.flat import FlatGradients, FlatVariables, in_place
+from easyrl.transport import codec
 
 # Two variables of different shapes, so per-variable slots and the zip over them are exercised.
 X0 = [
@@ -275,6 +276,42 @@ def test_groups_apply_the_documented_adam_per_variable():
         apply_groups(groups, grads)
     x, _, _ = ref_adam(spec, X0, GRADS)[-1]
     assert_close(list(groups.values().values()), x)
+
+
+def test_in_place_reads_aligned_writable_memory_where_it_is_and_copies_the_rest():
+    n = 1 << 15  # 128 KiB: above IN_PLACE_MIN_BYTES
+    values = np.arange(n, dtype=np.float32)
+    aligned = codec.aligned_empty(n * 4).view(np.float32)
+    aligned[:] = values
+    tensor = in_place(aligned)
+    aligned[0] = -1.0  # the tensor reads the array's own memory
+    assert float(tensor[0]) == -1.0
+    unaligned = codec.aligned_empty(n * 4 + 4)[4:].view(np.float32)
+    unaligned[:] = values
+    read_only = np.frombuffer(values.tobytes(), np.float32)
+    strided = np.repeat(values, 2)[::2]
+    for array in (unaligned, read_only, strided, values[:8].copy()):
+        tensor = in_place(array)
+        np.testing.assert_array_equal(tensor.numpy(), array)
+        if array.flags.writeable:
+            array[0] = -1.0  # a copy: the tensor keeps what it was given
+            assert float(tensor[0]) == 0.0
+
+
+def test_a_group_steps_alike_on_a_gradient_read_in_place_and_on_a_copied_one():
+    n = 1 << 15
+    start = {"w": np.linspace(-1, 1, n, dtype=np.float32)}
+    grad = np.random.default_rng(0).standard_normal(n).astype(np.float32)
+    aligned = codec.aligned_empty(n * 4).view(np.float32)
+    aligned[:] = grad
+    read_only = np.frombuffer(grad.tobytes(), np.float32)
+    stepped = []
+    for flat in (aligned, read_only):
+        groups = OptimizerGroups(OptimizerSpec(kind="adam", lr=0.01), start)
+        groups.apply_flat({"": flat})
+        stepped.append(groups.values()["w"])
+    np.testing.assert_array_equal(stepped[0], stepped[1])
+    assert not np.array_equal(stepped[0], start["w"])
 
 
 def test_state_is_a_copy():

@@ -9,6 +9,7 @@ import signal
 import stat
 import subprocess
 import sys
+import threading
 import time
 from multiprocessing import resource_tracker, shared_memory
 
@@ -163,6 +164,49 @@ def test_a_server_mapping_a_segment_leaves_its_owner_s_cleanup_intact():
         time.sleep(0.05)
     assert name not in segment_files()
     assert "Traceback" not in done.stderr
+
+
+def mapped_count(name: str) -> int:
+    """How many mappings of segment `name` this process holds."""
+    with open("/proc/self/maps") as maps:
+        return sum(line.rstrip().endswith("/" + name) for line in maps)
+
+
+def test_more_callers_than_a_server_keeps_mappings_of_are_read_and_written_at_once():
+    # A server keeps the newest `keep` mappings; one pushed out while another thread copies
+    # through it stays open until that copy is done (closing it under the copy failed one of
+    # the two calls now and then), and is closed then.
+    segments = [shm.Segment(PREFIX) for _ in range(6)]
+    server = shm.Attached(PREFIX, keep=2)
+    size = segments[0].size
+    fills = [memoryview(bytes([i]) * size) for i in range(len(segments))]
+    for segment, fill in zip(segments, fills, strict=True):
+        segment.write([fill])
+    errors = []
+
+    def caller(first: int) -> None:
+        try:
+            for k in range(200):
+                i = (first + k) % len(segments)
+                if k % 2:
+                    assert server.write(segments[i].name, [fills[i]], size)
+                else:
+                    assert server.read(segments[i].name, size)[-1] == i
+        except Exception as err:  # noqa: BLE001 (reported below, with the thread's others)
+            errors.append(repr(err))
+
+    threads = [threading.Thread(target=caller, args=(t,)) for t in range(4)]
+    try:
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        assert errors == []
+        server.close()
+        assert [mapped_count(s.name) for s in segments] == [1] * len(segments)  # the owner's
+    finally:
+        for segment in segments:
+            segment.close()
 
 
 def test_a_memory_server_built_without_a_run_writes_nothing():

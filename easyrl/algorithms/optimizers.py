@@ -12,7 +12,7 @@ import numpy as np
 import tensorflow as tf
 
 from easyrl.algorithms.learning_rate import LearningRate, group_rate
-from easyrl.models.flat import Compiled, FlatGradients, FlatLayout, FlatVariables
+from easyrl.models.flat import Compiled, FlatGradients, FlatLayout, FlatVariables, in_place
 
 
 @dataclass(frozen=True)
@@ -209,9 +209,10 @@ class OptimizerGroups:
         }
 
     def apply_flat(self, flat_grads: dict[str, np.ndarray]) -> None:
-        """One step of each group in `flat_grads` (what `flatten` returned)."""
+        """One step of each group in `flat_grads` (what `flatten` returned; read in place
+        where TensorFlow can, see `in_place`)."""
         for p, flat in flat_grads.items():
-            self._steps[p](flat)
+            self._steps[p](in_place(flat))
 
     def apply(self, grads: dict[str, np.ndarray]) -> None:
         """One step of each group `grads` ({name: gradient}) covers completely."""

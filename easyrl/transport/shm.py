@@ -29,14 +29,17 @@ import mmap
 import os
 import threading
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from multiprocessing import shared_memory
 from pathlib import Path
 from typing import Any
 
 import grpc
+import numpy as np
 
 from easyrl.errors import TransportError
+from easyrl.transport import codec
 
 SHM_DIR = Path("/dev/shm")
 """Where Linux keeps POSIX shared memory (`remove_run` looks there)."""
@@ -137,52 +140,82 @@ class Attached:
         self._open: OrderedDict[str, Mapped] = OrderedDict()
         self._lock = threading.Lock()
 
-    def read(self, name: str, size: int) -> bytes:
+    def read(self, name: str, size: int) -> memoryview:
         """A copy of the first `size` bytes of the caller's segment `name` (the body of its
-        request).
+        request), in memory of its own starting on a `codec.ALIGN` boundary: a request's
+        first tensor can go to TensorFlow without another copy (`easyrl.models.flat.in_place`).
 
         Raises:
             ValueError: the name is not of this run, the segment is gone or too small.
         """
-        mapped = self._get(name)
-        if mapped is None or not 0 < size <= mapped.size:
-            raise ValueError(f"shm_body: no segment {name[:80]!r} of this run holding {size} bytes")
-        return bytes(mapped.buf[:size])
+        with self._using(name) as mapped:
+            if mapped is None or not 0 < size <= mapped.size:
+                raise ValueError(
+                    f"shm_body: no segment {name[:80]!r} of this run holding {size} bytes"
+                )
+            body = codec.aligned_empty(size)
+            body[:] = np.frombuffer(mapped.buf, np.uint8, size)
+            # numpy arrays export the buffer protocol; numpy's stubs do not declare it.
+            return memoryview(body)  # pyright: ignore[reportArgumentType]
 
     def write(self, name: str, parts: Sequence[memoryview], size: int) -> bool:
         """Writes `parts` (`size` bytes in all) back to back at the start of segment `name`;
         False (nothing written) when the name is not of this run, the segment is gone or
         too small."""
+        with self._using(name) as mapped:
+            if mapped is None or size > mapped.size:
+                return False
+            _write_parts(mapped.buf, parts)
+            return True
+
+    @contextmanager
+    def _using(self, name: str) -> Iterator["Mapped | None"]:
+        """The mapping of segment `name` (None when it is not of this run or is gone), kept
+        open while in use: a mapping pushed out by newer ones meanwhile is closed by its last
+        user (closing it under another thread's copy failed both: more clients than `keep`
+        made a server's reads and writes fail now and then)."""
         mapped = self._get(name)
-        if mapped is None or size > mapped.size:
-            return False
-        _write_parts(mapped.buf, parts)
-        return True
+        try:
+            yield mapped
+        finally:
+            if mapped is not None:
+                with self._lock:
+                    mapped.users -= 1
+                    if mapped.users == 0 and mapped.evicted:
+                        mapped.close()
 
     def _get(self, name: str) -> "Mapped | None":
-        """The mapping of segment `name`, or None when it is not of this run or is gone."""
+        """The mapping of segment `name`, counted as used (see `_using`), or None when it is
+        not of this run or is gone."""
         if not name.startswith(self.prefix) or "/" in name:
             return None
         with self._lock:
             mapped = self._open.get(name)
             if mapped is not None:
                 self._open.move_to_end(name)
-                return mapped
-            try:
-                mapped = Mapped(name)
-            except (OSError, ValueError):
-                return None
-            self._open[name] = mapped
-            while len(self._open) > self.keep:
-                _, old = self._open.popitem(last=False)
-                old.close()
+            else:
+                try:
+                    mapped = Mapped(name)
+                except (OSError, ValueError):
+                    return None
+                self._open[name] = mapped
+                while len(self._open) > self.keep:
+                    self._evict(self._open.popitem(last=False)[1])
+            mapped.users += 1
             return mapped
 
+    @staticmethod
+    def _evict(mapped: "Mapped") -> None:
+        """Closes `mapped` now, or marks it for its last user to close (the lock held)."""
+        mapped.evicted = True
+        if mapped.users == 0:
+            mapped.close()
+
     def close(self) -> None:
-        """Unmaps every segment."""
+        """Unmaps every segment (those in use when their users are done)."""
         with self._lock:
             for mapped in self._open.values():
-                mapped.close()
+                self._evict(mapped)
             self._open.clear()
 
 
@@ -206,6 +239,10 @@ class Mapped:
         finally:
             os.close(fd)
         self.buf = memoryview(self._mmap)
+        self.users = 0
+        """Threads reading or writing it now (`Attached._using`)."""
+        self.evicted = False
+        """No longer kept: closed by its last user."""
 
     def close(self) -> None:
         self.buf.release()
@@ -324,7 +361,7 @@ class SharedReplies:
                 self.segment = None
 
 
-def request_body(attached: "Attached | None", request, counters) -> bytes:
+def request_body(attached: "Attached | None", request, counters) -> bytes | memoryview:
     """The body of a request (`Push`, `Insert`): its bytes, or those its caller put in its
     segment (`shm_name`, `shm_body`; counted as `shm_requests` in `counters`).
 
