@@ -34,7 +34,7 @@ from easyrl.cluster.launcher import (
     stop_children,
     wait_servers,
 )
-from easyrl.transport import rpc
+from easyrl.transport import local, rpc
 
 HOST = "127.0.0.1"
 NO_STOP = (
@@ -189,10 +189,13 @@ def _memory_server_main(address: str, token: str, raw_config: dict, spec: dict) 
     server, _ = rpc.make_server(address, token, max_workers=16 + 64 + 4)
     rpc.add_servicer("memory", memory, server)
     server.start()
+    calls = local.serve("memory", memory, address, token)  # same-host callers, as the role's
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     while not (stop.is_set() or memory.stopping.is_set()):
         stop.wait(0.2)
+    if calls is not None:
+        calls.close()
     memory.close()
     if memory.log is not None:
         memory.log.close()

@@ -1,10 +1,14 @@
-"""Same-host Inserts and Pushes over a shard's local listener instead of gRPC
-(easyrl.transport.local): stored and applied exactly as over gRPC; a connection without the
-token, or from another run, gets no call served; a malformed call is refused with
-INVALID_ARGUMENT and changes nothing; a caller whose connection breaks (the shard went away)
-sends the call over gRPC."""
+"""Same-host Inserts, Pushes, Samples and Pulls over a shard's local listener instead of gRPC
+(easyrl.transport.local): stored, applied and answered exactly as over gRPC; a connection
+without the token, or from another run, gets no call served; a caller talks to no other
+user's listener; a malformed call is refused with INVALID_ARGUMENT and changes nothing; a
+caller whose connection breaks (the shard went away) makes the call again over gRPC; a caller
+that closed its connection is gone for a handler waiting on its behalf."""
 
+import os
 import socket
+import subprocess
+import sys
 
 import grpc
 import numpy as np
@@ -35,7 +39,7 @@ def local_ps(serve_ps):
     listener.close()
 
 
-def test_inserts_and_pushes_go_over_the_local_listener_and_count_as_over_grpc(
+def test_bodies_in_the_segment_go_over_the_local_listener_and_count_as_over_grpc(
     serve_memory,  # noqa: F811
     local_ps,
 ):
@@ -47,8 +51,8 @@ def test_inserts_and_pushes_go_over_the_local_listener_and_count_as_over_grpc(
     assert client.local is not None and client.local.calls == 2
     assert counters(raw)["memory/0/inserts"] == 16
     assert counters(raw)["memory/0/shm_requests"] == 2
-    taken = client.sample(BATCH, timeout_s=2.0)  # a Sample stays on gRPC
-    assert taken is not None
+    taken = client.sample(BATCH, timeout_s=2.0)
+    assert taken is not None and client.local.calls == 3 and client.shm_replies == 1
     check_items(taken.data, taken.keys)  # what went in is what is stored
     listener.close()
     client.close()
@@ -62,6 +66,8 @@ def test_inserts_and_pushes_go_over_the_local_listener_and_count_as_over_grpc(
     assert pusher.local is not None and pusher.local.calls == 1
     assert ps.counters["shm_requests"] == 1
     np.testing.assert_allclose(pusher.pull().values["w"], 0.8)  # applied once
+    assert pusher.local.calls == 2 and pusher.shm_replies == 1
+    assert ps.counters["pulls"] == 1 and ps.counters["shm_replies"] == 1
     pusher.close()
 
 
@@ -120,8 +126,68 @@ def test_a_caller_whose_listener_went_away_sends_over_grpc(local_ps):
     grads = {"w": np.ones((8,), np.float32)}
     version = pusher.push(version, grads, values=False, wait=True).version
     assert pusher.local is not None and pusher.local.calls == 1
+    segment = pusher.shared.segment.name
     listener.close()  # what a killed shard's process does to the connection
     assert pusher.push(version, grads, values=False, wait=True).applied  # over gRPC
     assert pusher.local.calls == 1 and ps.counters["shm_requests"] == 2
+    assert pusher.shared.segment.name != segment  # the call was made again with a fresh one
     np.testing.assert_allclose(pusher.pull().values["w"], 1.0 - 2 * 0.1)
     pusher.close()
+
+
+def test_a_caller_whose_listener_went_away_pulls_over_grpc_into_a_fresh_segment(local_ps):
+    ps, raw, listener = local_ps
+    puller = ParameterClient(raw, PREFIX)
+    puller.assign({"w": np.ones((8,), np.float32)})
+    np.testing.assert_allclose(puller.pull().values["w"], 1.0)
+    assert puller.local is not None and puller.local.calls == 1
+    segment = puller.shared.segment.name
+    listener.close()
+    np.testing.assert_allclose(puller.pull().values["w"], 1.0)  # over gRPC
+    assert puller.local.calls == 1 and puller.shm_replies == 2
+    assert puller.shared.segment.name != segment
+    puller.close()
+
+
+def test_a_caller_that_closed_its_connection_is_gone_for_the_handler():
+    # A handler waiting for a batch or a round on a local caller's behalf stops waiting
+    # once the caller is gone (as over gRPC: items are not handed to a caller that left).
+    ours, theirs = socket.socketpair()
+    with ours:
+        context = local._Context(30.0, ours)
+        assert context.is_active()
+        theirs.close()
+        assert not context.is_active()
+    assert not local._Context(0.0, socket.socket(socket.AF_UNIX)).is_active()  # past deadline
+
+
+@pytest.mark.cluster
+@pytest.mark.skipif(os.getuid() != 0, reason="needs root to run a listener as another user")
+def test_a_caller_does_not_talk_to_another_users_listener(local_ps):
+    _, raw, listener = local_ps
+    listener.close()  # the name is free: another user's process takes it
+    name = local.local_name(PREFIX, raw.address)
+    script = (
+        "import os, socket, sys\n"
+        "os.setuid(65534)\n"
+        "s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)\n"
+        f"s.bind({name!r}); s.listen(4)\n"
+        "print('ready', flush=True)\n"
+        "sys.stdin.read()\n"
+    )
+    squatter = subprocess.Popen(
+        [sys.executable, "-c", script], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert squatter.stdout is not None and squatter.stdout.readline() == "ready\n"
+        caller = local.LocalCaller("ps", PREFIX, raw.address, PS_TOKEN)
+        with pytest.raises(ConnectionRefusedError, match="another user"):
+            caller._connect()
+        puller = ParameterClient(raw, PREFIX)
+        puller.assign({"w": np.ones((4,), np.float32)})
+        np.testing.assert_allclose(puller.pull().values["w"], 1.0)  # over gRPC
+        assert puller.local is not None and puller.local.off and puller.local.calls == 0
+        puller.close()
+    finally:
+        squatter.kill()
+        squatter.wait()

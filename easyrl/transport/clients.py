@@ -104,19 +104,30 @@ class ShardClient:
         if self.shared is None:
             reply = self.call(method, request)
             return reply, reply.body
-        return self.shared.call(self.call, method, request)
+        try:
+            return self.shared.call(self._send, method, request)
+        except local.Broken:
+            return self.shared.call(self.call, method, request)
 
     def shared_send(self, method: str, framed) -> Any:
         """The reply of a call whose request body (`codec.Framed`) may go through shared
         memory."""
         if self.shared is None:
             return self.call(method, framed)
-        return self.shared.send(self._send, method, framed)
+        try:
+            return self.shared.send(self._send, method, framed)
+        except local.Broken:
+            return self.shared.send(self.call, method, framed)
 
     def _send(self, method: str, message) -> Any:
-        """A call whose body lies in this client's segment goes over the local connection
-        when the server has one; any other over gRPC."""
-        if self.local is None or not getattr(message, "shm_body", 0):
+        """A call naming this client's segment (its body lies there, or its reply's may)
+        goes over the local connection when the server has one; any other over gRPC.
+
+        Raises:
+            local.Broken: the local connection broke once the call was sent (the segment
+                the call named is dropped; the caller makes the call again over gRPC).
+        """
+        if self.local is None or not getattr(message, "shm_name", ""):
             return self.call(method, message)
         return self.local.call(self.call, method, message, self.rpc.timeout_s)
 

@@ -1,23 +1,28 @@
-"""Same-host calls without gRPC (issue 45): when a request's body already lies in the caller's
-shared-memory segment (`easyrl.transport.shm`: an Insert's items, a Push's gradients), what is
+"""Same-host calls without gRPC (issue 45): when a call's body lies in the caller's
+shared-memory segment (`easyrl.transport.shm`: an Insert's items and a Push's gradients
+written there by the caller, a Sample's batch and a Pull's values by the server), what is
 left to send is a small message, and gRPC's own cost (~0.6 ms a call on loopback, HTTP/2 and
 its threads) was most of a same-host Push. A PS or memory shard that takes shared memory also
 listens on a Unix socket in Linux's abstract namespace, named from the run's segment prefix
 and its own address (`local_name`: nothing on disk to clean up; it goes with the process), and
-a client whose body went into its segment sends the message there instead.
+a client whose call names its segment sends the message there instead.
 
 A connection starts with proof of the token (`token_digest`: a hash, never the token) and
 comes from a process of the server's own user (`SO_PEERCRED`), or the server closes it before
-reading a call. Each call is one frame each way (`struct` headers below): the method, the
-caller's deadline and the serialized request; then the status and the serialized reply (or
-the refusal's details). The servicer's own method handles it, so a local call is checked,
-refused (INVALID_ARGUMENT leaves the server's state as it was), counted and applied exactly as
-the gRPC one; only `LOCAL_METHODS` are served.
+reading a call; a caller talks only to a listener of its own user (another user's process
+holding the name first would learn nothing but could answer anything). Each call is one
+frame each way (`struct` headers below): the method, the caller's deadline and the
+serialized request; then the status and the serialized reply (or the refusal's details).
+The servicer's own method handles it, so a local call is checked, refused (INVALID_ARGUMENT
+leaves the server's state as it was), counted and applied exactly as the gRPC one; only
+`LOCAL_METHODS` are served.
 
 A client that cannot connect (an older server, shared memory off, another host) uses gRPC;
-one whose connection breaks mid-call (the server was killed) drops it and sends the call over
-gRPC, which retries while the server restarts (an Insert carries its sequence number: stored
-once); a call that outlives its deadline fails with DEADLINE_EXCEEDED as over gRPC.
+one whose connection breaks mid-call (the server was killed) drops it, and the call is made
+again over gRPC with a fresh segment (`Broken`; the old one may still be in use), which
+retries while the server restarts (an Insert carries its sequence number: stored once); a
+call that outlives its deadline fails with DEADLINE_EXCEEDED as over gRPC. A handler waiting
+for a batch or a round sees a caller that closed its connection as gone, as over gRPC.
 """
 
 import hashlib
@@ -36,7 +41,7 @@ from easyrl.transport import codec, rpc, shm
 
 log = logging.getLogger(__name__)
 
-LOCAL_METHODS = ("Insert", "Push")
+LOCAL_METHODS = ("Insert", "Push", "Pull", "Sample")
 """The calls whose body may lie in the caller's segment: what the local path serves."""
 _CALL = struct.Struct("<BdI")  # method index, timeout (s), request length
 _REPLY = struct.Struct("<BI")  # status code value, reply (or details) length
@@ -78,20 +83,41 @@ class _Aborted(Exception):
         self.code, self.details = code, details
 
 
-class _Context:
-    """What a servicer method reads of its gRPC context, for a local call."""
+class Broken(Exception):
+    """A local connection broke once the call was sent: the caller makes the call again over
+    gRPC, with a fresh segment."""
 
-    def __init__(self, timeout_s: float):
+
+class _Context:
+    """What a servicer method reads of its gRPC context, for a local call on `conn`."""
+
+    def __init__(self, timeout_s: float, conn: socket.socket):
         self._deadline = time.monotonic() + timeout_s
+        self._conn = conn
 
     def time_remaining(self) -> float:
         return max(0.0, self._deadline - time.monotonic())
 
     def is_active(self) -> bool:
-        return time.monotonic() < self._deadline
+        """Before the deadline and the caller's connection open (it sends nothing else
+        during a call: a read that would find its end finds it closed)."""
+        if time.monotonic() >= self._deadline:
+            return False
+        try:
+            return self._conn.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) != b""
+        except BlockingIOError:
+            return True
+        except OSError:
+            return False
 
     def abort(self, code: grpc.StatusCode, details: str):
         raise _Aborted(code, details)
+
+
+def _peer_uid(conn: socket.socket) -> int:
+    """The user id of the process at the other end of `conn` (`SO_PEERCRED`)."""
+    _, uid, _ = struct.unpack("3i", conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))
+    return uid
 
 
 def _recv_exact(conn: socket.socket, size: int) -> bytearray:
@@ -156,9 +182,7 @@ class LocalServer:
     def _serve(self, conn: socket.socket) -> None:
         with conn:
             try:
-                creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12)
-                _, uid, _ = struct.unpack("3i", creds)
-                if uid != os.getuid():
+                if _peer_uid(conn) != os.getuid():
                     return  # another user's process: closed before anything is read
                 conn.settimeout(HANDSHAKE_S)
                 digest = bytes(_recv_exact(conn, _DIGEST_BYTES))
@@ -170,7 +194,7 @@ class LocalServer:
                     if size > _MAX_REQUEST_BYTES:
                         return
                     request = _recv_exact(conn, size)
-                    code, reply = self._handle(index, timeout_s, request)
+                    code, reply = self._handle(conn, index, timeout_s, request)
                     conn.sendall(_REPLY.pack(code.value[0], len(reply)) + reply)
             except (OSError, EOFError, struct.error):
                 return
@@ -178,7 +202,7 @@ class LocalServer:
                 with self._lock:
                     self._conns.discard(conn)
 
-    def _handle(self, index: int, timeout_s: float, data: bytearray) -> tuple:
+    def _handle(self, conn: socket.socket, index: int, timeout_s: float, data: bytearray) -> tuple:
         """(status, reply bytes or the refusal's details) of one call."""
         if not 0 <= index < len(self._handlers):
             return grpc.StatusCode.UNIMPLEMENTED, b"no such local method"
@@ -188,7 +212,7 @@ class LocalServer:
         except Exception as err:  # a malformed message: refused, nothing read
             return grpc.StatusCode.INVALID_ARGUMENT, rpc.bounded(f"{name}: {err}").encode()
         try:
-            reply = method(request, _Context(max(0.0, timeout_s)))
+            reply = method(request, _Context(max(0.0, timeout_s), conn))
         except _Aborted as err:
             return err.code, rpc.bounded(err.details).encode()
         except Exception as err:  # what gRPC would answer UNKNOWN for, logged likewise
@@ -234,11 +258,12 @@ class LocalCaller:
 
     def call(self, grpc_call, method: str, message, timeout_s: float):
         """The reply of `method(message)` over the local connection, or over gRPC
-        (`grpc_call(method, message)`) when there is none or it broke before an answer.
+        (`grpc_call(method, message)`) when there is none.
 
         Raises:
             TransportError: the server refused the call (its status in `code`), or it did
                 not answer within `timeout_s` (DEADLINE_EXCEEDED).
+            Broken: the connection broke once the call was sent.
         """
         if self.off or method not in self._index:
             return grpc_call(method, message)
@@ -263,7 +288,7 @@ class LocalCaller:
             # connection (another user, another token): gRPC from now on.
             self.close()
             self.off = self.calls == 0
-            return grpc_call(method, message)
+            raise Broken(method) from None
         code = _CODES.get(code_value, grpc.StatusCode.UNKNOWN)
         if code != grpc.StatusCode.OK:
             raise _error(method, code, body.decode())
@@ -271,9 +296,17 @@ class LocalCaller:
         return self._parse[method](bytes(body))
 
     def _connect(self) -> socket.socket:
+        """A connection to the listener, which must be a process of this user's (another
+        user's holding the name would learn nothing but could answer anything).
+
+        Raises:
+            OSError: no listener, or another user's.
+        """
         conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             conn.connect(self._name)
+            if _peer_uid(conn) != os.getuid():
+                raise ConnectionRefusedError("the local listener is another user's")
             conn.sendall(self._digest)
         except OSError:
             conn.close()
