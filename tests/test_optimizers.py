@@ -5,7 +5,7 @@ import pytest
 import tensorflow as tf
 
 from easyrl.algorithms.optimizers import LocalOptimizer, Optimizer, OptimizerGroups, OptimizerSpec
-from easyrl.models.flat import FlatGradients, FlatVariables, in_place
+from easyrl.models.flat import FlatGradients, FlatVariables, as_tensor, in_place
 from easyrl.transport import codec
 
 # Two variables of different shapes, so per-variable slots and the zip over them are exercised.
@@ -279,7 +279,7 @@ def test_groups_apply_the_documented_adam_per_variable():
 
 
 def test_in_place_reads_aligned_writable_memory_where_it_is_and_copies_the_rest():
-    n = 1 << 15  # 128 KiB: above IN_PLACE_MIN_BYTES
+    n = 1 << 15
     values = np.arange(n, dtype=np.float32)
     aligned = codec.aligned_empty(n * 4).view(np.float32)
     aligned[:] = values
@@ -290,12 +290,33 @@ def test_in_place_reads_aligned_writable_memory_where_it_is_and_copies_the_rest(
     unaligned[:] = values
     read_only = np.frombuffer(values.tobytes(), np.float32)
     strided = np.repeat(values, 2)[::2]
-    for array in (unaligned, read_only, strided, values[:8].copy()):
+    for array in (unaligned, read_only, strided):
         tensor = in_place(array)
         np.testing.assert_array_equal(tensor.numpy(), array)
         if array.flags.writeable:
             array[0] = -1.0  # a copy: the tensor keeps what it was given
             assert float(tensor[0]) == 0.0
+
+
+def test_as_tensor_copies_arrays_of_its_dtype_once_and_converts_the_rest():
+    for value in (
+        np.arange(12, dtype=np.float32).reshape(3, 4),
+        np.arange(5, dtype=np.int64)[::2],  # not contiguous
+        np.zeros((0, 3), np.float32),
+        np.full((), 2.5, np.float32),  # 0-d
+        np.arange(6, dtype=np.uint8),
+    ):
+        tensor = as_tensor(value, tf.as_dtype(value.dtype))
+        assert tensor.dtype == tf.as_dtype(value.dtype) and tensor.shape == value.shape
+        np.testing.assert_array_equal(tensor.numpy(), value)
+        if value.size:
+            before = value.copy()
+            value[...] = 7  # the tensor has its own copy
+            np.testing.assert_array_equal(tensor.numpy(), before)
+    # Other dtypes, Python values, tensors: tf.convert_to_tensor, as before.
+    assert as_tensor(np.arange(3), tf.float32).dtype == tf.float32
+    assert as_tensor(np.array([True, False]), tf.bool).numpy().tolist() == [True, False]
+    assert as_tensor([1.0, 2.0], tf.float32).numpy().tolist() == [1.0, 2.0]
 
 
 def test_a_group_steps_alike_on_a_gradient_read_in_place_and_on_a_copied_one():

@@ -33,6 +33,7 @@ import numpy as np
 
 from easyrl.algorithms.optimizers import LocalOptimizer
 from easyrl.errors import TransportError
+from easyrl.models.flat import FlatVariables
 from easyrl.roles.common import ShardedWeights
 
 log = logging.getLogger(__name__)
@@ -74,6 +75,11 @@ class Publisher:
         self._slot: Snapshot | None = None  # the newest snapshot not yet published
         self._changed = threading.Condition()
         self._state_at = time.monotonic()
+        # Each shard's values read in one compiled call (one eager read per variable took
+        # ~8 % of a SAC learner's main thread at publish_every 16).
+        self._values = [
+            FlatVariables([weights.variables[n] for n in names]) for names in weights.shard_names
+        ]
 
     def load(self) -> None:
         """Loads the shards' values and optimizer state into the learner (at start: a fresh
@@ -107,13 +113,12 @@ class Publisher:
         """Copies the values (and the optimizer state) of every shard's variables."""
         if with_state:
             self._state_at = time.monotonic()
-        variables = self.weights.variables
         shards = [
             (
-                {n: variables[n].numpy() for n in names},
+                dict(zip(names, values.split(values.read().numpy()), strict=True)),
                 self.optimizer.state(names) if with_state else None,
             )
-            for names in self.weights.shard_names
+            for names, values in zip(self.weights.shard_names, self._values, strict=True)
         ]
         return Snapshot(shards, self.applied)
 
