@@ -5,8 +5,8 @@ import pytest
 import tensorflow as tf
 
 from easyrl.algorithms.optimizers import LocalOptimizer, Optimizer, OptimizerGroups, OptimizerSpec
+from easyrl.aligned import aligned_empty
 from easyrl.models.flat import FlatGradients, FlatVariables, as_tensor, in_place
-from easyrl.transport import codec
 
 # Two variables of different shapes, so per-variable slots and the zip over them are exercised.
 X0 = [
@@ -281,12 +281,12 @@ def test_groups_apply_the_documented_adam_per_variable():
 def test_in_place_reads_aligned_writable_memory_where_it_is_and_copies_the_rest():
     n = 1 << 15
     values = np.arange(n, dtype=np.float32)
-    aligned = codec.aligned_empty(n * 4).view(np.float32)
+    aligned = aligned_empty(n * 4).view(np.float32)
     aligned[:] = values
     tensor = in_place(aligned)
     aligned[0] = -1.0  # the tensor reads the array's own memory
     assert float(tensor[0]) == -1.0
-    unaligned = codec.aligned_empty(n * 4 + 4)[4:].view(np.float32)
+    unaligned = aligned_empty(n * 4 + 4)[4:].view(np.float32)
     unaligned[:] = values
     read_only = np.frombuffer(values.tobytes(), np.float32)
     strided = np.repeat(values, 2)[::2]
@@ -323,7 +323,7 @@ def test_a_group_steps_alike_on_a_gradient_read_in_place_and_on_a_copied_one():
     n = 1 << 15
     start = {"w": np.linspace(-1, 1, n, dtype=np.float32)}
     grad = np.random.default_rng(0).standard_normal(n).astype(np.float32)
-    aligned = codec.aligned_empty(n * 4).view(np.float32)
+    aligned = aligned_empty(n * 4).view(np.float32)
     aligned[:] = grad
     read_only = np.frombuffer(grad.tobytes(), np.float32)
     stepped = []

@@ -148,7 +148,10 @@ def test_the_toy_algorithm_on_a_toy_replay_kind_trains_cartpole_through_real_rol
     raw = {
         **CARTPOLE,
         "algorithm": {**CARTPOLE["algorithm"], "name": "toy_q_newest"},
-        "stop": {"max_env_steps": 400, "max_seconds": 90},
+        # More steps than the rate limiter lets the actors insert before the learner takes
+        # its first batches (64 + an error buffer of 400): the run cannot stop before the
+        # learner has learned.
+        "stop": {"max_env_steps": 1000, "max_seconds": 90},
         "run": {"name": "toy", "dir": str(toy_on_path / "run")},
     }
     small = (
@@ -166,7 +169,7 @@ def test_the_toy_algorithm_on_a_toy_replay_kind_trains_cartpole_through_real_rol
     assert result.exit_code == 0, f"{result.reason}\n{out.getvalue()}\n{logs}"
     assert result.reached_goal and "max_env_steps" in result.reason
     assert result.summary["servers"]["memory/0"]["counters"]["memory/0/samples"] > 0
-    assert result.metrics["env_steps"] >= 400 and result.metrics["updates"] > 0
+    assert result.metrics["env_steps"] >= 1000 and result.metrics["updates"] > 0
     with np.load(run_dir / "checkpoints" / "ps-0.npz") as data:
         assert {"var/q/w", "var/q/b"} <= set(data.files)  # the toy's variables on the PS
         trained, data_b = data["var/q/w"], data["var/q/b"]

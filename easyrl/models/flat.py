@@ -10,7 +10,7 @@ from collections.abc import Callable, Collection, Sequence
 import numpy as np
 import tensorflow as tf
 
-from easyrl.transport import codec
+from easyrl.aligned import ALIGN, aligned_empty
 
 
 class Compiled:
@@ -72,14 +72,14 @@ def as_tensor(value, dtype: tf.DType) -> tf.Tensor:
         and value.dtype == dtype.as_numpy_dtype
     ):
         return tf.convert_to_tensor(value, dtype)
-    copy = codec.aligned_empty(value.nbytes).view(value.dtype).reshape(value.shape)
+    copy = aligned_empty(value.nbytes).view(value.dtype).reshape(value.shape)
     np.copyto(copy, value)
     return _shared(copy)
 
 
 def in_place(array: np.ndarray) -> tf.Tensor:
     """`array` (float32) as a tensor for one compiled call, reading `array`'s own memory where
-    TensorFlow can (C-contiguous, writable, on a `codec.ALIGN` boundary: e.g. a request body
+    TensorFlow can (C-contiguous, writable, on a `ALIGN` boundary: e.g. a request body
     read out of shared memory), else one copy of it (`as_tensor`). The tensor shares memory
     its owner may write again: it lives for the call only (a 21 MB push's Adam step: 12 ms,
     of which converting the gradient took 7)."""
@@ -88,7 +88,7 @@ def in_place(array: np.ndarray) -> tf.Tensor:
         and array.dtype == np.float32
         and array.flags.c_contiguous
         and array.flags.writeable
-        and array.ctypes.data % codec.ALIGN == 0
+        and array.ctypes.data % ALIGN == 0
     )
     return _shared(array) if ready else as_tensor(array, tf.float32)
 
@@ -97,7 +97,7 @@ def _shared(array: np.ndarray) -> tf.Tensor:
     """A tensor over `array`'s memory (DLPack, no copy); `array` is C-contiguous, writable
     and aligned (unaligned memory would abort the process in the first kernel that reads
     it)."""
-    assert array.ctypes.data % codec.ALIGN == 0 and array.flags.c_contiguous
+    assert array.ctypes.data % ALIGN == 0 and array.flags.c_contiguous
     return tf.experimental.dlpack.from_dlpack(array.__dlpack__())
 
 

@@ -33,16 +33,6 @@ ALLOWED_DTYPES = frozenset(
     "bool int8 int16 int32 int64 uint8 uint16 uint32 uint64 float16 float32 float64".split()
 )
 SEPARATOR = "/"
-ALIGN = 64
-"""Byte alignment of `aligned_empty` buffers: what TensorFlow needs of memory it reads in place
-(Eigen's widest vectors; see `easyrl.models.flat.in_place`)."""
-
-
-def aligned_empty(nbytes: int) -> np.ndarray:
-    """An uninitialized uint8 buffer of `nbytes` bytes starting on an `ALIGN` boundary."""
-    raw = np.empty(nbytes + ALIGN, np.uint8)
-    start = -raw.ctypes.data % ALIGN
-    return raw[start : start + nbytes]
 
 
 def encode_array(name: str, array: np.ndarray) -> pb.Tensor:

@@ -38,8 +38,8 @@ from typing import Any
 import grpc
 import numpy as np
 
+from easyrl.aligned import aligned_empty
 from easyrl.errors import TransportError
-from easyrl.transport import codec
 
 SHM_DIR = Path("/dev/shm")
 """Where Linux keeps POSIX shared memory (`remove_run` looks there)."""
@@ -142,7 +142,7 @@ class Attached:
 
     def read(self, name: str, size: int) -> memoryview:
         """A copy of the first `size` bytes of the caller's segment `name` (the body of its
-        request), in memory of its own starting on a `codec.ALIGN` boundary: a request's
+        request), in memory of its own on an `easyrl.aligned.ALIGN` boundary: a request's
         first tensor can go to TensorFlow without another copy (`easyrl.models.flat.in_place`).
 
         Raises:
@@ -153,7 +153,7 @@ class Attached:
                 raise ValueError(
                     f"shm_body: no segment {name[:80]!r} of this run holding {size} bytes"
                 )
-            body = codec.aligned_empty(size)
+            body = aligned_empty(size)
             body[:] = np.frombuffer(mapped.buf, np.uint8, size)
             # numpy arrays export the buffer protocol; numpy's stubs do not declare it.
             return memoryview(body)  # pyright: ignore[reportArgumentType]
