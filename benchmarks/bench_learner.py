@@ -4,7 +4,9 @@ learner's plumbing.
 Two rates of one learner, measured in one run for `--config` (default
 configs/pong_impala_2core.yaml; any config whose algorithm uses the async_replay flow):
 
-- compute: the agent's `learn` (the compiled gradient step the learner runs) called in a
+- compute: the agent's `learn` (the compiled step the learner runs: with one learner that
+  applies its own updates, the gradients, the optimizer's step and the target networks' in
+  one call, `easyrl.roles.learner.fuse_update`) called in a
   loop in this process on one batch held in memory (sampled once from the shard below, so
   it has exactly the learner's shapes and dtypes), no transport, with TensorFlow's pools
   sized to the learner role's thread budget (what the launcher gives it on this host:
@@ -12,7 +14,8 @@ configs/pong_impala_2core.yaml; any config whose algorithm uses the async_replay
   that both sides compute on as many threads and the ratio is the learner's plumbing.
   This process re-executes itself with the launcher's glibc settings (`MALLOC_ENV`), which
   every role process gets: the same allocator on both sides. Measured before and after the
-  learner's window; their mean is the reference.
+  learner's window; their mean is the reference. The gradients alone (the step before it
+  takes the optimizer's in) are timed once first, for a line of their own.
 - learner: the real learner role (`easyrl run --role learner`, started by the local
   launcher: its prefetch threads, batch queue, gradient step, push threads and reports)
   fed by one real memory shard process and one PS shard process, no actors. The memory
@@ -203,9 +206,10 @@ def run(args) -> dict:
     import tensorflow as tf
 
     from easyrl.algorithms import registry
+    from easyrl.algorithms.optimizers import LocalOptimizer
     from easyrl.replay.frames import layout_for
     from easyrl.roles.common import RoleContext, limit_tf_threads
-    from easyrl.roles.learner import pick_device
+    from easyrl.roles.learner import applies_locally, fuse_update, pick_device
 
     overrides = [*NO_STOP, *args.overrides]
     with Cluster() as bench:
@@ -238,6 +242,11 @@ def run(args) -> dict:
             sampled = memory.sample(cfg.algorithm.params.batch_size, timeout_s=5.0)
         held, weights = sampled.data, sampled.weights
         with tf.device(pick_device(cfg.learner.device)):
+            gradients = compute_rate(algo, held, weights, args.duration)
+            progress(f"gradients alone: {gradients.per_s:,.1f} updates/s")
+            if applies_locally(ctx, algo):  # the learner's step, as it runs it
+                optimizer = LocalOptimizer(ctx.optimizer(), dict(algo.variables))
+                fuse_update(ctx, algo, optimizer)
             before = compute_rate(algo, held, weights, args.duration)
             progress(f"compute before: {before.per_s:,.1f} updates/s")
             with Feeder(memory, batches) as feeder:
@@ -250,6 +259,7 @@ def run(args) -> dict:
     steps = cfg.algorithm.params.batch_size * getattr(cfg.algorithm.params, "unroll_length", 1)
     return {
         "cfg": cfg,
+        "gradients": gradients,
         "before": before,
         "after": after,
         "window": window,
@@ -275,6 +285,8 @@ def lines(result: dict) -> list[str]:
         f"{compute:,.1f} updates/s, {compute * steps:,.0f} agent steps/s "
         f"(before {before.per_s:,.1f}, after {after.per_s:,.1f} updates/s; "
         f"{cpu_per_update:.1f} ms CPU per update)",
+        f"gradients alone (the step without the optimizer's): {result['gradients'].per_s:,.1f} "
+        f"updates/s; learner / gradients alone: {learner / result['gradients'].per_s:.2f}",
         f"learner (role process, memory + PS shards, no actors): {learner:,.1f} updates/s, "
         f"{learner * steps:,.0f} agent steps/s over {window['seconds']:.1f} s "
         f"({learner_ms:.1f} ms learner CPU per update)",

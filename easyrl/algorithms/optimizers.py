@@ -395,8 +395,11 @@ class LocalOptimizer:
     def _step(self, flat: tf.Tensor, groups: list[str]) -> tf.Tensor:
         parts = self.layout.split_tensor(flat)
         grads = {p: [parts[self._position[n]] for n in self.members[p]] for p in groups}
-        checks = [tf.reduce_all(tf.math.is_finite(g)) for p in groups for g in grads[p]]
-        finite = tf.reduce_all(tf.stack(checks)) if checks else tf.constant(True)
+        if len(groups) == len(self.members):  # every variable: one check of the whole
+            finite = tf.reduce_all(tf.math.is_finite(flat))
+        else:
+            checks = [tf.reduce_all(tf.math.is_finite(g)) for p in groups for g in grads[p]]
+            finite = tf.reduce_all(tf.stack(checks)) if checks else tf.constant(True)
 
         def step() -> tf.Tensor:
             for p in groups:

@@ -59,6 +59,11 @@ READY_TIMEOUT_S = 120.0
 READY_NOTE_S = 30.0
 """Servers still starting after this long are logged (then again each time as long)."""
 GRACE_S = 10.0
+FINAL_STATUS_TIMEOUT_S = 20.0
+"""How long the summary waits for each server's last Status (a progress poll waits 5 s: once,
+on 2 loaded cores with the workers still running, a memory shard did not answer in that
+time and its counters were missing from summary.json); a server that is gone fails at
+once, so only a hung one costs the wait."""
 _PR_SET_PDEATHSIG = 1
 
 
@@ -304,10 +309,10 @@ class LocalCluster:
             child.process = self._spawn(child.role, child.task, child.overrides)
         return None
 
-    def status(self, role: str, task: int) -> Status | None:
-        """Status of one server (None when it does not answer)."""
+    def status(self, role: str, task: int, timeout_s: float = 5.0) -> Status | None:
+        """Status of one server (None when it does not answer within `timeout_s`)."""
         address, sec = getattr(self.spec, role)[task], self.cfg.security
-        client = connect(role, address, self.token, sec, timeout_s=5.0, retry_s=0.0)
+        client = connect(role, address, self.token, sec, timeout_s=timeout_s, retry_s=0.0)
         try:
             return client.status()
         except TransportError:
@@ -515,7 +520,7 @@ def train(
         reason = str(err)
     finally:
         servers = {
-            f"{c.role}/{c.task}": cluster.status(c.role, c.task)
+            f"{c.role}/{c.task}": cluster.status(c.role, c.task, FINAL_STATUS_TIMEOUT_S)
             for c in cluster.children
             if c.role in SERVER_ROLES
         }

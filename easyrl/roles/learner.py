@@ -19,6 +19,7 @@ import numpy as np
 import tensorflow as tf
 
 from easyrl.algorithms.contract import Agent, FusingLearner, concat
+from easyrl.algorithms.optimizers import LocalOptimizer
 from easyrl.errors import TransportError
 from easyrl.flows import Prefetched, async_replay, sync_rounds
 from easyrl.replay.sampled import NotReady, split_sample
@@ -111,14 +112,9 @@ class Learner:
         return [self.push_loop] * self.ctx.cfg.learner.push_threads
 
     def fuse_update(self) -> bool:
-        """When this learner applies its own updates and its agent's step can take them in
-        (its spec's `fused_update`; not multi-agent), hands the agent its optimizer; returns
-        whether the agent's step then steps the target networks too."""
-        cfg = self.ctx.cfg
-        spec = self.ctx.algorithm_spec()
-        if self.publisher is None or not spec.fused_update or cfg.multiagent.enabled:
-            return False
-        return bool(cast(FusingLearner, self.algo).fuse_update(self.publisher.optimizer))
+        """When this learner applies its own updates, `fuse_update` with its optimizer."""
+        optimizer = None if self.publisher is None else self.publisher.optimizer
+        return fuse_update(self.ctx, self.algo, optimizer)
 
     def values_for_update(self) -> list[int]:
         """Before an update: swaps in the newest values the PS shards returned and gives
@@ -259,6 +255,17 @@ def applies_locally(ctx: RoleContext, algo: Agent) -> bool:
     cfg = ctx.cfg
     alone = cfg.cluster.learner == 1 and cfg.learner.publish_every > 0
     return alone and algo.flow == "async_replay"
+
+
+def fuse_update(ctx: RoleContext, algo: Agent, optimizer: LocalOptimizer | None) -> bool:
+    """Given the optimizer of a learner that applies its own updates, and an agent whose
+    step can take them in (its spec's `fused_update`; not multi-agent), hands the agent the
+    optimizer: each step then applies its gradients (the update the learner runs, what
+    `benchmarks/bench_learner.py` times as its compute); returns whether the agent's step
+    then steps the target networks too."""
+    if optimizer is None or not ctx.algorithm_spec().fused_update or ctx.cfg.multiagent.enabled:
+        return False
+    return bool(cast(FusingLearner, algo).fuse_update(optimizer))
 
 
 LOOPS = {"async_replay": async_replay.learn, "sync_rounds": sync_rounds.learn}
