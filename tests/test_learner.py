@@ -109,13 +109,19 @@ def test_a_learner_keeps_computing_while_its_pushes_wait_for_the_ps(role_servers
     try:
         wait_until(lambda: ps.counters["applied"] >= 3, stop)
         bound = QUEUE_PUSHES + cfg.learner.push_threads + cfg.learner.push_queue + 2
-        gate, oldest = threading.Event(), ps._queue.oldest
-        ps._queue.oldest = lambda: gate.wait() and oldest()  # the apply thread's next push
+        gate, at_gate, oldest = threading.Event(), threading.Event(), ps._queue.oldest
+
+        def held():  # the apply thread's next push
+            at_gate.set()
+            return gate.wait() and oldest()
+
+        ps._queue.oldest = held
         before = learner.updates
         try:
             # No sleep decides anything: the learner fills the shard's queue however slowly
-            # it computes, then stops once every place a push can wait is full.
-            wait_until(lambda: len(ps._queue) == QUEUE_PUSHES, stop)
+            # it computes, then stops once every place a push can wait is full; the push the
+            # apply thread took before it was held is applied by then (the version settles).
+            wait_until(lambda: at_gate.is_set() and len(ps._queue) == QUEUE_PUSHES, stop)
             version = ps.version
             # settled: the learner's next push waited on a full queue (its update counter
             # already counts every update before it)
