@@ -326,3 +326,131 @@ def test_a_server_that_cannot_see_the_callers_segments_gets_the_bodies_over_grpc
     np.testing.assert_allclose(pusher.pull().values["w"], 1.0 - 0.1 * 2.0)  # applied once
     client.close()
     pusher.close()
+
+
+def push_framed(grads: dict, version: int = 1) -> codec.Framed:
+    body = codec.Body()
+    return body.frame(pb.PushRequest(version=version, gradients=body.named(grads), queue=True))
+
+
+def test_a_same_host_push_lends_its_body_until_the_shard_has_applied_it(serve_ps):
+    # The shard reads a queued push's body in the caller's segment (no copy) after answering
+    # it, so the caller writes its next push into its other segment, and into the first
+    # again only once the shard has let that one go.
+    ps, raw = serve_ps()  # SGD, lr 0.1
+    ps.shared = shm.Attached(PREFIX)
+    pusher = ParameterClient(raw, PREFIX)
+    version = pusher.assign({"w": np.ones((64, 64), np.float32)})
+    assert ps._optimizer is not None
+    apply_flat, gate, at_gate = ps._optimizer.apply_flat, threading.Event(), threading.Event()
+
+    def gated(flat_grads):
+        at_gate.set()
+        assert gate.wait(10)
+        apply_flat(flat_grads)
+
+    ps._optimizer.apply_flat = gated
+    grads = {"w": np.full((64, 64), 2.0, np.float32)}
+    first = pusher.push(version, grads, values=False)
+    assert first.queued and at_gate.wait(10)
+    lending = pusher.shared.lending  # pyright: ignore[reportOptionalMemberAccess]
+    assert lending[0] is not None and lending[0].lent and lending[1] is None
+    second = pusher.push(version, {"w": np.full((64, 64), 4.0, np.float32)}, values=False)
+    assert second.queued and lending[1] is not None and lending[1].lent
+    name = lending[0].name
+    pushed = threading.Thread(target=pusher.push, args=(version, grads), kwargs={"values": False})
+    pushed.start()  # waits for the first segment
+    time.sleep(0.1)
+    assert pushed.is_alive() and lending[0].lent
+    gate.set()
+    pushed.join(10)
+    assert not pushed.is_alive() and lending[0].name == name  # the same segment, let go
+    deadline = time.monotonic() + 10
+    while ps.version < version + 3 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert not lending[0].lent and not lending[1].lent
+    np.testing.assert_allclose(pusher.pull().values["w"], 1.0 - 0.1 * (2 + 4 + 2))
+    assert pusher.shm_requests == 3 and ps.counters["shm_requests"] == 3
+    pusher.close()
+    assert not {name, lending[1].name} & segment_files()
+
+
+def test_a_lent_push_the_shard_drops_or_refuses_is_let_go_at_once(serve_ps):
+    ps, raw = serve_ps()
+    ps.shared = shm.Attached(PREFIX)
+    pusher = ParameterClient(raw, PREFIX)
+    version = pusher.assign({"w": np.ones(4, np.float32)})
+    nan = pusher.push(version, {"w": np.full(4, np.nan, np.float32)}, values=False)
+    assert nan.reason == "non-finite"
+    with pytest.raises(TransportError) as info:
+        pusher.push(version, {"w": np.ones(5, np.float32)}, values=False)  # the wrong shape
+    assert info.value.code == grpc.StatusCode.INVALID_ARGUMENT
+    assert pusher.shared is not None
+    assert [s is not None and not s.lent for s in pusher.shared.lending] == [True, True]
+    np.testing.assert_array_equal(pusher.pull().values["w"], 1.0)  # nothing applied
+    pusher.close()
+
+
+def test_a_segment_its_server_never_lets_go_is_replaced_after_a_while(monkeypatch):
+    # The shard was killed holding it: the caller waits LEND_WAIT_S, then writes into a
+    # fresh segment (a live shard would keep its own mapping of the old one).
+    monkeypatch.setattr(shm, "LEND_WAIT_S", 0.05)
+    shared = shm.SharedReplies(PREFIX)
+    sent = []
+
+    def hold(method, message):  # a server that takes the body and never lets it go
+        sent.append((message.shm_name, message.shm_lent))
+        return pb.PushResponse(queued=True)
+
+    for _ in range(3):
+        shared.send(hold, "Push", push_framed({"w": np.ones(8, np.float32)}), lend=True)
+    (first, _), (second, _), (third, _) = sent
+    assert all(lent for _, lent in sent) and len({first, second, third}) == 3
+    assert first not in segment_files() and {second, third} <= segment_files()
+    shared.close()
+    assert not {second, third} & segment_files()
+
+
+def test_a_lent_body_s_mapping_pushed_out_while_in_use_is_closed_without_error():
+    segments = [shm.Segment(PREFIX) for _ in range(2)]
+    server = shm.Attached(PREFIX, keep=1)
+    try:
+        segments[0].lend()
+        lease = server.lend(segments[0].name, 64)
+        view = np.frombuffer(lease.body, np.float32)  # a view alive past the release
+        assert server.read(segments[1].name, 64)  # pushes the first mapping out
+        lease.release()
+        lease.release()  # twice: nothing more
+        assert not segments[0].lent and view.size == 16
+        with pytest.raises(ValueError, match="shm_body"):
+            server.lend(segments[1].name, segments[1].size)  # no room for the mark
+    finally:
+        server.close()
+        for segment in segments:
+            segment.close()
+
+
+def test_a_pusher_with_no_room_for_its_second_segment_has_its_bodies_copied(
+    serve_ps, monkeypatch
+):
+    ps, raw = serve_ps()  # SGD, lr 0.1
+    ps.shared = shm.Attached(PREFIX)
+    reserve, made = os.posix_fallocate, []
+
+    def second_fails(fd, offset, size):  # a small /dev/shm: room for one segment more only
+        made.append(size)
+        if len(made) == 2:
+            raise OSError(28, "No space left on device")
+        reserve(fd, offset, size)
+
+    monkeypatch.setattr(os, "posix_fallocate", second_fails)
+    pusher = ParameterClient(raw, PREFIX)
+    version = pusher.assign({"w": np.ones(8, np.float32)})
+    grads = {"w": np.ones(8, np.float32)}
+    for _ in range(3):
+        version = pusher.push(version, grads, values=False, wait=True).version
+    assert pusher.shared is not None and pusher.shared.segment is not None
+    assert pusher.shared.lending[1] is None and len(made) == 3  # none tried again
+    assert pusher.shm_requests == 3 and ps.counters["shm_requests"] == 3
+    np.testing.assert_allclose(pusher.pull().values["w"], 1.0 - 3 * 0.1, rtol=1e-6)
+    pusher.close()

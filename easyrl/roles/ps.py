@@ -287,17 +287,26 @@ class ParameterServer(pb_grpc.ParameterServerServicer):
 
     @invalid_argument_on_error
     def Push(self, request, context):
-        grads = codec.decode_named(
-            request.gradients, shm.request_body(self.shared, request, self.counters)
-        )
-        flat_grads = self._checked_push(request.version, grads)
-        finite = all(all_finite(g) for g in flat_grads.values())
-        size = sum(g.nbytes for g in flat_grads.values())
-        with self._queue.changed:
-            if not self._queue.wait_for_room(size, within_deadline(context, QUEUE_WAIT_S)):
-                why = "is stopping" if self._queue.closed else "applies pushes too slowly"
-                context.abort(grpc.StatusCode.UNAVAILABLE, f"PS shard {self.shard} {why}")
-            ticket, response = self._accept(request.version, flat_grads, finite)
+        # A lent body is read in place and let go once applied (by the apply thread) or
+        # dropped (here); any other is the request's bytes or a copy of them.
+        lease = shm.lent_body(self.shared, request, self.counters) if request.shm_lent else None
+        try:
+            body = lease.body if lease else shm.request_body(self.shared, request, self.counters)
+            flat_grads = self._checked_push(
+                request.version, codec.decode_named(request.gradients, body)
+            )
+            finite = all(all_finite(g) for g in flat_grads.values())
+            size = sum(g.nbytes for g in flat_grads.values())
+            with self._queue.changed:
+                if not self._queue.wait_for_room(size, within_deadline(context, QUEUE_WAIT_S)):
+                    why = "is stopping" if self._queue.closed else "applies pushes too slowly"
+                    context.abort(grpc.StatusCode.UNAVAILABLE, f"PS shard {self.shard} {why}")
+                ticket, response = self._accept(request.version, flat_grads, finite, lease)
+            if ticket:
+                lease = None  # the apply thread's now
+        finally:
+            if lease is not None:
+                lease.release()
         if ticket:
             if request.queue:
                 response.queued = True
@@ -332,10 +341,14 @@ class ParameterServer(pb_grpc.ParameterServerServicer):
         return flat_grads
 
     def _accept(
-        self, version: int, flat_grads: dict[str, np.ndarray], finite: bool
+        self,
+        version: int,
+        flat_grads: dict[str, np.ndarray],
+        finite: bool,
+        lease: shm.Lease | None = None,
     ) -> tuple[int, pb.PushResponse]:
-        """Counts a checked push and queues it, or drops it (counted, with the reason); the
-        caller holds the queue's lock and made room.
+        """Counts a checked push and queues it (with the `lease` of its body, if lent), or
+        drops it (counted, with the reason); the caller holds the queue's lock and made room.
 
         Returns:
             (the version the shard holds once the push is applied, or 0 when dropped; the
@@ -355,7 +368,7 @@ class ParameterServer(pb_grpc.ParameterServerServicer):
         if not finite:
             self.counters["dropped_nonfinite"] += 1
             return 0, pb.PushResponse(staleness=staleness, reason="non-finite")
-        ticket = self._queue.put(QueuedPush(flat_grads, staleness))
+        ticket = self._queue.put(QueuedPush(flat_grads, staleness, lease))
         return ticket, pb.PushResponse(staleness=staleness)
 
     def _wait_applied(self, version: int, context) -> None:
@@ -377,7 +390,11 @@ class ParameterServer(pb_grpc.ParameterServerServicer):
             while (push := self._queue.oldest()) is not None:
                 with self._lock:
                     assert self._optimizer is not None  # pushes are accepted after Assign
-                    self._optimizer.apply_flat(push.grads)
+                    try:
+                        self._optimizer.apply_flat(push.grads)
+                    finally:
+                        if push.lease is not None:  # its caller may write into it again
+                            push.lease.release()
                     self.version += 1
                     self.counters["applied"] += 1
                     self.counters["staleness_sum"] += push.staleness

@@ -11,6 +11,8 @@ from typing import NamedTuple
 
 import numpy as np
 
+from easyrl.transport.shm import Lease
+
 QUEUE_PUSHES = 4
 """Accepted pushes a shard holds before it has applied them, at most..."""
 QUEUE_BYTES = 16 << 20
@@ -23,11 +25,12 @@ UNAVAILABLE (the caller retries); the caller's deadline cuts it shorter."""
 
 
 class QueuedPush(NamedTuple):
-    """An accepted push: its flat gradients by optimizer group and the staleness it is
-    applied with."""
+    """An accepted push: its flat gradients by optimizer group, the staleness it is applied
+    with and, when its caller lent the body, the lease to release once it is applied."""
 
     grads: dict[str, np.ndarray]
     staleness: int
+    lease: Lease | None = None
 
 
 class PushQueue:

@@ -109,15 +109,15 @@ class ShardClient:
         except local.Broken:
             return self.shared.call(self.call, method, request)
 
-    def shared_send(self, method: str, framed) -> Any:
+    def shared_send(self, method: str, framed, lend: bool = False) -> Any:
         """The reply of a call whose request body (`codec.Framed`) may go through shared
-        memory."""
+        memory (lent with `lend`: `shm.SharedReplies.send`)."""
         if self.shared is None:
             return self.call(method, framed)
         try:
-            return self.shared.send(self._send, method, framed)
+            return self.shared.send(self._send, method, framed, lend)
         except local.Broken:
-            return self.shared.send(self.call, method, framed)
+            return self.shared.send(self.call, method, framed, lend)
 
     def _send(self, method: str, message) -> Any:
         """A call naming this client's segment (its body lies there, or its reply's may)
@@ -205,7 +205,7 @@ class ParameterClient(ShardClient):
             return_values=values,
             queue=not wait,
         )
-        reply = self.shared_send("Push", body.frame(request))
+        reply = self.shared_send("Push", body.frame(request), lend=True)
         values_ = codec.decode_named(reply.tensors, reply.body)
         return Pushed(reply.version, reply.applied, reply.reason, values_, reply.queued)
 

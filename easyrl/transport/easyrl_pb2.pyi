@@ -69,7 +69,7 @@ class PullResponse(_message.Message):
     def __init__(self, version: _Optional[int] = ..., current: _Optional[bool] = ..., tensors: _Optional[_Iterable[_Union[Tensor, _Mapping]]] = ..., round: _Optional[int] = ..., optimizer_state: _Optional[_Iterable[_Union[Tensor, _Mapping]]] = ..., shm_body: _Optional[int] = ..., body: _Optional[bytes] = ...) -> None: ...
 
 class PushRequest(_message.Message):
-    __slots__ = ("version", "gradients", "learner", "return_values", "queue", "shm_name", "shm_body", "body")
+    __slots__ = ("version", "gradients", "learner", "return_values", "queue", "shm_name", "shm_body", "shm_lent", "body")
     VERSION_FIELD_NUMBER: _ClassVar[int]
     GRADIENTS_FIELD_NUMBER: _ClassVar[int]
     LEARNER_FIELD_NUMBER: _ClassVar[int]
@@ -77,6 +77,7 @@ class PushRequest(_message.Message):
     QUEUE_FIELD_NUMBER: _ClassVar[int]
     SHM_NAME_FIELD_NUMBER: _ClassVar[int]
     SHM_BODY_FIELD_NUMBER: _ClassVar[int]
+    SHM_LENT_FIELD_NUMBER: _ClassVar[int]
     BODY_FIELD_NUMBER: _ClassVar[int]
     version: int
     gradients: _containers.RepeatedCompositeFieldContainer[Tensor]
@@ -85,8 +86,9 @@ class PushRequest(_message.Message):
     queue: bool
     shm_name: str
     shm_body: int
+    shm_lent: bool
     body: bytes
-    def __init__(self, version: _Optional[int] = ..., gradients: _Optional[_Iterable[_Union[Tensor, _Mapping]]] = ..., learner: _Optional[int] = ..., return_values: _Optional[bool] = ..., queue: _Optional[bool] = ..., shm_name: _Optional[str] = ..., shm_body: _Optional[int] = ..., body: _Optional[bytes] = ...) -> None: ...
+    def __init__(self, version: _Optional[int] = ..., gradients: _Optional[_Iterable[_Union[Tensor, _Mapping]]] = ..., learner: _Optional[int] = ..., return_values: _Optional[bool] = ..., queue: _Optional[bool] = ..., shm_name: _Optional[str] = ..., shm_body: _Optional[int] = ..., shm_lent: _Optional[bool] = ..., body: _Optional[bytes] = ...) -> None: ...
 
 class PushResponse(_message.Message):
     __slots__ = ("version", "applied", "staleness", "reason", "queued", "tensors", "body")
