@@ -430,9 +430,7 @@ def test_a_lent_body_s_mapping_pushed_out_while_in_use_is_closed_without_error()
             segment.close()
 
 
-def test_a_pusher_with_no_room_for_its_second_segment_has_its_bodies_copied(
-    serve_ps, monkeypatch
-):
+def test_a_pusher_with_no_room_for_its_second_segment_has_its_bodies_copied(serve_ps, monkeypatch):
     ps, raw = serve_ps()  # SGD, lr 0.1
     ps.shared = shm.Attached(PREFIX)
     reserve, made = os.posix_fallocate, []
