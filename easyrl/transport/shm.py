@@ -160,10 +160,12 @@ class Attached:
     Args:
         prefix: `run_prefix` of the server's run: a segment of another prefix is refused.
         keep: how many mappings to keep (a client that renews its segment leaves the old
-            one behind).
+            one behind): enough for every segment of a 16-core run's callers (16 actors'
+            and the learners' three each), since mapping one again costs a page fault per
+            page it is read or written through.
     """
 
-    def __init__(self, prefix: str, keep: int = 16):
+    def __init__(self, prefix: str, keep: int = 64):
         self.prefix, self.keep = prefix, keep
         self._open: OrderedDict[str, Mapped] = OrderedDict()
         self._lock = threading.Lock()
