@@ -291,7 +291,11 @@ class ParameterServer(pb_grpc.ParameterServerServicer):
         # dropped (here); any other is the request's bytes or a copy of them.
         lease = shm.lent_body(self.shared, request, self.counters) if request.shm_lent else None
         try:
-            body = lease.body if lease else shm.request_body(self.shared, request, self.counters)
+            body = (
+                lease.body
+                if lease is not None
+                else shm.request_body(self.shared, request, self.counters)
+            )
             flat_grads = self._checked_push(
                 request.version, codec.decode_named(request.gradients, body)
             )

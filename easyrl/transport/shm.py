@@ -18,6 +18,9 @@ the server's local listener when it has one (`easyrl.transport.local`), not over
 No torn batch is ever read: the server writes the body into the segment before it answers,
 the client reads it only from an answer, one call at a time; a call that failed or timed out
 (its server may still be writing) makes the client drop that segment and start a fresh one.
+A batch larger than the segment comes back over gRPC as before, and the client grows its
+segment for the next one. The client unlinks its segment when it closes; `remove_run` unlinks
+what a killed process left (the local launcher calls it when a run ends).
 
 A queued Push is answered before the shard applies it, so a body the shard read in place
 could be overwritten by the caller's next push: the shard copied it out (21 MB: ~7 ms of its
@@ -27,9 +30,6 @@ with `lend`): it writes each into the next of `LEND_SLOTS` segments of its own, 
 zeroes the mark once it has applied or dropped the push (`Lease.release`). The pusher writes
 into a segment only once its mark is zero; one still lent after `LEND_WAIT_S` (its shard was
 killed holding it) is dropped for a fresh one: the shard, if alive, keeps its own mapping.
-A batch larger than the segment comes back over gRPC as before, and the client grows its
-segment for the next one. The client unlinks its segment when it closes; `remove_run` unlinks
-what a killed process left (the local launcher calls it when a run ends).
 """
 
 import hashlib
@@ -414,7 +414,8 @@ class SharedReplies:
                 self._renew(segment.size, slot)
                 raise
             self.requests += 1
-            self._lent += slot is not None  # a failed call's fresh segment is used again
+            if slot is not None:  # (after a failed call, its fresh segment is used again)
+                self._lent += 1
             return reply
         finally:
             self._lock.release()
