@@ -445,10 +445,13 @@ def test_a_pusher_with_no_room_for_its_second_segment_has_its_bodies_copied(serv
     pusher = ParameterClient(raw, PREFIX)
     version = pusher.assign({"w": np.ones(8, np.float32)})
     grads = {"w": np.ones(8, np.float32)}
-    for _ in range(3):
+    version = pusher.push(version, grads, values=False, wait=True).version
+    assert pusher.shared is not None and pusher.shared.lending[0] is not None
+    first = pusher.shared.lending[0].name
+    for _ in range(2):
         version = pusher.push(version, grads, values=False, wait=True).version
-    assert pusher.shared is not None and pusher.shared.segment is not None
-    assert pusher.shared.lending[1] is None and len(made) == 3  # none tried again
+    assert pusher.shared.segment is not None and len(made) == 3  # none tried again
+    assert pusher.shared.lending == [None, None] and first not in segment_files()
     assert pusher.shm_requests == 3 and ps.counters["shm_requests"] == 3
     np.testing.assert_allclose(pusher.pull().values["w"], 1.0 - 3 * 0.1, rtol=1e-6)
     pusher.close()

@@ -388,6 +388,10 @@ class SharedReplies:
             segment = self._segment_for(size, slot)
             if segment is None and slot is not None:  # no room for them: bodies copied
                 self._lend_off, slot = True, None
+                for lent in self.lending:  # its room to the others' (a server maps its own)
+                    if lent is not None:
+                        lent.close()
+                self.lending = [None] * LEND_SLOTS
                 segment = self._segment_for(size, slot)
             if segment is None:
                 return call(method, framed)
