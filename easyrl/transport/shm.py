@@ -388,10 +388,7 @@ class SharedReplies:
             segment = self._segment_for(size, slot)
             if segment is None and slot is not None:  # no room for them: bodies copied
                 self._lend_off, slot = True, None
-                for lent in self.lending:  # its room to the others' (a server maps its own)
-                    if lent is not None:
-                        lent.close()
-                self.lending = [None] * LEND_SLOTS
+                self._drop_lending()  # its room to the others' (a server maps its own)
                 segment = self._segment_for(size, slot)
             if segment is None:
                 return call(method, framed)
@@ -471,10 +468,17 @@ class SharedReplies:
     def close(self) -> None:
         """Unlinks the segments."""
         with self._lock:
-            for segment in (self.segment, *self.lending):
-                if segment is not None:
-                    segment.close()
-            self.segment, self.lending = None, [None] * LEND_SLOTS
+            if self.segment is not None:
+                self.segment.close()
+            self.segment = None
+            self._drop_lending()
+
+    def _drop_lending(self) -> None:
+        """Unlinks the lending segments."""
+        for segment in self.lending:
+            if segment is not None:
+                segment.close()
+        self.lending = [None] * LEND_SLOTS
 
 
 def request_body(attached: "Attached | None", request, counters) -> bytes | memoryview:
