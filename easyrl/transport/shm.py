@@ -129,11 +129,11 @@ class Segment:
     @property
     def lent(self) -> bool:
         """Whether the server still holds the body this segment lent (its mark is nonzero)."""
-        return struct.unpack_from("<Q", _buffer(self._shm), self.size - LENT_BYTES)[0] != 0
+        return _lent_mark(_buffer(self._shm), self.size) != 0
 
     def lend(self) -> None:
         """Marks the segment lent (before its body is written; the server zeroes the mark)."""
-        struct.pack_into("<Q", _buffer(self._shm), self.size - LENT_BYTES, 1)
+        _set_lent_mark(_buffer(self._shm), self.size, 1)
 
     def renew(self, size: int | None = None) -> None:
         """Drops the segment for a fresh one (of `size` bytes; default: the same size).
@@ -282,7 +282,7 @@ class Lease:
         if attached is None:
             return
         mapped = self._mapped
-        struct.pack_into("<Q", mapped.buf, mapped.size - LENT_BYTES, 0)
+        _set_lent_mark(mapped.buf, mapped.size, 0)
         attached._let_go(mapped)
 
 
@@ -426,14 +426,14 @@ class SharedReplies:
         `slot` once its last body is let go (a fresh one after `LEND_WAIT_S`); grown or made
         to fit. None: none could be made (without `slot`: gRPC from now on)."""
         need = size if slot is None else size + LENT_BYTES
-        segment = self.segment if slot is None else self.lending[slot]
+        segment = self._get(slot)
         if segment is not None and slot is not None and segment.lent:
             deadline = time.monotonic() + LEND_WAIT_S
             while segment.lent and time.monotonic() < deadline:
                 time.sleep(0.0002)
             if segment.lent:  # its server was killed holding it, or is very late
                 self._renew(segment.size, slot)
-                segment = self.lending[slot]
+                segment = self._get(slot)
         if segment is not None and need <= segment.size:
             return segment
         grown = max(need + size // 4, INITIAL_BYTES)
@@ -444,6 +444,9 @@ class SharedReplies:
                 self._set(slot, Segment(self.prefix, grown))
             except OSError:
                 self._off = self._off or slot is None
+        return self._get(slot)
+
+    def _get(self, slot: int | None) -> Segment | None:
         return self.segment if slot is None else self.lending[slot]
 
     def _set(self, slot: int | None, segment: Segment | None) -> None:
@@ -455,7 +458,7 @@ class SharedReplies:
     def _renew(self, size: int, slot: int | None = None) -> None:
         """A fresh `segment` (or lending segment `slot`) of `size` bytes; when none can be
         made, gRPC from now on (none in `slot`)."""
-        segment = self.segment if slot is None else self.lending[slot]
+        segment = self._get(slot)
         self._set(slot, None)
         if segment is None:
             return
@@ -537,6 +540,16 @@ def _write_parts(buffer: memoryview, parts: Sequence[memoryview]) -> None:
     for part in parts:
         buffer[offset : offset + len(part)] = part
         offset += len(part)
+
+
+def _lent_mark(buffer: memoryview, size: int) -> int:
+    """The lent mark of a segment of `size` bytes (its last `LENT_BYTES`): nonzero while
+    its server holds the body."""
+    return struct.unpack_from("<Q", buffer, size - LENT_BYTES)[0]
+
+
+def _set_lent_mark(buffer: memoryview, size: int, value: int) -> None:
+    struct.pack_into("<Q", buffer, size - LENT_BYTES, value)
 
 
 def _buffer(shm: shared_memory.SharedMemory) -> memoryview:
