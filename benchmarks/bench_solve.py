@@ -2,8 +2,10 @@
 
 Each run is the real CLI in a subprocess (start-up of every role process included),
 its own run directory under a temporary folder. Reports per run the wall time, the
-exit code, the stop reason, env steps and updates at the stop, and the median wall
-time of the runs that reached the target.
+exit code, the stop reason, env steps, updates and PS shard 0's trailing mean return
+when the run ended (the stop reason gives the mean the stop condition saw: the window
+slides on as the last reports arrive), and the median wall time of the runs that reached
+the target.
 
     python benchmarks/bench_solve.py configs/cartpole_apex.yaml --runs 3 --write
     python benchmarks/bench_solve.py configs/cartpole_apex.yaml --runs 1 \
@@ -98,7 +100,8 @@ def main() -> None:
         for i, r in enumerate(results)
     ]
     table = markdown_table(
-        ["run", "wall s", "exit", "env steps", "updates", "mean return", "stop reason"], rows
+        ["run", "wall s", "exit", "env steps", "updates", "mean return at the end", "stop reason"],
+        rows,
     )
     median = f"{statistics.median(solved):.1f} s" if solved else "no run reached the target"
     body = f"{table}\n\nSolved {len(solved)}/{len(results)}; median wall time: {median}.\n"

@@ -391,6 +391,24 @@ def test_a_lent_push_the_shard_drops_or_refuses_is_let_go_at_once(serve_ps):
     pusher.close()
 
 
+def test_a_push_with_an_empty_body_goes_over_grpc_and_the_next_is_lent():
+    # A server lends no body of 0 bytes (`Attached.lend`): lent, it would be refused, and
+    # the pusher would send every body over gRPC from then on.
+    shared = shm.SharedReplies(PREFIX)
+    sent = []
+
+    def take(method, message):
+        sent.append((message.shm_name, message.shm_lent))
+        return pb.PushResponse(queued=True)
+
+    shared.send(take, "Push", push_framed({"e": np.ones(0, np.float32)}), lend=True)
+    shared.send(take, "Push", push_framed({"w": np.ones(8, np.float32)}), lend=True)
+    (empty_name, empty_lent), (name, lent) = sent
+    assert (empty_name, empty_lent) == ("", False) and name and lent
+    assert shared.requests == 1
+    shared.close()
+
+
 def test_a_segment_its_server_never_lets_go_is_replaced_after_a_while(monkeypatch):
     # The shard was killed holding it: the caller waits LEND_WAIT_S, then writes into a
     # fresh segment (a live shard would keep its own mapping of the old one).

@@ -27,8 +27,10 @@ THREADS_ENV = "EASYRL_THREADS"
 """The thread budget of an easyrl role process, set by the launcher or the pod spec."""
 ROLE_THREADS = {"ps": 1, "memory": 1, "actor": 1, "evaluator": 1}
 """The derived budget of each role but the learner, which does the gradient math and gets
-what these leave. A PS shard applying pushes was as fast with 1 intra-op thread as with 2;
-a memory shard runs no TensorFlow (its table thread and gRPC take about one core); an
+what these leave. A PS shard applying pushes was as fast with 1 intra-op thread as with 2
+for the shipped configs' networks; a shard of a 21 MB network applies Adam in 15.6 ms on one
+and 11.8 ms on two (RESULTS.md, issue 45): `cluster.threads.ps` where cores are spare; a
+memory shard runs no TensorFlow (its table thread and gRPC take about one core); an
 actor acts faster on one thread (see `cluster.threads.actor`)."""
 MIN_INTER_OP = 2
 """The fewest inter-op threads a process gets (see the module docstring)."""

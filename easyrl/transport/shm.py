@@ -379,11 +379,12 @@ class SharedReplies:
         into this client's segment (grown to fit) and the message alone over gRPC. With
         `lend` (the message has `shm_lent`), the server reads the body in place and lets it
         go later: it goes into the next lending segment, once that one is let go. A call
-        that fails drops the segment (the server may still be reading it)."""
-        if self._off or self._send_off or not self._lock.acquire(blocking=False):
+        that fails drops the segment (the server may still be reading it). An empty body
+        goes over gRPC (a server lends no body of 0 bytes)."""
+        parts, size = framed.body_parts()
+        if not size or self._off or self._send_off or not self._lock.acquire(blocking=False):
             return call(method, framed)
         try:
-            parts, size = framed.body_parts()
             slot = self._lent % LEND_SLOTS if lend and not self._lend_off else None
             segment = self._segment_for(size, slot)
             if segment is None and slot is not None:  # no room for them: bodies copied
