@@ -283,14 +283,22 @@ def test_every_server_of_a_running_cluster_serves_a_page_prometheus_accepts(laun
         "cluster.actor=1",
     )
 
-    def trained():  # PS shard 0's page once actors and the learner reported episodes
+    def trained():  # PS shard 0's page once actors and the learner reported episodes,
+        # and shard 1's once the learner published to it (every learner.publish_every updates)
         families = parse_strictly(_scrape(base))
         totals = ("easyrl_run_env_steps_total", "easyrl_run_updates_total")
         moved = all(value(families, total, default=0.0) > 0 for total in totals)
-        return families if moved and "easyrl_run_return_mean" in families else None
+        if not (moved and "easyrl_run_return_mean" in families):
+            return None
+        shard1 = parse_strictly(_scrape(base + 1))
+        published = (
+            value(families, 'easyrl_version{role="ps",task="0"}', default=0.0) > 0
+            and value(shard1, 'easyrl_applied_total{role="ps",task="1"}', default=0.0) > 0
+        )
+        return (families, shard1) if published else None
 
-    ps0 = run.poll_until(trained, 120, "a trained run on PS shard 0's /metrics")
-    ps1, memory = (parse_strictly(_scrape(base + i)) for i in (1, 2))
+    ps0, ps1 = run.poll_until(trained, 120, "a trained run on both PS shards' /metrics")
+    memory = parse_strictly(_scrape(base + 2))
     # Every role is there: the servers' own pages, the actor's and learner's reports on PS 0.
     assert value(ps0, 'easyrl_up{role="ps",task="0"}') == 1
     assert value(ps0, 'easyrl_env_steps_total{role="actor",task="0"}') > 0
