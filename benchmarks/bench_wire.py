@@ -29,6 +29,7 @@ body through the caller's segment; what roles on one machine use). The line abov
 
     python benchmarks/bench_wire.py            # print the table and the ratios
     python benchmarks/bench_wire.py --write    # and update benchmarks/RESULTS.md
+    python benchmarks/bench_wire.py --ps-threads 2   # the PS shard on 2 intra-op threads
 """
 
 import argparse
@@ -151,7 +152,8 @@ def bench_ps_pair(cluster: servers.Cluster, raw: RawClient, model: str, args) ->
     config = servers.write_config(
         bench_ps.raw_config(bench_ps.MODELS[model]), cluster.run_dir, f"wire-{model}.yaml"
     )
-    spec = cluster.start_cli(config, num_ps=1).spec
+    threads = [f"cluster.threads.ps={args.ps_threads}"] if args.ps_threads else []
+    spec = cluster.start_cli(config, num_ps=1, overrides=threads).spec
     variables = bench_ps.build_variables(bench_ps.MODELS[model])
     values = {name: v.numpy() for name, v in variables.items()}
     rng = np.random.default_rng(0)
@@ -272,8 +274,9 @@ def report(rows: list[dict], args) -> tuple[str, str]:
         f"- medians of {args.rounds} alternating rounds of {args.duration:g} s per side; "
         "raw = a grpcio generic handler without serializers in its own process, same "
         "message-size options; easyrl = the typed clients against a real PS process "
-        "(`easyrl run --role ps`, Adam applied on Push) and a spawned prioritized memory "
-        "shard (Sample decoded, no priority update).",
+        "(`easyrl run --role ps`, Adam applied on Push, "
+        + (f"{args.ps_threads} intra-op threads" if args.ps_threads else "the launcher's budget")
+        + ") and a spawned prioritized memory shard (Sample decoded, no priority update).",
         "- MB/s counts tensor bytes (raw: payload bytes). Goals: gRPC (issue 15) ps_pull >= 0.7, "
         "memory_sample >= 0.7, ps_push >= 0.5; same host (issue 45) each >= 1.5.",
         "",
@@ -289,6 +292,13 @@ def main() -> None:
     parser.add_argument("--duration", type=float, default=1.5, help="seconds per measurement")
     parser.add_argument("--rounds", type=int, default=3, help="alternating rounds per pair")
     parser.add_argument("--models", default="mlp-512x3,mlp-1024x6")
+    parser.add_argument(
+        "--ps-threads",
+        type=int,
+        default=0,
+        help="the PS shard's cluster.threads.ps (0: the launcher's budget, 1 on a "
+        "cluster's host; more applies a large network's Adam faster where cores are spare)",
+    )
     args = parse_args(parser)
     if args.smoke:  # seconds, tiny sizes, same processes (tests/test_benchmarks.py)
         args.duration, args.rounds, args.models = 0.2, 1, "cartpole"
@@ -315,9 +325,11 @@ def main() -> None:
     print()
     print(text.removesuffix("`" + line + "`").rstrip())
     if args.write:
-        title = "Wire speed vs raw grpcio" + (" (tuned malloc)" if args.tuned_malloc else "")
+        variant = ["tuned malloc"] * bool(args.tuned_malloc)
+        variant += [f"PS {args.ps_threads} threads"] * bool(args.ps_threads)
+        title = "Wire speed vs raw grpcio" + "".join(f" ({v})" for v in variant)
         section = section_text(title, started, load_before, text)
-        write_section("bench_wire" + ("-tuned-malloc" if args.tuned_malloc else ""), section)
+        write_section("-".join(["bench_wire", *variant]).replace(" ", "-").lower(), section)
     print(line)
 
 
