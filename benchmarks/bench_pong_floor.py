@@ -15,13 +15,29 @@ floor = env + act + learn per agent step: no transport, no replay, no Python aro
 calls, so no run on these cores steps faster than `cores / floor` agent steps/s. The last
 line is `floor: X ms per agent step, at most N agent steps/s on C cores`.
 
+`--against-cluster R` instead compares the config's own cluster with the floor, in one run:
+R rounds, each the floor (this script without the option, in a child process) then the
+cluster (`bench_scaling.measure_point`: every role its own process of the local launcher, as
+`bench_scaling.py --config CONFIG` measures it, the config's counts, `--cluster-duration`
+seconds after the first update and a 5 s warm-up; on the CPU, as the floor). The machine's
+speed drifts by tens of percent within minutes, so one pair says little; the last line is
+then the median over the rounds, `cluster/floor: R (median of N rounds, lo-hi; cluster agent
+steps/s over cores / floor, 2a/1m/1l/1ps)`.
+
     python benchmarks/bench_pong_floor.py                          # print
     python benchmarks/bench_pong_floor.py --set algorithm.batch_size=4 --write
+    python benchmarks/bench_pong_floor.py --against-cluster 5      # issue 45's 0.9
 """
 
 import argparse
 import os
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
 import time
+from pathlib import Path
 from typing import Any
 
 os.environ["TF_CPP_MIN_LOG_LEVEL"] = "2"
@@ -30,7 +46,7 @@ os.environ["CUDA_VISIBLE_DEVICES"] = "-1"
 import numpy as np  # noqa: E402
 import report  # noqa: E402
 
-SMOKE_LINE = r"^floor: \d"
+SMOKE_LINE = r"^cluster/floor: \d"
 """The line a `--smoke` run must print (tests/test_benchmarks.py)."""
 
 
@@ -60,15 +76,83 @@ def random_unrolls(algo, batch_size: int, rng) -> dict:
     return batch
 
 
+FLOOR_LINE = re.compile(r"^floor \(env \+ act \+ learn\): ([\d.]+) ms", re.MULTILINE)
+"""The floor's own row (3 decimals), what `--against-cluster` reads of each child's run."""
+
+
+def against_cluster(args, overrides: list[str]) -> str:
+    """`args.against_cluster` rounds of the floor (this script without the option, a child
+    process: this one imports no TensorFlow) then the config's own cluster; prints each round
+    and returns the last line (the median ratio)."""
+    import bench_scaling
+
+    from easyrl import config as config_lib
+
+    own = config_lib.load(args.config, overrides).cluster
+    counts = {"actor": own.actor or 1, "memory": own.memory or 1}
+    counts.update(learner=own.learner or 1, ps=own.ps)
+    point = argparse.Namespace(
+        config_path=Path(args.config).resolve(),
+        overrides=overrides,
+        warmup=args.cluster_warmup,
+        duration=args.cluster_duration,
+    )
+    floor_cmd = [sys.executable, __file__, f"--config={args.config}"]
+    floor_cmd += [f"--duration={args.duration}", *(f"--set={s}" for s in args.set)]
+    floor_cmd += ["--num-envs", str(args.num_envs)] if args.num_envs else []
+    ratios, cores = [], os.cpu_count() or 1
+    with tempfile.TemporaryDirectory(prefix="easyrl-floor-") as tmp:
+        for i in range(args.against_cluster):
+            done = subprocess.run(floor_cmd, capture_output=True, text=True, check=True)
+            found = FLOOR_LINE.search(done.stdout)
+            if found is None:
+                raise RuntimeError(f"no floor line in:\n{done.stdout}")
+            floor_ms = float(found.group(1))
+            result = bench_scaling.measure_point(point, counts, Path(tmp) / f"round-{i}")
+            ratios.append(result["steps"] * floor_ms / 1e3 / cores)
+            cluster_ms = 1e3 * result["cluster_cores"] / max(result["steps"], 1e-9)
+            print(
+                f"round {i + 1}: floor {floor_ms:.3f} ms per agent step (at most "
+                f"{cores * 1e3 / floor_ms:,.0f}/s); cluster {bench_scaling.name(result)} "
+                f"{result['steps']:,.0f} agent steps/s on {result['cluster_cores']:.2f} cores "
+                f"({cluster_ms:.3f} ms CPU per agent step): {ratios[-1]:.2f} of the floor",
+                flush=True,
+            )
+    return (
+        f"cluster/floor: {statistics.median(ratios):.2f} (median of {len(ratios)} rounds, "
+        f"{min(ratios):.2f}-{max(ratios):.2f}; cluster agent steps/s over cores / floor, "
+        f"{bench_scaling.name(result)})"
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--config", default=str(report.REPO / "configs" / "pong_impala_2core.yaml"))
     parser.add_argument("--set", action="append", default=[], help="config override")
     parser.add_argument("--num-envs", type=int, default=None, help="default: env.num_envs")
     parser.add_argument("--duration", type=float, default=5.0, help="seconds per piece")
+    parser.add_argument(
+        "--against-cluster",
+        type=int,
+        default=0,
+        metavar="ROUNDS",
+        help="rounds of the floor, then the config's own cluster (see the module's doc)",
+    )
+    parser.add_argument("--cluster-duration", type=float, default=20.0, help="seconds measured")
     args = report.parse_args(parser, tuned_malloc=False)
+    args.cluster_warmup = 5.0
+    cluster_overrides = list(args.set)
     if args.smoke:  # seconds, tiny sizes, same processes (tests/test_benchmarks.py)
-        args.duration, args.num_envs = 0.2, 2
+        args.duration, args.num_envs, args.against_cluster = 0.2, 2, 1
+        args.cluster_duration, args.cluster_warmup = 1.0, 0.0
+        cluster_overrides.append("env.num_envs=2")
+    if args.against_cluster < 0 or args.cluster_duration <= 0:
+        parser.error("--against-cluster must be >= 0 and --cluster-duration > 0")
+    if args.against_cluster:
+        if args.write:
+            parser.error("--write records the floor alone (without --against-cluster)")
+        print(against_cluster(args, cluster_overrides))
+        return
     started, load_before = time.monotonic(), report.load_average()
 
     import tensorflow as tf
