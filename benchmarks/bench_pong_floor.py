@@ -88,9 +88,7 @@ def against_cluster(args, overrides: list[str]) -> str:
 
     from easyrl import config as config_lib
 
-    own = config_lib.load(args.config, overrides).cluster
-    counts = {"actor": own.actor or 1, "memory": own.memory or 1}
-    counts.update(learner=own.learner or 1, ps=own.ps)
+    counts = bench_scaling.config_counts(config_lib.load(args.config, overrides).cluster)
     point = argparse.Namespace(
         config_path=Path(args.config).resolve(),
         overrides=overrides,

@@ -280,6 +280,17 @@ def summary_lines(results: list[dict]) -> list[str]:
     return lines
 
 
+def config_counts(cluster) -> dict[str, int]:
+    """A config's own process counts per axis (`cluster` of a loaded config; a role it leaves
+    at 0 counts 1, PS shards as they are)."""
+    return {
+        "actor": cluster.actor or 1,
+        "memory": cluster.memory or 1,
+        "learner": cluster.learner or 1,
+        "ps": cluster.ps,
+    }
+
+
 def parse_counts(parser: argparse.ArgumentParser, text: str | None, default: int) -> list[int]:
     """A comma list of process counts >= 1 (`default` alone when not given)."""
     if text is None:
@@ -317,12 +328,12 @@ def main() -> int:
     args.config_path = Path(args.config).resolve()
     if not args.config_path.is_file():
         parser.error(f"--config {args.config}: no such file")
-    own = config_lib.load(args.config_path, args.overrides).cluster
+    own = config_counts(config_lib.load(args.config_path, args.overrides).cluster)
     axes = [
-        parse_counts(parser, args.actors, own.actor or 1),
-        parse_counts(parser, args.memory, own.memory or 1),
-        parse_counts(parser, args.learners, own.learner or 1),
-        parse_counts(parser, args.ps, own.ps),
+        parse_counts(parser, args.actors, own["actor"]),
+        parse_counts(parser, args.memory, own["memory"]),
+        parse_counts(parser, args.learners, own["learner"]),
+        parse_counts(parser, args.ps, own["ps"]),
     ]
 
     started, load_before = time.monotonic(), load_average()
