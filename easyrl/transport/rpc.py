@@ -115,7 +115,7 @@ def _client_options() -> list[tuple[str, int]]:
     # `min_reconnect_backoff_ms` is not a backoff: it is the least time gRPC gives one
     # connection attempt (its "min connect timeout"). At 100 ms, a server that a loaded
     # machine schedules late failed new connections ("timed out before receiving SETTINGS
-    # frame": 27 of 1,841 fresh Status calls to a 2-core Pong cluster's memory shard),
+    # frame": 22 of 1,841 fresh Status calls to a 2-core Pong cluster's memory shard),
     # and a call without retries with them; an attempt gets the longest wait instead.
     # A client talks only to this run's servers, whose own limits bound what they take and
     # send (sized from the config): the client side sets none of its own.
