@@ -1,8 +1,11 @@
 """The compute floor of an IMPALA Pong agent step on this machine, piece by piece.
 
-Each piece runs alone in this process for `--duration` seconds and is charged its CPU time
-(all of this process's threads, `time.process_time`), so the figures are core-seconds and
-add up across pieces however a run spreads them over processes:
+Each piece runs alone for `--duration` seconds in a process of its own, set up as the
+launcher sets up the process of the role that runs it in the config's cluster on this host
+(`PIECES`): that role's thread budget (TensorFlow's pools, `easyrl.cluster.threads`) and
+the launcher's malloc settings. A piece is charged its CPU time (all of its process's
+threads, `time.process_time`), so the figures are core-seconds and add up across pieces
+however a run spreads them over processes:
 
 - env: `--num-envs` envs of the config's env (EnvPool with `pong_impala_2core.yaml`),
   random actions, the pool's default threads; CPU per agent step.
@@ -76,6 +79,73 @@ def random_unrolls(algo, batch_size: int, rng) -> dict:
     return batch
 
 
+PIECES = {"env": "actor", "act": "actor", "learn": "learner"}
+"""Each piece and the role whose process runs it in the cluster."""
+PIECE_LINE = re.compile(r"^piece (\w+): (\S+) (\S+)$", re.MULTILINE)
+"""What a piece's child process prints: CPU seconds per agent step, agent steps per second."""
+
+
+def piece_in_child(piece: str, args, threads: int) -> tuple[float, float]:
+    """(CPU seconds per agent step, agent steps/s) of `piece`, measured in a child process
+    set up as the launcher sets up the process of the role that runs it: its thread budget
+    (`threads`, in `EASYRL_THREADS`) and the launcher's malloc settings."""
+    from easyrl.cluster.launcher import MALLOC_ENV
+    from easyrl.cluster.threads import THREADS_ENV
+
+    cmd = [sys.executable, __file__, f"--piece={piece}", f"--config={args.config}"]
+    cmd += [f"--duration={args.duration}", *(f"--set={s}" for s in args.set)]
+    cmd += ["--num-envs", str(args.num_envs)] if args.num_envs else []
+    env = {**MALLOC_ENV, **os.environ, THREADS_ENV: str(threads)}
+    done = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    found = PIECE_LINE.search(done.stdout)
+    if done.returncode or found is None or found.group(1) != piece:
+        raise RuntimeError(f"piece {piece} failed ({done.returncode}):\n{done.stderr[-3000:]}")
+    return float(found.group(2)), float(found.group(3))
+
+
+def run_piece(piece: str, args) -> tuple[float, float]:
+    """Measures `piece` in this process, on the thread budget in `EASYRL_THREADS`."""
+    from easyrl import config as config_lib
+    from easyrl.cluster.threads import process_budget
+    from easyrl.envs.multiagent import run_spaces
+
+    cfg = config_lib.load(args.config, args.set)
+    n = args.num_envs or cfg.env.num_envs
+    obs_space, action_space = run_spaces(cfg)
+    rng = np.random.default_rng(0)
+    if piece == "env":
+        from easyrl.envs import env_options, make_vector_env
+
+        per_worker, options = cfg.env.envs_per_worker, env_options(cfg.env)
+        env = make_vector_env(
+            cfg.env.id, n, vector=cfg.env.vector, seed=0, envs_per_worker=per_worker, **options
+        )
+        env.reset(seed=0)
+        try:
+            return cpu_per_unit(
+                lambda: env.step(rng.integers(0, action_space.n, n)), n, args.duration
+            )
+        finally:
+            env.close()
+    import tensorflow as tf
+
+    from easyrl.algorithms import registry
+    from easyrl.roles.common import limit_tf_threads
+
+    limit_tf_threads(process_budget(PIECES[piece], cfg.cluster.threads)[0])
+    with tf.device("/CPU:0"):
+        spec = registry.spec(cfg.algorithm.name)
+        # An IMPALA agent (its evaluate and learn; the contract's Agent names neither).
+        algo: Any = spec.build(cfg.algorithm.params, obs_space, action_space, cfg.model, 0)
+        if piece == "act":
+            obs = rng.integers(0, 256, (n, *obs_space.shape)).astype(obs_space.dtype)
+            return cpu_per_unit(lambda: algo.evaluate(obs), n, args.duration)
+        params = cfg.algorithm.params
+        batch = random_unrolls(algo, params.batch_size, rng)
+        steps = params.batch_size * params.unroll_length
+        return cpu_per_unit(lambda: algo.learn(batch), steps, args.duration)
+
+
 FLOOR_LINE = re.compile(r"^floor \(env \+ act \+ learn\): ([\d.]+) ms", re.MULTILINE)
 """The floor's own row (3 decimals), what `--against-cluster` reads of each child's run."""
 
@@ -137,6 +207,7 @@ def main() -> None:
         help="rounds of the floor, then the config's own cluster (see the module's doc)",
     )
     parser.add_argument("--cluster-duration", type=float, default=20.0, help="seconds measured")
+    parser.add_argument("--piece", choices=list(PIECES), help=argparse.SUPPRESS)  # a child's
     args = report.parse_args(parser, tuned_malloc=False)
     args.cluster_warmup = 5.0
     cluster_overrides = list(args.set)
@@ -144,6 +215,10 @@ def main() -> None:
         args.duration, args.num_envs, args.against_cluster = 0.2, 2, 1
         args.cluster_duration, args.cluster_warmup = 1.0, 0.0
         cluster_overrides.append("env.num_envs=2")
+    if args.piece:
+        cpu, rate = run_piece(args.piece, args)
+        print(f"piece {args.piece}: {cpu!r} {rate!r}")
+        return
     if args.against_cluster < 0 or args.cluster_duration <= 0:
         parser.error("--against-cluster must be >= 0 and --cluster-duration > 0")
     if args.against_cluster:
@@ -153,38 +228,19 @@ def main() -> None:
         return
     started, load_before = time.monotonic(), report.load_average()
 
-    import tensorflow as tf
-
     from easyrl import config as config_lib
-    from easyrl.algorithms import registry
-    from easyrl.envs import env_options, make_vector_env
-    from easyrl.envs.multiagent import run_spaces
+    from easyrl.cluster.launcher import thread_budgets
 
     cfg = config_lib.load(args.config, args.set)
     config_name = os.path.relpath(args.config, report.REPO)
     n = args.num_envs or cfg.env.num_envs
-    obs_space, action_space = run_spaces(cfg)
-    rng = np.random.default_rng(0)
-    per_worker, options = cfg.env.envs_per_worker, env_options(cfg.env)
-    env = make_vector_env(
-        cfg.env.id, n, vector=cfg.env.vector, seed=0, envs_per_worker=per_worker, **options
+    threads = thread_budgets(cfg)
+    (env_cpu, env_rate), (act_cpu, act_rate), (learn_cpu, learn_rate) = (
+        piece_in_child(piece, args, threads[PIECES[piece]]) for piece in PIECES
     )
+    params = cfg.algorithm.params
+    per_worker = cfg.env.envs_per_worker
     per_worker_note = f" ({per_worker} per subprocess)" if per_worker > 1 else ""
-    env.reset(seed=0)
-    env_cpu, env_rate = cpu_per_unit(
-        lambda: env.step(rng.integers(0, action_space.n, n)), n, args.duration
-    )
-    env.close()
-    with tf.device("/CPU:0"):
-        spec = registry.spec(cfg.algorithm.name)
-        # An IMPALA agent (its evaluate and learn; the contract's Agent names neither).
-        algo: Any = spec.build(cfg.algorithm.params, obs_space, action_space, cfg.model, 0)
-        obs = rng.integers(0, 256, (n, *obs_space.shape)).astype(obs_space.dtype)
-        act_cpu, act_rate = cpu_per_unit(lambda: algo.evaluate(obs), n, args.duration)
-        params = cfg.algorithm.params
-        batch = random_unrolls(algo, params.batch_size, rng)
-        steps = params.batch_size * params.unroll_length
-        learn_cpu, learn_rate = cpu_per_unit(lambda: algo.learn(batch), steps, args.duration)
     cores = os.cpu_count() or 1
     floor = env_cpu + act_cpu + learn_cpu
     rows = [
@@ -211,7 +267,9 @@ def main() -> None:
         )
         body = (
             f"{table}\n\n- config `{config_name}` {' '.join(args.set)}; each piece alone in "
-            f"one process for {args.duration:g} s, charged its process CPU time (all threads). "
+            f"a process of its own for {args.duration:g} s, on its role's thread budget "
+            f"(actor {threads['actor']}, learner {threads['learner']}) and the launcher's "
+            "malloc settings, charged its process CPU time (all threads). "
             "The floor row's rate is cores / floor: no transport, replay or Python around the "
             f"calls.\n\n`{last}`\n"
         )

@@ -190,6 +190,18 @@ class Child:
         return f"{self.role}-{self.task}"
 
 
+def placed_counts(cfg) -> dict[str, int]:
+    """The processes of each role a local run of `cfg` places on this host."""
+    c = cfg.cluster
+    return {role: getattr(c, role) or 0 for role in (*SERVER_ROLES, *WORKER_ROLES)}
+
+
+def thread_budgets(cfg) -> dict[str, int]:
+    """The thread budget of each role's processes in a local run of `cfg`: all of them
+    share this host's cores (`easyrl.cluster.threads.budgets`)."""
+    return budgets(host_cores(), placed_counts(cfg), cfg.cluster.threads)
+
+
 class LocalCluster:
     """Starts, watches and stops the role processes of one run, all on this host, each with
     its role's thread budget (`threads`, see easyrl.cluster.threads) in EASYRL_THREADS.
@@ -219,9 +231,9 @@ class LocalCluster:
         )
         self.children: list[Child] = []
         (self.run_dir / "logs").mkdir(parents=True, exist_ok=True)
-        self.placed = {role: getattr(c, role) or 0 for role in (*SERVER_ROLES, *WORKER_ROLES)}
+        self.placed = placed_counts(cfg)
         self.cores = host_cores()
-        self.threads = budgets(self.cores, self.placed, c.threads)
+        self.threads = thread_budgets(cfg)
         """The thread budget of each role's processes: all of them share this host."""
 
     def threads_line(self) -> str:
