@@ -47,6 +47,7 @@ os.environ["TF_CPP_MIN_LOG_LEVEL"] = "2"
 os.environ["CUDA_VISIBLE_DEVICES"] = "-1"
 
 import numpy as np  # noqa: E402
+import procs  # noqa: E402
 import report  # noqa: E402
 
 SMOKE_LINE = r"^cluster/floor: \d"
@@ -88,14 +89,14 @@ PIECE_LINE = re.compile(r"^piece (\w+): (\S+) (\S+)$", re.MULTILINE)
 def piece_in_child(piece: str, args, threads: int) -> tuple[float, float]:
     """(CPU seconds per agent step, agent steps/s) of `piece`, measured in a child process
     set up as the launcher sets up the process of the role that runs it: its thread budget
-    (`threads`, in `EASYRL_THREADS`) and the launcher's malloc settings."""
-    from easyrl.cluster.launcher import MALLOC_ENV
+    (`threads`, in `EASYRL_THREADS`) and the launcher's malloc settings (this process's,
+    see `main`)."""
     from easyrl.cluster.threads import THREADS_ENV
 
     cmd = [sys.executable, __file__, f"--piece={piece}", f"--config={args.config}"]
     cmd += [f"--duration={args.duration}", *(f"--set={s}" for s in args.set)]
     cmd += ["--num-envs", str(args.num_envs)] if args.num_envs else []
-    env = {**MALLOC_ENV, **os.environ, THREADS_ENV: str(threads)}
+    env = {**os.environ, THREADS_ENV: str(threads)}
     done = subprocess.run(cmd, capture_output=True, text=True, env=env)
     found = PIECE_LINE.search(done.stdout)
     if done.returncode or found is None or found.group(1) != piece:
@@ -226,6 +227,7 @@ def main() -> None:
             parser.error("--write records the floor alone (without --against-cluster)")
         print(against_cluster(args, cluster_overrides))
         return
+    procs.reexec_with_malloc_env()  # the pieces' processes inherit the launcher's settings
     started, load_before = time.monotonic(), report.load_average()
 
     from easyrl import config as config_lib
