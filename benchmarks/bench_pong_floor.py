@@ -18,6 +18,15 @@ floor = env + act + learn per agent step: no transport, no replay, no Python aro
 calls, so no run on these cores steps faster than `cores / floor` agent steps/s. The last
 line is `floor: X ms per agent step, at most N agent steps/s on C cores`.
 
+One more piece is printed beside the floor, not counted in it:
+
+- env+act: the two actor pieces alternating, as an actor's loop runs them (a vector step of
+  the envs, then the forward pass on the observations it returned), in one process; CPU
+  per agent step. The act piece alone runs its forward passes back to back; between an
+  actor's forward passes the envs run, and a pass that follows other work costs more CPU
+  than one that follows a pass. The line `interleaving: env+act X ms per agent step, R x
+  env + act alone` gives that cost.
+
 `--against-cluster R` instead compares the config's own cluster with the floor, in one run:
 R rounds, each the floor (this script without the option, in a child process) then the
 cluster (`bench_scaling.measure_point`: every role its own process of the local launcher, as
@@ -80,8 +89,9 @@ def random_unrolls(algo, batch_size: int, rng) -> dict:
     return batch
 
 
-PIECES = {"env": "actor", "act": "actor", "learn": "learner"}
-"""Each piece and the role whose process runs it in the cluster."""
+PIECES = {"env": "actor", "act": "actor", "learn": "learner", "interleaved": "actor"}
+"""Each piece and the role whose process runs it in the cluster (`interleaved`: the env+act
+row, env and act alternating; not part of the floor)."""
 PIECE_LINE = re.compile(r"^piece (\w+): (\S+) (\S+)$", re.MULTILINE)
 """What a piece's child process prints: CPU seconds per agent step, agent steps per second."""
 
@@ -107,30 +117,47 @@ def piece_in_child(piece: str, args, threads: int) -> tuple[float, float]:
 def run_piece(piece: str, args) -> tuple[float, float]:
     """Measures `piece` in this process, on the thread budget in `EASYRL_THREADS`."""
     from easyrl import config as config_lib
-    from easyrl.cluster.threads import process_budget
+    from easyrl.envs import env_options, make_vector_env
     from easyrl.envs.multiagent import run_spaces
 
     cfg = config_lib.load(args.config, args.set)
     n = args.num_envs or cfg.env.num_envs
     obs_space, action_space = run_spaces(cfg)
     rng = np.random.default_rng(0)
-    if piece == "env":
-        from easyrl.envs import env_options, make_vector_env
-
-        per_worker, options = cfg.env.envs_per_worker, env_options(cfg.env)
-        env = make_vector_env(
-            cfg.env.id, n, vector=cfg.env.vector, seed=0, envs_per_worker=per_worker, **options
-        )
-        env.reset(seed=0)
-        try:
+    if piece == "learn":
+        return with_network(piece, args, cfg, obs_space, action_space, lambda _: None)
+    per_worker, options = cfg.env.envs_per_worker, env_options(cfg.env)
+    env = make_vector_env(
+        cfg.env.id, n, vector=cfg.env.vector, seed=0, envs_per_worker=per_worker, **options
+    )
+    env.reset(seed=0)
+    try:
+        if piece == "env":
             return cpu_per_unit(
                 lambda: env.step(rng.integers(0, action_space.n, n)), n, args.duration
             )
-        finally:
-            env.close()
+        # act on random frames; interleaved: on those of one vector step of the envs
+        obs = rng.integers(0, 256, (n, *obs_space.shape)).astype(obs_space.dtype)
+        observe = (
+            (lambda: obs)
+            if piece == "act"
+            else (lambda: env.step(rng.integers(0, action_space.n, n))[0])
+        )
+        return with_network(
+            piece, args, cfg, obs_space, action_space, lambda algo: algo.evaluate(observe())
+        )
+    finally:
+        env.close()
+
+
+def with_network(piece: str, args, cfg, obs_space, action_space, act) -> tuple[float, float]:
+    """(CPU seconds per agent step, agent steps/s) of a piece that calls the agent's network
+    (built on the piece's role's thread budget): `act(agent)` per vector step of the act and
+    interleaved pieces, else (learn) the gradient step on a batch of random unrolls."""
     import tensorflow as tf
 
     from easyrl.algorithms import registry
+    from easyrl.cluster.threads import process_budget
     from easyrl.roles.common import limit_tf_threads
 
     limit_tf_threads(process_budget(PIECES[piece], cfg.cluster.threads)[0])
@@ -138,11 +165,11 @@ def run_piece(piece: str, args) -> tuple[float, float]:
         spec = registry.spec(cfg.algorithm.name)
         # An IMPALA agent (its evaluate and learn; the contract's Agent names neither).
         algo: Any = spec.build(cfg.algorithm.params, obs_space, action_space, cfg.model, 0)
-        if piece == "act":
-            obs = rng.integers(0, 256, (n, *obs_space.shape)).astype(obs_space.dtype)
-            return cpu_per_unit(lambda: algo.evaluate(obs), n, args.duration)
+        if piece != "learn":
+            n = args.num_envs or cfg.env.num_envs
+            return cpu_per_unit(lambda: act(algo), n, args.duration)
         params = cfg.algorithm.params
-        batch = random_unrolls(algo, params.batch_size, rng)
+        batch = random_unrolls(algo, params.batch_size, np.random.default_rng(0))
         steps = params.batch_size * params.unroll_length
         return cpu_per_unit(lambda: algo.learn(batch), steps, args.duration)
 
@@ -237,7 +264,7 @@ def main() -> None:
     config_name = os.path.relpath(args.config, report.REPO)
     n = args.num_envs or cfg.env.num_envs
     threads = thread_budgets(cfg)
-    (env_cpu, env_rate), (act_cpu, act_rate), (learn_cpu, learn_rate) = (
+    (env_cpu, env_rate), (act_cpu, act_rate), (learn_cpu, learn_rate), (both_cpu, both_rate) = (
         piece_in_child(piece, args, threads[PIECES[piece]]) for piece in PIECES
     )
     params = cfg.algorithm.params
@@ -255,9 +282,15 @@ def main() -> None:
             learn_rate,
         ],
         ["floor", "env + act + learn", floor * 1e3, cores / floor],
+        ["env+act", "alternating as in an actor; not in the floor", both_cpu * 1e3, both_rate],
     ]
     for piece, what, ms, rate in rows:
         print(f"{piece:>5} ({what}): {ms:.3f} ms CPU per agent step, {rate:,.0f} steps/s alone")
+    interleaving = (
+        f"interleaving: env+act {both_cpu * 1e3:.3f} ms per agent step, "
+        f"{both_cpu / (env_cpu + act_cpu):.2f} x env + act alone"
+    )
+    print(interleaving)
     last = (
         f"floor: {floor * 1e3:.2f} ms per agent step, at most {cores / floor:,.0f} agent "
         f"steps/s on {cores} cores"
@@ -273,7 +306,9 @@ def main() -> None:
             f"(actor {threads['actor']}, learner {threads['learner']}) and the launcher's "
             "malloc settings, charged its process CPU time (all threads). "
             "The floor row's rate is cores / floor: no transport, replay or Python around the "
-            f"calls.\n\n`{last}`\n"
+            "calls. The env+act row runs a vector step of the envs then the forward pass on "
+            "its observations, alternating, in one process, as an actor does: the act piece "
+            f"alone runs its forward passes back to back.\n\n`{interleaving}`\n\n`{last}`\n"
         )
         title = "Pong compute floor per agent step"
         report.write_section("pong-floor", report.section_text(title, started, load_before, body))
