@@ -124,8 +124,9 @@ def run_piece(piece: str, args) -> tuple[float, float]:
     n = args.num_envs or cfg.env.num_envs
     obs_space, action_space = run_spaces(cfg)
     rng = np.random.default_rng(0)
-    if piece == "learn":
-        return with_network(piece, args, cfg, obs_space, action_space, lambda _: None)
+    if piece in ("act", "learn"):  # act on random frames; learn ignores `act`
+        obs = rng.integers(0, 256, (n, *obs_space.shape)).astype(obs_space.dtype)
+        return with_network(piece, args, cfg, obs_space, action_space, lambda a: a.evaluate(obs))
     per_worker, options = cfg.env.envs_per_worker, env_options(cfg.env)
     env = make_vector_env(
         cfg.env.id, n, vector=cfg.env.vector, seed=0, envs_per_worker=per_worker, **options
@@ -136,15 +137,13 @@ def run_piece(piece: str, args) -> tuple[float, float]:
             return cpu_per_unit(
                 lambda: env.step(rng.integers(0, action_space.n, n)), n, args.duration
             )
-        # act on random frames; interleaved: on those of one vector step of the envs
-        obs = rng.integers(0, 256, (n, *obs_space.shape)).astype(obs_space.dtype)
-        observe = (
-            (lambda: obs)
-            if piece == "act"
-            else (lambda: env.step(rng.integers(0, action_space.n, n))[0])
-        )
-        return with_network(
-            piece, args, cfg, obs_space, action_space, lambda algo: algo.evaluate(observe())
+        return with_network(  # interleaved: act on the frames of one vector step of the envs
+            piece,
+            args,
+            cfg,
+            obs_space,
+            action_space,
+            lambda a: a.evaluate(env.step(rng.integers(0, action_space.n, n))[0]),
         )
     finally:
         env.close()
