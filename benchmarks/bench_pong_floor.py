@@ -49,6 +49,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -124,9 +125,11 @@ def run_piece(piece: str, args) -> tuple[float, float]:
     n = args.num_envs or cfg.env.num_envs
     obs_space, action_space = run_spaces(cfg)
     rng = np.random.default_rng(0)
-    if piece in ("act", "learn"):  # act on random frames; learn ignores `act`
+    if piece == "learn":
+        return with_network(piece, args, cfg, obs_space, action_space, n, None)
+    if piece == "act":  # on random frames
         obs = rng.integers(0, 256, (n, *obs_space.shape)).astype(obs_space.dtype)
-        return with_network(piece, args, cfg, obs_space, action_space, lambda a: a.evaluate(obs))
+        return with_network(piece, args, cfg, obs_space, action_space, n, lambda a: a.evaluate(obs))
     per_worker, options = cfg.env.envs_per_worker, env_options(cfg.env)
     env = make_vector_env(
         cfg.env.id, n, vector=cfg.env.vector, seed=0, envs_per_worker=per_worker, **options
@@ -143,16 +146,20 @@ def run_piece(piece: str, args) -> tuple[float, float]:
             cfg,
             obs_space,
             action_space,
+            n,
             lambda a: a.evaluate(env.step(rng.integers(0, action_space.n, n))[0]),
         )
     finally:
         env.close()
 
 
-def with_network(piece: str, args, cfg, obs_space, action_space, act) -> tuple[float, float]:
+def with_network(
+    piece: str, args, cfg, obs_space, action_space, n: int, act: Callable[[Any], Any] | None
+) -> tuple[float, float]:
     """(CPU seconds per agent step, agent steps/s) of a piece that calls the agent's network
-    (built on the piece's role's thread budget): `act(agent)` per vector step of the act and
-    interleaved pieces, else (learn) the gradient step on a batch of random unrolls."""
+    (built on the piece's role's thread budget): `act(agent)` per vector step of `n` envs
+    (the act and interleaved pieces), or with `act` None (learn) the gradient step on a
+    batch of random unrolls."""
     import tensorflow as tf
 
     from easyrl.algorithms import registry
@@ -164,8 +171,7 @@ def with_network(piece: str, args, cfg, obs_space, action_space, act) -> tuple[f
         spec = registry.spec(cfg.algorithm.name)
         # An IMPALA agent (its evaluate and learn; the contract's Agent names neither).
         algo: Any = spec.build(cfg.algorithm.params, obs_space, action_space, cfg.model, 0)
-        if piece != "learn":
-            n = args.num_envs or cfg.env.num_envs
+        if act is not None:
             return cpu_per_unit(lambda: act(algo), n, args.duration)
         params = cfg.algorithm.params
         batch = random_unrolls(algo, params.batch_size, np.random.default_rng(0))
