@@ -32,9 +32,12 @@ R rounds, each the floor (this script without the option, in a child process) th
 cluster (`bench_scaling.measure_point`: every role its own process of the local launcher, as
 `bench_scaling.py --config CONFIG` measures it, the config's counts, `--cluster-duration`
 seconds after the first update and a 5 s warm-up; on the CPU, as the floor). The machine's
-speed drifts by tens of percent within minutes, so one pair says little; the last line is
-then the median over the rounds, `cluster/floor: R (median of N rounds, lo-hi; cluster agent
-steps/s over cores / floor, 2a/1m/1l/1ps)`.
+speed drifts by tens of percent within minutes, so one pair says little. Under each round a
+line says where the cluster's time went per agent step: each role's CPU beside the floor
+pieces it runs (the actors' beside env + act alone and alternating), and the cores left
+idle; they add up to cores / agent steps/s. The last line is then the median over the
+rounds, `cluster/floor: R (median of N rounds, lo-hi; cluster agent steps/s over cores /
+floor, 2a/1m/1l/1ps)`.
 
     python benchmarks/bench_pong_floor.py                          # print
     python benchmarks/bench_pong_floor.py --set algorithm.batch_size=4 --write
@@ -179,8 +182,23 @@ def with_network(
         return cpu_per_unit(lambda: algo.learn(batch), steps, args.duration)
 
 
-FLOOR_LINE = re.compile(r"^floor \(env \+ act \+ learn\): ([\d.]+) ms", re.MULTILINE)
-"""The floor's own row (3 decimals), what `--against-cluster` reads of each child's run."""
+ROW_LINE = re.compile(r"^ *([\w+]+) \(.*\): ([\d.]+) ms CPU per agent step", re.MULTILINE)
+"""A row of the floor's table (piece, CPU ms per agent step), what `--against-cluster` reads
+of each child's run: the floor's own row and the pieces it sets beside the cluster's roles."""
+
+
+def breakdown(rows: dict[str, float], result: dict, cores: int) -> str:
+    """Where a cluster's wall time on `cores` goes, per agent step: each role's CPU beside
+    the floor pieces it runs (`rows`, ms), and the cores it left idle. They add up to
+    `cores / agent steps/s`, so the round's ratio is the floor over their sum."""
+    ms = {role: 1e3 * c / max(result["steps"], 1e-9) for role, c in result["cores"].items()}
+    idle = 1e3 * (cores - result["cluster_cores"]) / max(result["steps"], 1e-9)
+    return (
+        f"  ms CPU per agent step: actors {ms.get('actor', 0.0):.3f} (env + act alone "
+        f"{rows['env'] + rows['act']:.3f}, alternating {rows['env+act']:.3f}), learner "
+        f"{ms.get('learner', 0.0):.3f} (learn alone {rows['learn']:.3f}), memory "
+        f"{ms.get('memory', 0.0):.3f}, ps {ms.get('ps', 0.0):.3f}, cores left idle {idle:.3f}"
+    )
 
 
 def against_cluster(args, overrides: list[str]) -> str:
@@ -205,10 +223,10 @@ def against_cluster(args, overrides: list[str]) -> str:
     with tempfile.TemporaryDirectory(prefix="easyrl-floor-") as tmp:
         for i in range(args.against_cluster):
             done = subprocess.run(floor_cmd, capture_output=True, text=True, check=True)
-            found = FLOOR_LINE.search(done.stdout)
-            if found is None:
-                raise RuntimeError(f"no floor line in:\n{done.stdout}")
-            floor_ms = float(found.group(1))
+            rows = {piece: float(ms) for piece, ms in ROW_LINE.findall(done.stdout)}
+            if {"env", "act", "learn", "floor", "env+act"} - set(rows):
+                raise RuntimeError(f"floor rows missing in:\n{done.stdout}")
+            floor_ms = rows["floor"]
             result = bench_scaling.measure_point(point, counts, Path(tmp) / f"round-{i}")
             ratios.append(result["steps"] * floor_ms / 1e3 / cores)
             cluster_ms = 1e3 * result["cluster_cores"] / max(result["steps"], 1e-9)
@@ -219,6 +237,7 @@ def against_cluster(args, overrides: list[str]) -> str:
                 f"({cluster_ms:.3f} ms CPU per agent step): {ratios[-1]:.2f} of the floor",
                 flush=True,
             )
+            print(breakdown(rows, result, cores), flush=True)
     return (
         f"cluster/floor: {statistics.median(ratios):.2f} (median of {len(ratios)} rounds, "
         f"{min(ratios):.2f}-{max(ratios):.2f}; cluster agent steps/s over cores / floor, "
